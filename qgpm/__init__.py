@@ -1,0 +1,35 @@
+"""qgpm: Query-Guided Positional Modulation for long-context question answering.
+
+QGPM reads the model's own attention heads to rank context sentences against the
+question, then remaps RoPE positions so relevant evidence moves closer to the question
+on the fast rotary planes. No token is moved or dropped, no weight is trained.
+
+    >>> from qgpm import QGPM
+    >>> engine = QGPM.from_pretrained()          # embedded SmolLM2-135M-Instruct
+    >>> result = engine.answer(context=text, question="...")
+"""
+
+from .config import PRESETS, QGPMConfig
+from .engine import METHODS, AnswerStream, ContextTooLongError, QGPM, QGPMResult, SentenceRelevance, Timings, Usage
+from .heads import HeadSet, HeadSetMissingError
+from .prompt import PromptError
+from .runtime import SUPPORTED_FAMILIES, UnsupportedModelError
+
+__all__ = [
+    "QGPM",
+    "QGPMConfig",
+    "QGPMResult",
+    "SentenceRelevance",
+    "Usage",
+    "Timings",
+    "AnswerStream",
+    "METHODS",
+    "PRESETS",
+    "HeadSet",
+    "HeadSetMissingError",
+    "ContextTooLongError",
+    "PromptError",
+    "UnsupportedModelError",
+    "SUPPORTED_FAMILIES",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,101 @@
+"""Hyperparameters of QGPM (paper App. C) in one object, with per-backbone presets."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from .shaping import MapParams
+
+__all__ = ["QGPMConfig", "PRESETS"]
+
+
+@dataclass(frozen=True)
+class QGPMConfig:
+    """All QGPM settings.
+
+    Attributes
+    ----------
+    k_broad, t_broad:
+        Broad map (lower layers): rank width K_b and softness T_b of Eq. 6.
+    k_sharp, t_sharp:
+        Sharp map (upper layers): K_s, T_s. ``K_s`` must be at least the number of
+        evidence sentences a task needs. ``T = 0`` is a hard top-K cut.
+    s_low:
+        Score of the least relevant sentence (top sentence scores 1).
+    eps:
+        Stride floor: a low-relevance token advances by ``max(s_low, eps)`` on fast planes.
+    anchor_ratio:
+        ``c`` in ``L_a = c * L`` (L = context length in tokens); planes whose wavelength is
+        below ``L_a`` are modulated, slower planes keep unit stride.
+    tau:
+        Width of the frequency gate in plane-index units.
+    split_layer:
+        First layer that uses the sharp map; ``None`` = ``floor(n_layers / 2)``.
+    query_tail:
+        Query rows Q = question tokens plus every prompt token after the question (answer
+        prefix, assistant header) when ``None``; an int keeps only that many tail tokens
+        after the question.
+    exclude_newline_tokens:
+        Drop tokens containing a line break from the relevance signal (App. A).
+    max_heads:
+        Use only the best ``max_heads`` heads of the head set (``None`` = all of them).
+    max_sentence_chars:
+        Sentences longer than this (e.g. text with no punctuation) are cut at whitespace.
+    """
+
+    k_broad: float = 8.0
+    t_broad: float = 2.0
+    k_sharp: float = 2.0
+    t_sharp: float = 0.5
+    s_low: float = 0.1
+    eps: float = 0.05
+    anchor_ratio: float = 1.0
+    tau: float = 1.0
+    split_layer: int | None = None
+    query_tail: int | None = None
+    exclude_newline_tokens: bool = True
+    max_heads: int | None = None
+    max_sentence_chars: int = 600
+    provenance: str = field(default="initial defaults (untuned)", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.k_broad > self.k_sharp > 0:
+            raise ValueError(f"need K_b > K_s > 0, got K_b={self.k_broad}, K_s={self.k_sharp}")
+        if self.t_broad < self.t_sharp or self.t_sharp < 0:
+            raise ValueError(f"need T_b >= T_s >= 0, got T_b={self.t_broad}, T_s={self.t_sharp}")
+        if not 0 <= self.s_low <= 1:
+            raise ValueError(f"s_low must be in [0, 1], got {self.s_low}")
+        if not 0 < self.eps <= 1:
+            raise ValueError(f"eps must be in (0, 1], got {self.eps}")
+        if self.anchor_ratio <= 0:
+            raise ValueError(f"anchor_ratio must be positive, got {self.anchor_ratio}")
+        if self.tau < 0:
+            raise ValueError(f"tau must be >= 0, got {self.tau}")
+        if self.max_heads is not None and self.max_heads < 1:
+            raise ValueError(f"max_heads must be >= 1, got {self.max_heads}")
+
+    @property
+    def broad(self) -> MapParams:
+        return MapParams(self.k_broad, self.t_broad)
+
+    @property
+    def sharp(self) -> MapParams:
+        return MapParams(self.k_sharp, self.t_sharp)
+
+    def with_(self, **changes: Any) -> "QGPMConfig":
+        """A copy with some fields changed (validated)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def for_model(cls, name: str) -> "QGPMConfig":
+        """The preset for a backbone name (case-insensitive), else the generic defaults."""
+        return PRESETS.get(name.lower(), cls())
+
+
+PRESETS: dict[str, QGPMConfig] = {
+    "smollm2-135m-instruct": QGPMConfig(provenance="initial defaults for SmolLM2-135M-Instruct (untuned)"),
+}

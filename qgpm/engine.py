@@ -1,0 +1,581 @@
+"""The user-facing engine: load a model once, answer questions over long contexts.
+
+    from qgpm import QGPM
+    engine = QGPM.from_pretrained()                    # embedded SmolLM2-135M-Instruct
+    result = engine.answer(context=long_text, question="Who calibrated the tide gauge?")
+    print(result.text); print(result.top_sentences(3))
+
+Methods: ``vanilla`` (standard RoPE), ``qgpm`` (head relevance -> modulated positions),
+``oracle`` (caller-given evidence -> modulated positions), ``topk`` / ``reorder``
+(reranker-based input editing with standard RoPE, paper Sec. 5.3).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from queue import Empty, Queue
+from typing import Any, Iterator, Literal, Sequence
+
+import torch
+
+from .config import QGPMConfig
+from .heads import HeadSet, HeadSetMissingError, load_head_set
+from .loading import ModelSource, load_model, load_tokenizer, resolve_source
+from .plan import MapResult, build_plan, oracle_units
+from .prompt import Prompt, PromptSpec, build_prompt, DEFAULT_TEMPLATE
+from .relevance import Pass1Stats, head_token_logits, sentence_logits
+from .runtime import apply_plan, check_supported, decoder_layers, model_lock, rotary_info
+from .shaping import fuse_heads
+
+__all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream"]
+
+Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder"]
+METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder")
+
+
+class ContextTooLongError(ValueError):
+    """The prompt plus the generation budget does not fit the model's window."""
+
+
+@dataclass
+class SentenceRelevance:
+    """One context sentence with what QGPM made of it.
+
+    ``start``/``end`` are char offsets into the context string (documents joined by the
+    separator); ``z`` is the fused head relevance (None for Oracle); ``rank`` 0 = most
+    relevant; ``broad``/``sharp`` are the sentence's scores in the two maps (1 = unit
+    stride, ``s_low`` = most compressed on fast planes).
+    """
+
+    index: int
+    text: str
+    start: int
+    end: int
+    doc: int
+    rank: int
+    broad: float
+    sharp: float
+    z: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    answer_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.answer_tokens
+
+
+@dataclass
+class Timings:
+    """Seconds spent in each phase; ``first_token_s`` = time to first token (edit + pass 1 + prefill)."""
+
+    edit_s: float = 0.0
+    pass1_s: float = 0.0
+    plan_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def first_token_s(self) -> float:
+        return self.edit_s + self.pass1_s + self.plan_s + self.prefill_s
+
+
+@dataclass
+class QGPMResult:
+    """The answer and why it came out so."""
+
+    text: str
+    method: str
+    relevance: list[SentenceRelevance] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+    finish_reason: str = "stop"
+    edit: Any = None  # EditedContext for topk / reorder
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def top_sentences(self, k: int = 5) -> list[SentenceRelevance]:
+        """The ``k`` sentences ranked most relevant (best first)."""
+        return sorted(self.relevance, key=lambda s: s.rank)[:k]
+
+    def explain(self, k: int = 5) -> str:
+        """A short human-readable account of the ranking."""
+        if not self.relevance:
+            return f"method={self.method}: no relevance ranking (standard positions)"
+        lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences"]
+        for s in self.top_sentences(k):
+            z = "" if s.z is None else f" z={s.z:+.2f}"
+            lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}  {s.text[:120]}")
+        return "\n".join(lines)
+
+
+@dataclass
+class _Call:
+    prompt: Prompt
+    method: str
+    plan: Any
+    relevance: list[SentenceRelevance]
+    timings: Timings
+    edit: Any
+    details: dict[str, Any]
+
+
+class _TimingStreamer:
+    """A generate() streamer that records when the first new token appears and forwards tokens."""
+
+    def __init__(self, inner=None) -> None:
+        self.inner = inner
+        self.first_token_at: float | None = None
+        self._prompt_seen = False
+        self.count = 0
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+        else:
+            if self.first_token_at is None:
+                self.first_token_at = time.perf_counter()
+            self.count += int(value.numel())
+        if self.inner is not None:
+            self.inner.put(value)
+
+    def end(self) -> None:
+        if self.inner is not None:
+            self.inner.end()
+
+
+class QGPM:
+    """QGPM over one loaded HF causal LM and its tokenizer.
+
+    Build it with :meth:`from_pretrained` (model id, folder, .gguf file, or ``None`` for
+    the embedded SmolLM2-135M-Instruct), or directly from a loaded model + fast tokenizer.
+    One engine may be shared by many threads and framework adapters: calls on one model
+    are serialized, and every call leaves the model unpatched.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        heads: HeadSet | Sequence[tuple[int, int]] | str | os.PathLike[str] | None = None,
+        config: QGPMConfig | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not getattr(tokenizer, "is_fast", False):
+            raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+        self.family = getattr(model.config, "model_type", "?")
+        self.config = config or QGPMConfig.for_model(self.name)
+        self._support_error: Exception | None = None
+        try:
+            check_supported(model)
+            self.rotary = rotary_info(model)
+        except Exception as exc:  # vanilla still works; qgpm/oracle raise this
+            self._support_error = exc
+            self.rotary = None
+        self.n_layers = len(decoder_layers(model)) if self._support_error is None else getattr(model.config, "num_hidden_layers", 0)
+        self._head_error: Exception | None = None
+        self.head_set: HeadSet | None = None
+        self.set_heads(heads)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        device_map: Any = None,
+        dtype: torch.dtype | str | None = None,
+        heads: HeadSet | Sequence[tuple[int, int]] | str | os.PathLike[str] | None = None,
+        config: QGPMConfig | None = None,
+        gguf_file: str | None = None,
+        attn_implementation: str | None = None,
+        **model_kwargs: Any,
+    ) -> "QGPM":
+        """Load a model (cached per process) and its head set.
+
+        ``model``: ``None``/``"smollm2"`` (embedded default), an HF id or local folder,
+        or a path to a ``.gguf`` file. ``heads``: ``None`` = the stored set for this model;
+        ``"calibrate"`` = calibrate now on synthetic samples; a path to a head-set JSON;
+        or a list of ``(layer, head)``. Other keyword arguments go to
+        ``AutoModelForCausalLM.from_pretrained``.
+        """
+        source = resolve_source(model, gguf_file)
+        if attn_implementation is not None:
+            model_kwargs["attn_implementation"] = attn_implementation
+        mdl = load_model(source, dtype=dtype, device_map=device_map, **model_kwargs)
+        tok = load_tokenizer(source)
+        engine = cls(mdl, tok, heads=None if heads == "calibrate" else heads, config=config, name=source.name)
+        engine.source = source
+        if heads == "calibrate":
+            from .calibrate import calibrate_heads
+
+            engine.set_heads(calibrate_heads(engine))
+        return engine
+
+    def set_heads(self, heads: HeadSet | Sequence[tuple[int, int]] | str | os.PathLike[str] | None) -> None:
+        """Choose the heads pass 1 reads (see :meth:`from_pretrained` for the forms)."""
+        self._head_error = None
+        if isinstance(heads, HeadSet):
+            hs = heads
+        elif heads is None:
+            try:
+                hs = load_head_set(self.name)
+            except HeadSetMissingError as exc:
+                self.head_set, self._head_error = None, exc
+                return
+        elif isinstance(heads, (str, os.PathLike)):
+            hs = HeadSet.load(heads)
+        else:
+            hs = HeadSet(self.name, list(heads), method="given by caller")
+        if self._support_error is None:
+            n_heads = self.model.config.num_attention_heads
+            bad = [h for h in hs.heads if not (0 <= h[0] < self.n_layers and 0 <= h[1] < n_heads)]
+            if bad:
+                raise ValueError(f"heads {bad} are outside this model ({self.n_layers} layers x {n_heads} heads)")
+        self.head_set = hs
+
+    @property
+    def heads(self) -> list[tuple[int, int]]:
+        """The heads pass 1 uses (after ``config.max_heads``)."""
+        if self.head_set is None:
+            raise self._head_error or HeadSetMissingError("no head set")
+        return self.head_set.top(self.config.max_heads).heads
+
+    @property
+    def max_length(self) -> int:
+        """The model window in tokens (``max_position_embeddings``)."""
+        return int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ public calls
+    def answer(
+        self,
+        context: str | Sequence[str],
+        question: str,
+        *,
+        method: Method = "qgpm",
+        evidence: Sequence[str] | None = None,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        system: str | None = None,
+        instruction: str | None = None,
+        answer_prefix: str | None = None,
+        template: str = DEFAULT_TEMPLATE,
+        reranker: Any = None,
+        k: int = 5,
+        config: QGPMConfig | None = None,
+        seed: int | None = None,
+        **generate_kwargs: Any,
+    ) -> QGPMResult:
+        """Answer ``question`` from ``context`` with ``method``.
+
+        ``evidence`` (exact substrings of the context) is required for ``oracle``.
+        ``reranker`` / ``k`` apply to ``topk`` and ``reorder``. ``stop`` strings end the
+        answer (and are cut from it). ``config`` overrides the engine's settings for
+        this call. Greedy decoding unless ``temperature > 0``.
+        """
+        call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens)
+        streamer = _TimingStreamer()
+        gen = self._generate_kwargs(call.prompt, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
+        t0 = time.perf_counter()
+        with apply_plan(self.model, call.plan), torch.inference_mode():
+            out = self.model.generate(call.prompt.input_ids.to(self.device), streamer=streamer, **gen)
+        t1 = time.perf_counter()
+        new = out[0, call.prompt.num_tokens :].tolist()
+        text, reason = self._finish_text(new, stop, max_new_tokens)
+        return self._result(call, text, reason, len(new), t0, streamer.first_token_at, t1)
+
+    def stream(self, context: str | Sequence[str], question: str, **kwargs: Any) -> "AnswerStream":
+        """Like :meth:`answer`, but yields the answer text piece by piece.
+
+        The returned :class:`AnswerStream` is an iterator of strings; once exhausted its
+        ``result`` holds the full :class:`QGPMResult` (relevance, usage, timings). Closing
+        it early stops generation.
+        """
+        return AnswerStream(self, context, question, kwargs)
+
+    def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> _Call:
+        """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
+        keys = ("method", "evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "max_new_tokens")
+        defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, 5, None, 0)
+        args = [kwargs.pop(k, d) for k, d in zip(keys, defaults)]
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        return self._prepare(context, question, *args)
+
+    @torch.inference_mode()
+    def answer_logprob(self, context: str | Sequence[str], question: str, answer: str, **kwargs: Any) -> float:
+        """Teacher-forced log-probability of ``answer`` as the continuation of the prompt."""
+        call = self.prepare(context, question, **kwargs)
+        ans = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if not ans:
+            raise ValueError("answer is empty")
+        ids = torch.cat([call.prompt.input_ids, torch.tensor([ans])], dim=1).to(self.device)
+        with apply_plan(self.model, call.plan):
+            logits = self.model(input_ids=ids, use_cache=False).logits[0].float()
+        n = call.prompt.num_tokens
+        logp = torch.log_softmax(logits[n - 1 : -1], dim=-1)
+        return float(logp.gather(1, torch.tensor(ans, device=logp.device).unsqueeze(1)).sum())
+
+    # ------------------------------------------------------------------ internals
+    def _check_ready(self, method: str) -> None:
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if method in ("qgpm", "oracle") and self._support_error is not None:
+            raise self._support_error
+        if method == "qgpm" and self.head_set is None:
+            raise self._head_error or HeadSetMissingError("no head set")
+
+    def _prepare(self, context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens) -> _Call:
+        self._check_ready(method)
+        cfg = config or self.config
+        timings = Timings()
+        edit = None
+        details: dict[str, Any] = {}
+        if method in ("topk", "reorder"):
+            if not isinstance(question, str) or not question.strip():
+                raise ValueError("question is empty: pass the question to answer")
+            from .editing import edit_context
+
+            t = time.perf_counter()
+            edit = edit_context(
+                context, question, mode=method, reranker=reranker if reranker is not None else "bm25", k=k,
+                count_tokens=lambda s: len(self.tokenizer(s, add_special_tokens=False)["input_ids"]),
+            )
+            timings.edit_s = time.perf_counter() - t
+            context = edit.text
+        elif evidence is not None and method != "oracle":
+            raise ValueError("evidence= is only used by method='oracle'")
+        spec = PromptSpec(context=context, question=question, instruction=instruction, system=system, answer_prefix=answer_prefix, template=template)
+        prompt = build_prompt(self.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail)
+        self._check_length(prompt, max_new_tokens)
+        plan = None
+        relevance: list[SentenceRelevance] = []
+        if method == "qgpm":
+            t = time.perf_counter()
+            stats = Pass1Stats()
+            heads = self.head_set.top(cfg.max_heads).heads
+            tok_logits = head_token_logits(self.model, prompt.input_ids, heads, prompt.query_rows, stats=stats)
+            sl = sentence_logits(tok_logits, prompt.token_sentence, len(prompt.sentences), prompt.newline_tokens if cfg.exclude_newline_tokens else None)
+            z = fuse_heads(sl)
+            timings.pass1_s = time.perf_counter() - t
+            t = time.perf_counter()
+            mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers)
+            timings.plan_s = time.perf_counter() - t
+            plan = mr.plan
+            relevance = self._relevance(prompt, mr, z)
+            details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads))
+        elif method == "oracle":
+            if not evidence:
+                raise ValueError("method='oracle' needs evidence=[exact substrings of the context]")
+            t = time.perf_counter()
+            ev_tokens = self._evidence_tokens(prompt, evidence)
+            units, rel = oracle_units(prompt.token_sentence, ev_tokens)
+            mr = build_plan(units, rel, config=cfg, rotary=self.rotary, n_layers=self.n_layers, dense=True)
+            timings.plan_s = time.perf_counter() - t
+            plan = mr.plan
+            relevance = self._relevance(prompt, mr, None)
+            details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length)
+        return _Call(prompt, method, plan, relevance, timings, edit, details)
+
+    def _check_length(self, prompt: Prompt, max_new_tokens: int) -> None:
+        window = self.max_length
+        if window and prompt.num_tokens + max_new_tokens > window:
+            raise ContextTooLongError(
+                f"the prompt is {prompt.num_tokens} tokens (context {prompt.context_tokens}) and max_new_tokens is "
+                f"{max_new_tokens}: {prompt.num_tokens + max_new_tokens} > the model window of {window} tokens. "
+                "Shorten the context (or retrieve fewer documents), or lower max_new_tokens."
+            )
+
+    @staticmethod
+    def _evidence_tokens(prompt: Prompt, evidence: Sequence[str]) -> torch.Tensor:
+        marks = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+        for ev in evidence:
+            if not isinstance(ev, str) or not ev.strip():
+                raise ValueError("evidence strings must be non-empty")
+            ev = ev.strip()
+            start = prompt.context_text.find(ev)
+            if start < 0:
+                raise ValueError(f"evidence {ev[:60]!r} is not an exact substring of the context")
+            while start >= 0:
+                for j in prompt.char_span_tokens(start, start + len(ev)):
+                    if prompt.token_sentence[j] >= 0:
+                        marks[j] = True
+                start = prompt.context_text.find(ev, start + 1)
+        return marks
+
+    @staticmethod
+    def _relevance(prompt: Prompt, mr: MapResult, z: torch.Tensor | None) -> list[SentenceRelevance]:
+        """Sentence-level view of a plan: scores are the max over the sentence's tokens."""
+        out = []
+        ts = prompt.token_sentence
+        broad_t, sharp_t = mr.token_scores
+        order = []
+        for s in prompt.sentences:
+            mask = ts == s.index
+            b = float(broad_t[mask].max()) if mask.any() else 1.0
+            sh = float(sharp_t[mask].max()) if mask.any() else 1.0
+            zi = None if z is None else float(z[s.index])
+            rank_key = zi if zi is not None else sh
+            order.append((s, b, sh, zi, rank_key))
+        ranked = sorted(range(len(order)), key=lambda i: (-(order[i][4] if order[i][4] == order[i][4] else float("-inf")), i))
+        rank_of = {i: r for r, i in enumerate(ranked)}
+        if z is not None:
+            rank_of = {i: int(mr.ranks[i]) for i in range(len(order))}
+        for i, (s, b, sh, zi, _) in enumerate(order):
+            out.append(SentenceRelevance(s.index, s.text, s.start, s.end, s.doc, rank_of[i], b, sh, zi))
+        return out
+
+    def _generate_kwargs(self, prompt: Prompt, max_new_tokens, temperature, top_p, stop, seed, extra) -> dict[str, Any]:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        gen: dict[str, Any] = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(prompt.input_ids).to(self.device))
+        if temperature > 0:
+            gen.update(do_sample=True, temperature=temperature, top_p=top_p)
+            if seed is not None:
+                torch.manual_seed(seed)
+        else:
+            gen.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        stops = [s for s in (stop or []) if s]
+        if stops:
+            gen.update(stop_strings=list(stops), tokenizer=self.tokenizer)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        gen["pad_token_id"] = pad
+        gen.update(extra)
+        return gen
+
+    def _finish_text(self, new_ids: list[int], stop: Sequence[str] | None, max_new_tokens: int) -> tuple[str, str]:
+        text = self.tokenizer.decode(new_ids, skip_special_tokens=True)
+        reason = "length" if len(new_ids) >= max_new_tokens else "stop"
+        text, hit = _cut_at_stop(text, [s for s in stop or [] if s])
+        return text.strip(), "stop" if hit else reason
+
+    def _result(self, call: _Call, text: str, reason: str, n_new: int, t0: float, first: float | None, t1: float) -> QGPMResult:
+        tm = call.timings
+        first = first if first is not None else t1
+        tm.prefill_s = first - t0
+        tm.decode_s = t1 - first
+        tm.total_s = tm.edit_s + tm.pass1_s + tm.plan_s + (t1 - t0)
+        return QGPMResult(
+            text=text, method=call.method, relevance=call.relevance,
+            usage=Usage(call.prompt.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=call.details,
+        )
+
+
+def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """``text`` up to the first stop string, and whether one was found."""
+    hits = [text.index(s) for s in stop if s and s in text]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+class AnswerStream:
+    """Iterator of answer text pieces; ``result`` is set when the stream ends.
+
+    Generation runs in a worker thread (transformers' ``TextIteratorStreamer``); an
+    exception there is re-raised here. Closing the stream early stops generation.
+    """
+
+    def __init__(self, engine: QGPM, context, question, kwargs: dict[str, Any]) -> None:
+        self.engine = engine
+        self._args = (context, question, kwargs)
+        self.result: QGPMResult | None = None
+        self._gen = self._run()
+
+    def __iter__(self) -> "AnswerStream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._gen)
+
+    def close(self) -> None:
+        self._gen.close()
+
+    def _run(self) -> Iterator[str]:
+        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+        eng = self.engine
+        context, question, kw = self._args
+        kw = dict(kw)
+        method = kw.pop("method", "qgpm")
+        max_new_tokens = kw.pop("max_new_tokens", 64)
+        gen_args = {k: kw.pop(k) for k in ("temperature", "top_p", "stop", "seed") if k in kw}
+        prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config")
+        prep = {k: kw.pop(k) for k in prep_keys if k in kw}
+        call = eng._prepare(
+            context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
+            prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", 5), prep.get("config"), max_new_tokens,
+        )
+        stop = [s for s in (gen_args.get("stop") or []) if s]
+        gen = eng._generate_kwargs(call.prompt, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
+        text_streamer = TextIteratorStreamer(eng.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=None)
+        timing = _TimingStreamer(text_streamer)
+        cancel = threading.Event()
+
+        class _Cancel(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
+
+        crit = gen.pop("stopping_criteria", None) or StoppingCriteriaList()
+        crit.append(_Cancel())
+        errors: Queue = Queue()
+        out_holder: dict[str, torch.Tensor] = {}
+
+        def work() -> None:
+            try:
+                with apply_plan(eng.model, call.plan), torch.inference_mode():
+                    out_holder["ids"] = eng.model.generate(call.prompt.input_ids.to(eng.device), streamer=timing, stopping_criteria=crit, **gen)
+            except BaseException as exc:  # re-raised in the consumer
+                errors.put(exc)
+                text_streamer.end()
+
+        t0 = time.perf_counter()
+        worker = threading.Thread(target=work, name="qgpm-generate", daemon=True)
+        try:
+            worker.start()
+            emitted = ""
+            full = ""
+            hold = max((len(s) for s in stop), default=1) - 1
+            for piece in text_streamer:
+                full += piece
+                visible, stopped = _cut_at_stop(full, stop)
+                if stopped:
+                    cancel.set()
+                else:
+                    visible = visible[: len(visible) - hold] if hold > 0 else visible
+                visible = visible.lstrip().rstrip()  # trailing whitespace waits for what follows
+                if len(visible) > len(emitted) and visible.startswith(emitted):
+                    yield visible[len(emitted) :]
+                    emitted = visible
+            worker.join()
+            if not errors.empty():
+                raise errors.get()
+            t1 = time.perf_counter()
+            ids = out_holder["ids"][0, call.prompt.num_tokens :].tolist()
+            text, reason = eng._finish_text(ids, stop, max_new_tokens)
+            if text.startswith(emitted) and len(text) > len(emitted):
+                yield text[len(emitted) :]
+            self.result = eng._result(call, text, reason, len(ids), t0, timing.first_token_at, t1)
+        finally:
+            cancel.set()
+            if worker.is_alive() or worker.ident is not None:
+                worker.join()

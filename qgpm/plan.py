@@ -1,0 +1,94 @@
+"""Relevance -> scores -> positions -> plan: the middle of QGPM's data flow.
+
+:func:`build_plan` takes one relevance value per context unit (sentence, or evidence
+run for Oracle), shapes it into the broad and sharp maps, turns token scores into
+per-plane positions and returns the :class:`~qgpm.runtime.PositionPlan` for pass 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import QGPMConfig
+from .positions import boundary_plane, cumulative_positions, frequency_gate, strides
+from .runtime import PositionPlan, RotaryInfo
+from .shaping import dense_ranks, rank_sentences, rank_shape, sentence_scores, token_scores
+
+__all__ = ["MapResult", "build_plan", "split_layer", "oracle_units"]
+
+
+@dataclass
+class MapResult:
+    """Everything computed for one plan, kept for explanations and tests."""
+
+    ranks: torch.Tensor  # [units]
+    unit_scores: list[torch.Tensor]  # per map, [units]
+    token_scores: list[torch.Tensor]  # per map, [N]
+    boundary_plane: float
+    anchor_length: float
+    plan: PositionPlan
+
+
+def split_layer(n_layers: int, config: QGPMConfig) -> int:
+    """``l_s``: first layer of the sharp map (``floor(n_layers / 2)`` unless configured)."""
+    ls = n_layers // 2 if config.split_layer is None else config.split_layer
+    if not 0 <= ls <= n_layers:
+        raise ValueError(f"split_layer must be in [0, {n_layers}], got {ls}")
+    return ls
+
+
+def build_plan(
+    token_unit: torch.Tensor,
+    unit_relevance: torch.Tensor,
+    *,
+    config: QGPMConfig,
+    rotary: RotaryInfo,
+    n_layers: int,
+    dense: bool = False,
+) -> MapResult:
+    """Shape unit relevance into broad/sharp token scores and per-plane positions.
+
+    ``token_unit[j]`` is the unit (sentence) of token ``j`` or -1 outside the context;
+    ``unit_relevance`` is ``z_i`` (higher = more relevant). ``dense=True`` gives tied
+    units one shared rank (Oracle).
+    """
+    n_units = unit_relevance.numel()
+    ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
+    context_len = int((token_unit >= 0).sum())
+    anchor = max(config.anchor_ratio * max(context_len, 1), 1e-6)
+    m_star = boundary_plane(anchor, rotary.inv_freq)
+    gate = frequency_gate(rotary.inv_freq.numel(), m_star, config.tau)
+    unit_scores, tok_scores, positions = [], [], []
+    for params in (config.broad, config.sharp):
+        f = rank_shape(ranks, params) if n_units else torch.zeros(0, dtype=torch.float64)
+        s = sentence_scores(f, config.s_low)
+        t = token_scores(token_unit, s, config.s_low)
+        unit_scores.append(s)
+        tok_scores.append(t)
+        positions.append(cumulative_positions(strides(t, gate, config.eps)))
+    ls = split_layer(n_layers, config)
+    plan = PositionPlan(positions=positions, layer_map=[0] * ls + [1] * (n_layers - ls), rotary=rotary)
+    return MapResult(ranks, unit_scores, tok_scores, m_star, anchor, plan)
+
+
+def oracle_units(token_sentence: torch.Tensor, evidence_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level Oracle units: maximal runs of context tokens that are all evidence or
+    all not, never crossing a sentence. Returns ``(token_unit, unit_relevance)`` with
+    relevance 1 for evidence runs and 0 otherwise.
+    """
+    units = torch.full_like(token_sentence, -1)
+    rel: list[float] = []
+    prev = None
+    for j in range(token_sentence.numel()):
+        sid = int(token_sentence[j])
+        if sid < 0:
+            prev = None
+            continue
+        key = (sid, bool(evidence_tokens[j]))
+        if key != prev:
+            rel.append(1.0 if key[1] else 0.0)
+            prev = key
+        units[j] = len(rel) - 1
+    return units, torch.tensor(rel, dtype=torch.float64)

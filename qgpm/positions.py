@@ -1,0 +1,163 @@
+"""Position math of QGPM (paper Sec. 4.3-4.4, Eq. 3, 7, 8): pure torch, no transformers.
+
+Notation: a prompt of ``N`` tokens ``j = 0..N-1``; ``d/2`` rotary planes ``m`` with angular
+frequency ``w_m`` (take it from the model's ``rotary_emb.inv_freq``, which already folds
+in linear / llama3 / yarn scaling); wavelength ``lambda_m = 2*pi / w_m``; plane 0 is the
+fastest.
+
+Data flow: ``token scores s(j)`` -> :func:`boundary_plane` -> :func:`frequency_gate`
+-> :func:`strides` -> :func:`cumulative_positions` -> :func:`rope_tables`; decoding
+continues with :func:`continuation_positions`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "wavelengths",
+    "boundary_plane",
+    "boundary_plane_plain",
+    "frequency_gate",
+    "strides",
+    "cumulative_positions",
+    "continuation_positions",
+    "positions_at",
+    "rope_angles",
+    "rope_tables",
+]
+
+
+def wavelengths(inv_freq: torch.Tensor) -> torch.Tensor:
+    """``lambda_m = 2*pi / w_m`` for every plane (float64)."""
+    w = inv_freq.detach().to(torch.float64).cpu()
+    if w.ndim != 1 or w.numel() == 0 or bool((w <= 0).any()):
+        raise ValueError("inv_freq must be a non-empty 1-D tensor of positive frequencies")
+    return 2 * math.pi / w
+
+
+def boundary_plane_plain(distance: float, head_dim: int, theta: float) -> float:
+    """Eq. 3 for unscaled RoPE: ``m(D) = (d/2) * ln(D / 2pi) / ln(theta)``.
+
+    The (fractional) plane index whose wavelength equals ``distance``.
+    """
+    if distance <= 0:
+        raise ValueError(f"distance must be positive, got {distance}")
+    return (head_dim / 2) * math.log(distance / (2 * math.pi)) / math.log(theta)
+
+
+def boundary_plane(distance: float, inv_freq: torch.Tensor) -> float:
+    """Eq. 3 on the model's actual wavelengths: the fractional plane where ``lambda_m = D``.
+
+    Interpolates ``m`` linearly in ``log(lambda)`` between neighbouring planes, and
+    extrapolates with the end segments outside the range. For plain RoPE ``log lambda``
+    is linear in ``m``, so this equals :func:`boundary_plane_plain` exactly; for scaled
+    RoPE (llama3, yarn, linear) it follows the scaled wavelengths.
+    """
+    if distance <= 0:
+        raise ValueError(f"distance must be positive, got {distance}")
+    lam = torch.log(wavelengths(inv_freq)).tolist()
+    x = math.log(distance)
+    n = len(lam)
+    if n == 1:
+        return 0.0
+    # Wavelengths grow with m; find the segment that brackets x (or the end segment).
+    k = 0
+    while k < n - 2 and lam[k + 1] < x:
+        k += 1
+    lo, hi = lam[k], lam[k + 1]
+    if hi == lo:  # flat segment (can happen with clamped scaled frequencies)
+        return float(k)
+    return k + (x - lo) / (hi - lo)
+
+
+def frequency_gate(num_planes: int, m_star: float, tau: float) -> torch.Tensor:
+    """``g_m = sigmoid((m - m*) / tau)`` for ``m = 0..num_planes-1`` (float64).
+
+    ``g ~ 0`` on fast planes (modulated), ``g ~ 1`` on slow planes (unit stride).
+    ``tau = 0`` gives a hard step (``g = 1`` for ``m >= m*``).
+    """
+    m = torch.arange(num_planes, dtype=torch.float64)
+    if tau < 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    if tau == 0:
+        return (m >= m_star).to(torch.float64)
+    return torch.sigmoid((m - m_star) / tau)
+
+
+def strides(scores: torch.Tensor, gate: torch.Tensor, eps: float) -> torch.Tensor:
+    """Eq. 7: ``delta_m(j) = max(s(j) + (1 - s(j)) * g_m, eps)``; shape ``[planes, N]``.
+
+    ``scores`` are token scores in ``[0, 1]`` (1 = keep unit stride).
+    """
+    s = scores.to(torch.float64).reshape(1, -1)
+    if s.numel() and (bool((s < 0).any()) or bool((s > 1).any())):
+        raise ValueError("token scores must lie in [0, 1]")
+    if not 0 < eps <= 1:
+        raise ValueError(f"eps (stride floor) must be in (0, 1], got {eps}")
+    g = gate.to(torch.float64).reshape(-1, 1)
+    return torch.clamp(s + (1 - s) * g, min=eps)
+
+
+def cumulative_positions(delta: torch.Tensor) -> torch.Tensor:
+    """Eq. 8: ``p'_{m,j} = sum_{k=1..j} delta_m(k)``; ``p'_{m,0} = 0``; shape ``[planes, N]``.
+
+    With every stride 1 this is exactly ``arange(N)`` on every plane.
+    """
+    if delta.ndim != 2:
+        raise ValueError("delta must have shape [planes, N]")
+    out = torch.zeros_like(delta)
+    if delta.shape[1] > 1:
+        out[:, 1:] = torch.cumsum(delta[:, 1:], dim=1)
+    return out
+
+
+def continuation_positions(positions: torch.Tensor, steps: int) -> torch.Tensor:
+    """Decode positions: the k-th generated token sits at ``p'_{m,N-1} + k`` on every plane.
+
+    Returns ``[planes, steps]`` for ``k = 1..steps``.
+    """
+    last = positions[:, -1:]
+    k = torch.arange(1, steps + 1, dtype=positions.dtype).reshape(1, -1)
+    return last + k
+
+
+def positions_at(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Per-plane positions of arbitrary token indices (prompt or generated), ``[planes, *index.shape]``.
+
+    Indices ``< N`` read the prompt positions; ``j >= N`` continue in unit steps from the
+    last prompt position (``p'_{m,N-1} + (j - N + 1)``).
+    """
+    n = positions.shape[1]
+    idx = index.to(torch.long).cpu()
+    if bool((idx < 0).any()):
+        raise ValueError("token indices must be non-negative")
+    inside = idx.clamp(max=n - 1)
+    base = positions[:, inside.reshape(-1)].reshape(positions.shape[0], *idx.shape)
+    extra = (idx - (n - 1)).clamp(min=0).to(positions.dtype)
+    return base + extra
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotation angle ``w_m * p'_{m,j}`` in float32, shape ``[..., planes]`` (planes last).
+
+    ``positions`` is ``[planes, *shape]``. Computed in float32 exactly like HF's rotary
+    embedding does (``position.float() * inv_freq.float()``), so integer positions give
+    bit-identical angles to the unmodified model.
+    """
+    p = positions.to(torch.float32)
+    p = p.permute(*range(1, p.ndim), 0)  # [..., planes]
+    return p * inv_freq.detach().to(device=p.device, dtype=torch.float32)
+
+
+def rope_tables(angles: torch.Tensor, *, attention_scaling: float = 1.0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables in rotate-half layout (plane m in dims m and m + d/2), cast to ``dtype``.
+
+    Built in float32, multiplied by the model's ``attention_scaling``, then cast.
+    """
+    emb = torch.cat((angles, angles), dim=-1)
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(dtype), sin.to(dtype)

@@ -1,0 +1,155 @@
+"""Pass 1: read query relevance from the model's own attention heads (Sec. 4.1, Eq. 4).
+
+A plain prefill runs only up to the deepest layer holding a selected head. At each such
+layer a pre-hook on the attention module takes the layer's input hidden states and its
+standard RoPE tables, projects queries for the query rows ``Q`` only and keys for every
+token, and keeps
+
+    l_h(j) = max_{r in Q} <R(p_r) q_{h,r}, R(p_j) k_{h,j}> / sqrt(d)          (Eq. 4)
+
+i.e. |Q| x N logits per head, never an N x N matrix. Under GQA query head ``h`` reads KV
+head ``h // (n_heads / n_kv_heads)``; on Qwen3 q/k are taken after ``q_norm``/``k_norm``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Iterable, Sequence
+
+import torch
+
+from .runtime import decoder_layers, model_lock
+
+__all__ = ["head_token_logits", "sentence_logits", "apply_rope", "Pass1Stats"]
+
+
+class _StopPass1(Exception):
+    """Raised inside the deepest needed layer to end pass 1 early."""
+
+
+class Pass1Stats:
+    """What pass 1 did (for tests and timings): which layers ran."""
+
+    def __init__(self) -> None:
+        self.layers_run: list[int] = []
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (``[..., T, d]``) with rotate-half tables ``cos``/``sin`` (``[T, d]``)."""
+    return x * cos + _rotate_half(x) * sin
+
+
+def _head_geometry(model) -> tuple[int, int, int]:
+    cfg = model.config
+    n_heads = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    return n_heads, n_kv, head_dim
+
+
+@torch.inference_mode()
+def head_token_logits(
+    model,
+    input_ids: torch.Tensor,
+    heads: Sequence[tuple[int, int]],
+    query_rows: torch.Tensor,
+    *,
+    stats: Pass1Stats | None = None,
+) -> torch.Tensor:
+    """Eq. 4 for every head in ``heads``: a ``[len(heads), N]`` float32 tensor.
+
+    Runs the model only up to the deepest layer in ``heads`` (that layer's attention
+    projections included, its attention and MLP skipped).
+    """
+    if not heads:
+        raise ValueError("pass 1 needs at least one (layer, head)")
+    n_heads, n_kv, head_dim = _head_geometry(model)
+    layers = decoder_layers(model)
+    by_layer: dict[int, list[int]] = defaultdict(list)
+    for i, (layer, head) in enumerate(heads):
+        if not 0 <= layer < len(layers) or not 0 <= head < n_heads:
+            raise ValueError(f"head ({layer}, {head}) is outside the model ({len(layers)} layers x {n_heads} heads)")
+        by_layer[layer].append(i)
+    deepest = max(by_layer)
+    group = n_heads // n_kv
+    n = input_ids.shape[1]
+    out = torch.empty(len(heads), n, dtype=torch.float32)
+    rows = query_rows.to(torch.long)
+    handles = []
+
+    def make_attn_hook(layer_idx: int):
+        def hook(module, args, kwargs):
+            hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            cos, sin = kwargs["position_embeddings"]
+            dev = hs.device
+            r = rows.to(dev)
+            idx = by_layer[layer_idx]
+            qh = torch.tensor([heads[i][1] for i in idx], device=dev)
+            q = module.q_proj(hs[:, r]).view(1, r.numel(), n_heads, head_dim)
+            k = module.k_proj(hs).view(1, n, n_kv, head_dim)
+            if getattr(module, "q_norm", None) is not None:
+                q = module.q_norm(q)
+            if getattr(module, "k_norm", None) is not None:
+                k = module.k_norm(k)
+            q = q[0].transpose(0, 1)[qh].float()  # [H, R, d]
+            k = k[0].transpose(0, 1)[qh // group].float()  # [H, N, d]
+            c, s = cos[0].float(), sin[0].float()
+            q = apply_rope(q, c[r], s[r])
+            k = apply_rope(k, c, s)
+            logits = torch.einsum("hrd,hnd->hrn", q, k) / math.sqrt(head_dim)
+            out[idx] = logits.amax(dim=1).cpu()
+            if layer_idx == deepest:
+                raise _StopPass1
+            return None
+
+        return hook
+
+    def make_layer_hook(layer_idx: int):
+        def hook(module, args, kwargs):
+            if stats is not None:
+                stats.layers_run.append(layer_idx)
+            return None
+
+        return hook
+
+    with model_lock(model):
+        try:
+            for layer_idx in by_layer:
+                handles.append(layers[layer_idx].self_attn.register_forward_pre_hook(make_attn_hook(layer_idx), with_kwargs=True))
+            if stats is not None:
+                for li, layer in enumerate(layers):
+                    handles.append(layer.register_forward_pre_hook(make_layer_hook(li), with_kwargs=True))
+            device = next(model.parameters()).device
+            try:
+                model.base_model(input_ids=input_ids.to(device), use_cache=False)
+            except _StopPass1:
+                pass
+            else:  # pragma: no cover - the deepest hook always raises
+                raise RuntimeError("pass 1 did not reach the deepest selected layer")
+        finally:
+            for h in handles:
+                h.remove()
+    return out
+
+
+def sentence_logits(token_logits: torch.Tensor, token_sentence: torch.Tensor, num_sentences: int, exclude: torch.Tensor | None = None) -> torch.Tensor:
+    """``l_h(S_i) = max_{j in S_i} l_h(j)``: ``[heads, sentences]``, ``-inf`` for empty sentences.
+
+    ``exclude`` marks tokens left out of the signal (tokens containing a newline).
+    """
+    ts = token_sentence.to(torch.long)
+    keep = ts >= 0
+    if exclude is not None:
+        keep &= ~exclude.to(torch.bool)
+    h = token_logits.shape[0]
+    out = torch.full((h, num_sentences), float("-inf"), dtype=torch.float32)
+    if keep.any() and num_sentences:
+        idx = ts[keep].unsqueeze(0).expand(h, -1)
+        out = out.scatter_reduce(1, idx, token_logits[:, keep].float(), reduce="amax", include_self=True)
+    return out

@@ -1,0 +1,185 @@
+"""Applying a position plan to a HuggingFace model for one call (pass 2 and decoding).
+
+Llama-style decoders compute ``position_embeddings = (cos, sin)`` once and hand them to
+every decoder layer as a keyword argument. :func:`apply_plan` registers a forward
+pre-hook on each decoder layer that swaps in the cos/sin of that layer's map (broad below
+the split layer, sharp from it on), indexed by the ``position_ids`` of the tokens in the
+current forward (prefill, a decode step, or a teacher-forced continuation). Each layer's
+KV cache therefore stays in its map's coordinates, and decoding continues in unit steps
+from each map's last prompt position.
+
+The hooks live only inside the ``with`` block and are removed in ``finally``: after any
+call, including one that raised, the model is exactly the unpatched model. A per-model
+re-entrant lock serializes calls, so two threads never mix their plans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from .positions import positions_at, rope_angles, rope_tables
+
+__all__ = [
+    "SUPPORTED_FAMILIES",
+    "UnsupportedModelError",
+    "RotaryInfo",
+    "rotary_info",
+    "check_supported",
+    "decoder_layers",
+    "model_lock",
+    "PositionPlan",
+    "apply_plan",
+]
+
+SUPPORTED_FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "granite")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+class UnsupportedModelError(ValueError):
+    """The model family or its RoPE variant is not supported by QGPM."""
+
+
+_LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: torch.nn.Module) -> threading.RLock:
+    """The re-entrant lock that serializes QGPM calls on ``model``."""
+    with _LOCKS_GUARD:
+        lock = _LOCKS.get(model)
+        if lock is None:
+            lock = threading.RLock()
+            _LOCKS[model] = lock
+        return lock
+
+
+def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
+    base = getattr(model, "base_model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise UnsupportedModelError(f"{type(model).__name__} has no decoder layer list at model.base_model.layers")
+    return layers
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Raise :class:`UnsupportedModelError` naming the family unless QGPM supports it."""
+    family = getattr(model.config, "model_type", type(model).__name__)
+    if family not in SUPPORTED_FAMILIES:
+        raise UnsupportedModelError(
+            f"model family '{family}' ({type(model).__name__}) is not supported by QGPM. Supported: "
+            f"{', '.join(SUPPORTED_FAMILIES)} (Llama-style decoders with full rotate-half RoPE passed to "
+            "each layer as position_embeddings). Families with local/global RoPE bases (Gemma 3), partial "
+            "rotary, ALiBi or no RoPE need an adapter; method='vanilla' is not affected."
+        )
+    info = rotary_info(model)
+    if info.rope_type not in _SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"RoPE type '{info.rope_type}' of this {family} model is not supported (frequencies change with "
+            f"sequence length); supported RoPE types: {', '.join(_SUPPORTED_ROPE_TYPES)}"
+        )
+
+
+@dataclass(frozen=True)
+class RotaryInfo:
+    inv_freq: torch.Tensor  # [d/2] float32, cpu
+    attention_scaling: float
+    rope_type: str
+    head_dim: int
+
+
+def rotary_info(model: torch.nn.Module) -> RotaryInfo:
+    """The model's own rotary frequencies (scaling folded in) and attention scaling."""
+    base = getattr(model, "base_model", model)
+    rot = getattr(base, "rotary_emb", None)
+    if rot is None or not hasattr(rot, "inv_freq"):
+        raise UnsupportedModelError(f"{type(model).__name__} has no rotary_emb.inv_freq (not a RoPE model?)")
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    inv = rot.inv_freq.detach().float().cpu()
+    if inv.numel() * 2 != head_dim:
+        raise UnsupportedModelError(
+            f"partial rotary embeddings ({inv.numel() * 2} of {head_dim} dims) are not supported"
+        )
+    return RotaryInfo(inv, float(getattr(rot, "attention_scaling", 1.0)), str(getattr(rot, "rope_type", "default")), head_dim)
+
+
+@dataclass
+class PositionPlan:
+    """Per-plane positions of each map for one prompt, and which layer uses which map.
+
+    ``positions[k]`` is ``[d/2, N]`` (float64) for map ``k``; ``layer_map[l]`` is the map
+    index used by decoder layer ``l``.
+    """
+
+    positions: list[torch.Tensor]
+    layer_map: list[int]
+    rotary: RotaryInfo
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions[0].shape[1])
+
+    def tables(self, map_index: int, position_ids: torch.Tensor, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[B, S, d]`` for the tokens at ``position_ids`` (token indices)."""
+        key = (map_index, device, dtype, position_ids.shape, int(position_ids[0, 0]), int(position_ids[0, -1]))
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        pos = positions_at(self.positions[map_index], position_ids)  # [planes, B, S]
+        angles = rope_angles(pos, self.rotary.inv_freq)  # [B, S, planes] float32
+        cos, sin = rope_tables(angles, attention_scaling=self.rotary.attention_scaling, dtype=dtype)
+        out = (cos.to(device), sin.to(device))
+        if position_ids.shape[1] > 1:  # cache prefill tables (shared by the layers of a map)
+            self._cache[key] = out
+        else:
+            self._cache.clear() if len(self._cache) > 64 else None
+            self._cache[key] = out
+        return out
+
+
+@contextlib.contextmanager
+def apply_plan(model: torch.nn.Module, plan: PositionPlan | None) -> Iterator[None]:
+    """Within the block, every forward of ``model`` uses ``plan``'s positions.
+
+    ``plan=None`` only takes the model lock (vanilla behaviour). Hooks are removed on
+    exit, whatever happened inside.
+    """
+    lock = model_lock(model)
+    with lock:
+        if plan is None:
+            yield
+            return
+        layers = decoder_layers(model)
+        if len(plan.layer_map) != len(layers):
+            raise ValueError(f"plan has {len(plan.layer_map)} layer entries, model has {len(layers)} layers")
+        handles = []
+
+        def make_hook(map_index: int):
+            def hook(module, args, kwargs):
+                pid = kwargs.get("position_ids")
+                if pid is None:
+                    raise RuntimeError(
+                        "QGPM needs position_ids in decoder-layer calls; this transformers version does not pass them"
+                    )
+                hs = args[0] if args else kwargs["hidden_states"]
+                if pid.ndim == 1:
+                    pid = pid.unsqueeze(0)
+                kwargs["position_embeddings"] = plan.tables(map_index, pid, hs.device, hs.dtype)
+                return args, kwargs
+
+            return hook
+
+        try:
+            for layer, map_index in zip(layers, plan.layer_map):
+                handles.append(layer.register_forward_pre_hook(make_hook(map_index), with_kwargs=True))
+            yield
+        finally:
+            for h in handles:
+                h.remove()

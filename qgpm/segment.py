@@ -1,0 +1,185 @@
+"""Sentence segmentation and token alignment (paper App. B).
+
+Rules
+-----
+* A sentence ends after ``.``, ``!`` or ``?`` (optionally followed by closing quotes or
+  brackets) when whitespace follows; common abbreviations (``Dr.``, ``e.g.``, single
+  initials, ...) do not end a sentence. CJK full-width terminators end a sentence
+  without needing whitespace.
+* A line break also ends a sentence: list items, table rows and JSON records are
+  separate units even without punctuation.
+* A unit longer than ``max_chars`` characters (a text with no punctuation at all) is cut
+  at whitespace into pieces of at most ``max_chars`` characters, so relevance can still
+  be graded inside it.
+* Sentence spans tile the text with no gap: the whitespace between two sentences belongs
+  to the *next* sentence, and a token belongs to the sentence holding its first
+  character.
+
+Everything works on Python ``str`` character offsets, which is what fast tokenizers'
+``offset_mapping`` reports.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+__all__ = [
+    "Sentence",
+    "split_sentences",
+    "split_documents",
+    "assign_tokens_to_sentences",
+    "ABBREVIATIONS",
+]
+
+ABBREVIATIONS: frozenset[str] = frozenset(
+    {
+        "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "ft", "no", "vs", "etc",
+        "e.g", "i.e", "cf", "al", "fig", "figs", "eq", "eqs", "vol", "pp", "p", "ch", "sec",
+        "approx", "dept", "inc", "ltd", "co", "corp", "jan", "feb", "mar", "apr", "jun",
+        "jul", "aug", "sep", "sept", "oct", "nov", "dec", "gen", "gov", "sen", "rep", "col",
+        "lt", "capt", "sgt", "u.s", "u.k", "a.m", "p.m", "ph.d", "est", "ave", "blvd", "rd",
+    }
+)
+
+# Terminator (+ optional closers) followed by whitespace, or a CJK terminator.
+_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s)|[\u3002\uff01\uff1f]")
+_WORD_BEFORE = re.compile(r"([A-Za-z][A-Za-z.]*)\.$")
+
+
+@dataclass(frozen=True)
+class Sentence:
+    """One segment of the context.
+
+    ``start``/``end`` are character offsets into the full context string; the span
+    includes the whitespace that precedes the sentence (so spans tile the text).
+    ``text`` is the stripped sentence text. ``doc`` is the index of the document it
+    came from (0 when the context was a single string).
+    """
+
+    index: int
+    start: int
+    end: int
+    text: str
+    doc: int = 0
+
+
+def _is_abbreviation(text: str, end_of_dot: int) -> bool:
+    """True when the ``.`` ending at ``end_of_dot`` closes an abbreviation or initial."""
+    m = _WORD_BEFORE.search(text[max(0, end_of_dot - 12) : end_of_dot])
+    if not m:
+        return False
+    word = m.group(1).lower()
+    if word in ABBREVIATIONS:
+        return True
+    # Single initials ("J. K. Rowling") and dotted acronyms ("U.S.A.").
+    return len(word.replace(".", "")) == 1 or bool(re.fullmatch(r"(?:[a-z]\.)+[a-z]", word))
+
+
+def _breakpoints(text: str) -> list[int]:
+    """Character offsets where a new unit may start (end of a sentence or a line)."""
+    cuts: set[int] = set()
+    for m in _END.finditer(text):
+        end = m.end()
+        if text[m.start()] == "." and m.group().rstrip("\"'\u201d\u2019)]") == "." and _is_abbreviation(text, m.start() + 1):
+            continue
+        cuts.add(end)
+    for m in re.finditer(r"\n", text):
+        cuts.add(m.start())  # the line break itself leads the next unit
+    return sorted(c for c in cuts if 0 < c < len(text))
+
+
+def _cut_long(text: str, start: int, end: int, max_chars: int) -> list[int]:
+    """Extra cut points so that no unit in ``text[start:end]`` exceeds ``max_chars``."""
+    cuts = []
+    pos = start
+    while end - pos > max_chars:
+        window = text[pos : pos + max_chars]
+        ws = max(window.rfind(" "), window.rfind("\t"))
+        cut = pos + ws if ws > 0 else pos + max_chars
+        cuts.append(cut)
+        pos = cut
+    return cuts
+
+
+def split_sentences(text: str, *, offset: int = 0, doc: int = 0, max_chars: int = 600, first_index: int = 0) -> list[Sentence]:
+    """Split ``text`` into sentences whose spans tile ``[offset, offset + len(text))``.
+
+    Units made only of whitespace are merged into the following sentence (or the
+    previous one at the end of the text), so every returned sentence has visible text.
+    Returns an empty list for an empty or whitespace-only text.
+    """
+    if max_chars < 20:
+        raise ValueError(f"max_chars must be at least 20, got {max_chars}")
+    if not text.strip():
+        return []
+    bounds = [0, *_breakpoints(text), len(text)]
+    pieces: list[tuple[int, int]] = []
+    for a, b in zip(bounds, bounds[1:]):
+        inner = [a, *_cut_long(text, a, b, max_chars), b]
+        pieces.extend(zip(inner, inner[1:]))
+    # Merge whitespace-only pieces forward (whitespace belongs to the next sentence).
+    merged: list[list[int]] = []
+    pending_start: int | None = None
+    for a, b in pieces:
+        if pending_start is not None:
+            a = pending_start
+            pending_start = None
+        if not text[a:b].strip():
+            pending_start = a
+            continue
+        merged.append([a, b])
+    if pending_start is not None:  # trailing whitespace joins the last sentence
+        merged[-1][1] = len(text)
+    return [
+        Sentence(index=first_index + i, start=offset + a, end=offset + b, text=text[a:b].strip(), doc=doc)
+        for i, (a, b) in enumerate(merged)
+    ]
+
+
+def split_documents(documents: Sequence[str], separator: str = "\n\n", *, max_chars: int = 600) -> tuple[str, list[Sentence], list[tuple[int, int]]]:
+    """Join ``documents`` with ``separator`` and segment each one on its own.
+
+    Sentences never cross a document boundary; the separator belongs to the first
+    sentence of the next document. Returns ``(joined_text, sentences, doc_spans)``
+    where ``doc_spans[i]`` is the char span of document ``i`` inside the joined text.
+    Empty documents are skipped (they keep an empty span).
+    """
+    parts: list[str] = []
+    raw: list[Sentence] = []
+    doc_spans: list[tuple[int, int]] = []
+    pos = 0
+    for d, doc in enumerate(documents):
+        if not isinstance(doc, str):
+            raise TypeError(f"document {d} is {type(doc).__name__}, expected str")
+        if parts:
+            parts.append(separator)
+            pos += len(separator)
+        raw.extend(split_sentences(doc, offset=pos, doc=d, max_chars=max_chars))
+        doc_spans.append((pos, pos + len(doc)))
+        parts.append(doc)
+        pos += len(doc)
+    joined = "".join(parts)
+    # Close the gaps (separators, empty documents): they belong to the next sentence.
+    sentences = []
+    for i, s in enumerate(raw):
+        start = 0 if i == 0 else raw[i - 1].end
+        end = len(joined) if i == len(raw) - 1 else s.end
+        sentences.append(Sentence(index=i, start=start, end=end, text=s.text, doc=s.doc))
+    return joined, sentences, doc_spans
+
+
+def assign_tokens_to_sentences(token_starts: Sequence[int], sentences: Sequence[Sentence]) -> list[int]:
+    """Sentence index for each token, by the token's first character; -1 outside all.
+
+    ``token_starts`` are character offsets in the same coordinates as the sentence
+    spans (use the tokenizer's ``offset_mapping``).
+    """
+    starts = [s.start for s in sentences]
+    out: list[int] = []
+    for c in token_starts:
+        i = bisect.bisect_right(starts, c) - 1
+        out.append(i if i >= 0 and c < sentences[i].end else -1)
+    return out
