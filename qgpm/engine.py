@@ -120,13 +120,24 @@ class QGPMResult:
 
 @dataclass
 class _Call:
-    prompt: Prompt
+    """Everything decided before generation: the prompt, the plan (None = standard RoPE)."""
+
+    prompt: Prompt | None
     method: str
     plan: Any
     relevance: list[SentenceRelevance]
     timings: Timings
     edit: Any
     details: dict[str, Any]
+    input_ids: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_ids is None:
+            self.input_ids = self.prompt.input_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[1])
 
 
 class _TimingStreamer:
@@ -293,15 +304,60 @@ class QGPM:
         this call. Greedy decoding unless ``temperature > 0``.
         """
         call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens)
+        return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
+
+    def _run_call(self, call: _Call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs) -> QGPMResult:
         streamer = _TimingStreamer()
-        gen = self._generate_kwargs(call.prompt, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
+        gen = self._generate_kwargs(call.input_ids, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
         t0 = time.perf_counter()
         with apply_plan(self.model, call.plan), torch.inference_mode():
-            out = self.model.generate(call.prompt.input_ids.to(self.device), streamer=streamer, **gen)
+            out = self.model.generate(call.input_ids.to(self.device), streamer=streamer, **gen)
         t1 = time.perf_counter()
-        new = out[0, call.prompt.num_tokens :].tolist()
+        new = out[0, call.num_tokens :].tolist()
         text, reason = self._finish_text(new, stop, max_new_tokens)
         return self._result(call, text, reason, len(new), t0, streamer.first_token_at, t1)
+
+    def chat(
+        self,
+        messages: Sequence[dict[str, str]],
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+        **generate_kwargs: Any,
+    ) -> QGPMResult:
+        """Plain chat generation (standard RoPE) over ``[{"role": ..., "content": ...}]``.
+
+        For framework adapters when no context is marked: the engine then works as an
+        ordinary local chat model (``result.method == "plain"``).
+        """
+        call = self._plain_call(messages, max_new_tokens)
+        return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
+
+    def stream_chat(self, messages: Sequence[dict[str, str]], **kwargs: Any) -> "AnswerStream":
+        """Streaming version of :meth:`chat`."""
+        call = self._plain_call(messages, kwargs.get("max_new_tokens", 64))
+        return AnswerStream(self, None, None, kwargs, call=call)
+
+    def _plain_call(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> _Call:
+        msgs = [dict(role=str(m["role"]), content=str(m["content"])) for m in messages]
+        if not msgs or not any(m["content"].strip() for m in msgs):
+            raise ValueError("messages are empty: pass at least one message with text")
+        if getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        else:
+            text = "\n\n".join(m["content"] for m in msgs) + "\n\n"
+            ids = self.tokenizer(text, return_tensors="pt")["input_ids"]
+        window = self.max_length
+        if window and ids.shape[1] + max_new_tokens > window:
+            raise ContextTooLongError(
+                f"the prompt is {ids.shape[1]} tokens and max_new_tokens is {max_new_tokens}: more than the model "
+                f"window of {window} tokens. Shorten the messages or lower max_new_tokens."
+            )
+        return _Call(None, "plain", None, [], Timings(), None, {}, input_ids=ids)
 
     def stream(self, context: str | Sequence[str], question: str, **kwargs: Any) -> "AnswerStream":
         """Like :meth:`answer`, but yields the answer text piece by piece.
@@ -392,7 +448,7 @@ class QGPM:
             mr = build_plan(units, rel, config=cfg, rotary=self.rotary, n_layers=self.n_layers, dense=True)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
-            relevance = self._relevance(prompt, mr, None)
+            relevance = self._relevance(prompt, mr, None, units)
             details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length)
         return _Call(prompt, method, plan, relevance, timings, edit, details)
 
@@ -423,33 +479,41 @@ class QGPM:
         return marks
 
     @staticmethod
-    def _relevance(prompt: Prompt, mr: MapResult, z: torch.Tensor | None) -> list[SentenceRelevance]:
-        """Sentence-level view of a plan: scores are the max over the sentence's tokens."""
-        out = []
+    def _relevance(prompt: Prompt, mr: MapResult, z: torch.Tensor | None, token_unit: torch.Tensor | None = None) -> list[SentenceRelevance]:
+        """Sentence-level view of a plan.
+
+        Map scores are the max over the sentence's tokens. Ranks: QGPM's own sentence
+        ranks; for Oracle, sentences holding evidence first (text order within ties).
+        """
         ts = prompt.token_sentence
         broad_t, sharp_t = mr.token_scores
-        order = []
+        if z is not None:
+            ranks = [int(r) for r in mr.ranks]
+        else:
+            best_unit_rank = []
+            for s in prompt.sentences:
+                units = token_unit[ts == s.index]
+                units = units[units >= 0]
+                best_unit_rank.append(int(mr.ranks[units].min()) if units.numel() else 1 << 30)
+            order = sorted(range(len(prompt.sentences)), key=lambda i: (best_unit_rank[i], i))
+            ranks = [0] * len(order)
+            for r, i in enumerate(order):
+                ranks[i] = r
+        out = []
         for s in prompt.sentences:
             mask = ts == s.index
             b = float(broad_t[mask].max()) if mask.any() else 1.0
             sh = float(sharp_t[mask].max()) if mask.any() else 1.0
             zi = None if z is None else float(z[s.index])
-            rank_key = zi if zi is not None else sh
-            order.append((s, b, sh, zi, rank_key))
-        ranked = sorted(range(len(order)), key=lambda i: (-(order[i][4] if order[i][4] == order[i][4] else float("-inf")), i))
-        rank_of = {i: r for r, i in enumerate(ranked)}
-        if z is not None:
-            rank_of = {i: int(mr.ranks[i]) for i in range(len(order))}
-        for i, (s, b, sh, zi, _) in enumerate(order):
-            out.append(SentenceRelevance(s.index, s.text, s.start, s.end, s.doc, rank_of[i], b, sh, zi))
+            out.append(SentenceRelevance(s.index, s.text, s.start, s.end, s.doc, ranks[s.index], b, sh, zi))
         return out
 
-    def _generate_kwargs(self, prompt: Prompt, max_new_tokens, temperature, top_p, stop, seed, extra) -> dict[str, Any]:
+    def _generate_kwargs(self, input_ids: torch.Tensor, max_new_tokens, temperature, top_p, stop, seed, extra) -> dict[str, Any]:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
-        gen: dict[str, Any] = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(prompt.input_ids).to(self.device))
+        gen: dict[str, Any] = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids).to(self.device))
         if temperature > 0:
             gen.update(do_sample=True, temperature=temperature, top_p=top_p)
             if seed is not None:
@@ -478,7 +542,7 @@ class QGPM:
         tm.total_s = tm.edit_s + tm.pass1_s + tm.plan_s + (t1 - t0)
         return QGPMResult(
             text=text, method=call.method, relevance=call.relevance,
-            usage=Usage(call.prompt.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=call.details,
+            usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=call.details,
         )
 
 
@@ -495,9 +559,10 @@ class AnswerStream:
     exception there is re-raised here. Closing the stream early stops generation.
     """
 
-    def __init__(self, engine: QGPM, context, question, kwargs: dict[str, Any]) -> None:
+    def __init__(self, engine: QGPM, context, question, kwargs: dict[str, Any], call: _Call | None = None) -> None:
         self.engine = engine
         self._args = (context, question, kwargs)
+        self._call = call
         self.result: QGPMResult | None = None
         self._gen = self._run()
 
@@ -521,12 +586,12 @@ class AnswerStream:
         gen_args = {k: kw.pop(k) for k in ("temperature", "top_p", "stop", "seed") if k in kw}
         prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config")
         prep = {k: kw.pop(k) for k in prep_keys if k in kw}
-        call = eng._prepare(
+        call = self._call or eng._prepare(
             context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
             prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", 5), prep.get("config"), max_new_tokens,
         )
         stop = [s for s in (gen_args.get("stop") or []) if s]
-        gen = eng._generate_kwargs(call.prompt, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
+        gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
         text_streamer = TextIteratorStreamer(eng.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=None)
         timing = _TimingStreamer(text_streamer)
         cancel = threading.Event()
@@ -543,7 +608,7 @@ class AnswerStream:
         def work() -> None:
             try:
                 with apply_plan(eng.model, call.plan), torch.inference_mode():
-                    out_holder["ids"] = eng.model.generate(call.prompt.input_ids.to(eng.device), streamer=timing, stopping_criteria=crit, **gen)
+                    out_holder["ids"] = eng.model.generate(call.input_ids.to(eng.device), streamer=timing, stopping_criteria=crit, **gen)
             except BaseException as exc:  # re-raised in the consumer
                 errors.put(exc)
                 text_streamer.end()
@@ -570,7 +635,7 @@ class AnswerStream:
             if not errors.empty():
                 raise errors.get()
             t1 = time.perf_counter()
-            ids = out_holder["ids"][0, call.prompt.num_tokens :].tolist()
+            ids = out_holder["ids"][0, call.num_tokens :].tolist()
             text, reason = eng._finish_text(ids, stop, max_new_tokens)
             if text.startswith(emitted) and len(text) > len(emitted):
                 yield text[len(emitted) :]
