@@ -90,11 +90,11 @@ def _render_user(template: str, parts: dict[str, str]) -> tuple[str, dict[str, t
             continue
         if name not in _FIELDS or spec or conv:
             raise PromptError(f"template field {{{name}}} is not one of {{instruction}}, {{context}}, {{question}} (no format specs)")
-        if name in seen:
-            raise PromptError(f"template field {{{name}}} appears twice")
+        if name in seen and name != "instruction":
+            raise PromptError(f"template field {{{name}}} appears twice (only {{instruction}} may repeat)")
         seen.add(name)
         value = parts[name]
-        spans[name] = (pos, pos + len(value))
+        spans.setdefault(name, (pos, pos + len(value)))
         out.append(value)
         pos += len(value)
     for required in ("context", "question"):

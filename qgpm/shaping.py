@@ -119,7 +119,7 @@ def token_scores(token_sentence: torch.Tensor, sent_scores: torch.Tensor, s_low:
     if sent_scores.numel() == 0:
         return out
     first = protected_prefix_end(sent_scores, s_low)
-    protected = sent_scores.clone()
+    protected = sent_scores.to(torch.float64).clone()
     protected[:first] = 1.0
     inside = ts >= 0
     out[inside] = protected[ts[inside]]

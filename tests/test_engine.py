@@ -1,0 +1,221 @@
+"""Behaviour through the public API: needle answers, explanations, safety, bad input, threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from qgpm import QGPM, ContextTooLongError, PromptError, QGPMConfig, UnsupportedModelError
+from qgpm.runtime import decoder_layers
+
+from conftest import tiny_model
+
+FILLER = [
+    "The morning market opened early and the stalls filled with fresh bread.",
+    "Several visitors walked along the river to watch the boats pass by.",
+    "A small band played old songs near the fountain in the square.",
+    "The library extended its opening hours during the winter months.",
+    "Children gathered in the park to fly kites in the strong wind.",
+    "The town council discussed new bicycle lanes for the main street.",
+    "Local farmers brought apples, pears and pumpkins to the fair.",
+    "An old clock tower chimed every hour above the busy streets.",
+]
+NEEDLE = "The secret password for the blue door is tangerine."
+QUESTION = "What is the secret password for the blue door?"
+
+
+def needle_context(n_filler: int = 24, where: int = 12) -> str:
+    sents = [FILLER[i % len(FILLER)] for i in range(n_filler)]
+    sents.insert(where, NEEDLE)
+    return " ".join(sents)
+
+
+def no_hooks(model) -> bool:
+    return all(not l._forward_pre_hooks and not l.self_attn._forward_pre_hooks for l in decoder_layers(model))
+
+
+# ----------------------------------------------------------------------------- real model
+@pytest.mark.real_model
+def test_real_needle_answer_and_ranking(smollm):
+    ctx = needle_context()
+    res = smollm.answer(ctx, QUESTION, method="qgpm", max_new_tokens=16)
+    assert "tangerine" in res.text.lower()
+    top = res.top_sentences(1)[0]
+    assert top.text == NEEDLE
+    assert ctx[top.start : top.end].strip() == NEEDLE
+    assert res.usage.prompt_tokens > 300 and res.usage.answer_tokens > 0
+    assert res.timings.pass1_s > 0 and res.timings.prefill_s > 0
+    assert res.details["layers_run"] == smollm.head_set.top(smollm.config.max_heads).deepest_layer + 1
+    assert no_hooks(smollm.model)
+
+
+@pytest.mark.real_model
+def test_real_stream_equals_answer(smollm):
+    ctx = needle_context(16, 5)
+    full = smollm.answer(ctx, QUESTION, method="qgpm", max_new_tokens=12)
+    stream = smollm.stream(ctx, QUESTION, method="qgpm", max_new_tokens=12)
+    pieces = list(stream)
+    assert "".join(pieces) == full.text == stream.result.text
+    assert stream.result.relevance and stream.result.top_sentences(1)[0].text == full.top_sentences(1)[0].text
+
+
+# ----------------------------------------------------------------------------- tiny model
+@pytest.fixture(scope="module")
+def tiny(tokenizer):
+    model = tiny_model("llama", len(tokenizer), max_position_embeddings=1024)
+    return QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=QGPMConfig(s_low=0.1))
+
+
+def vanilla_logits(engine, ctx=None):
+    call = engine.prepare(ctx or needle_context(), QUESTION, method="vanilla")
+    with torch.inference_mode():
+        return engine.model(call.prompt.input_ids).logits
+
+
+class Boom(Exception):
+    pass
+
+
+def test_exception_inside_generation_leaves_model_vanilla(tiny, tokenizer):
+    before = vanilla_logits(tiny)
+    fresh = tiny_model("llama", len(tokenizer), max_position_embeddings=1024)  # same seed = same weights
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class RaiseAtStep3(StoppingCriteria):
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, input_ids, scores, **kw):
+            self.calls += 1
+            if self.calls == 3:
+                raise Boom("injected")
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    with pytest.raises(Boom):
+        tiny.answer(needle_context(), QUESTION, method="qgpm", max_new_tokens=8, stopping_criteria=StoppingCriteriaList([RaiseAtStep3()]))
+    assert no_hooks(tiny.model)
+    after = vanilla_logits(tiny)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    fresh_engine = QGPM(fresh, tokenizer, heads=[(1, 0)])
+    torch.testing.assert_close(after, vanilla_logits(fresh_engine), rtol=0, atol=0)
+    # and greedy text equals the fresh model's
+    a = tiny.answer(needle_context(), QUESTION, method="vanilla", max_new_tokens=6).text
+    b = fresh_engine.answer(needle_context(), QUESTION, method="vanilla", max_new_tokens=6).text
+    assert a == b
+
+
+def test_exception_inside_stream_propagates_and_cleans_up(tiny):
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class RaiseNow(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kw):
+            raise Boom("injected")
+
+    stream = tiny.stream(needle_context(), QUESTION, method="qgpm", max_new_tokens=8, stopping_criteria=StoppingCriteriaList([RaiseNow()]))
+    with pytest.raises(Boom):
+        list(stream)
+    assert no_hooks(tiny.model)
+
+
+def test_two_threads_never_mix_plans(tiny):
+    ctx_a = needle_context(20, 3)
+    ctx_b = needle_context(30, 25)
+    expect_a = tiny.answer(ctx_a, QUESTION, method="qgpm", max_new_tokens=6).text
+    expect_b = tiny.answer(ctx_b, "Which band played near the fountain?", method="qgpm", max_new_tokens=6).text
+    got: dict[str, list[str]] = {"a": [], "b": []}
+    errors = []
+
+    def run(key, ctx, q):
+        try:
+            for _ in range(3):
+                got[key].append(tiny.answer(ctx, q, method="qgpm", max_new_tokens=6).text)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=run, args=("a", ctx_a, QUESTION)),
+        threading.Thread(target=run, args=("b", ctx_b, "Which band played near the fountain?")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert got["a"] == [expect_a] * 3 and got["b"] == [expect_b] * 3
+    assert no_hooks(tiny.model)
+
+
+@pytest.mark.parametrize("context,question", [("", "q?"), ("   \n ", "q?"), ("Some text.", ""), ("Some text.", "  "), ([], "q?"), (["", " "], "q?")])
+def test_empty_inputs_raise_clear_errors(tiny, context, question):
+    with pytest.raises(PromptError, match="empty"):
+        tiny.answer(context, question, method="qgpm")
+
+
+def test_single_sentence_context_is_vanilla(tiny):
+    ctx = "The password is tangerine."
+    q = res = tiny.answer(ctx, QUESTION, method="qgpm", max_new_tokens=6)
+    assert len(res.relevance) == 1 and res.relevance[0].broad == 1.0 and res.relevance[0].sharp == 1.0
+    assert res.text == tiny.answer(ctx, QUESTION, method="vanilla", max_new_tokens=6).text
+
+
+def test_context_without_punctuation_is_still_graded(tiny):
+    ctx = " ".join(f"word{i}" for i in range(250))
+    res = tiny.answer(ctx, "which word comes after word200", method="qgpm", max_new_tokens=4)
+    assert len(res.relevance) > 3  # cut at whitespace into bounded pieces
+    assert {r.sharp for r in res.relevance} != {1.0}
+
+
+def test_context_longer_than_window_names_the_lengths(tiny):
+    ctx = " ".join(FILLER * 40)
+    with pytest.raises(ContextTooLongError, match=r"window of 1024 tokens"):
+        tiny.answer(ctx, QUESTION, method="qgpm", max_new_tokens=16)
+    assert no_hooks(tiny.model)
+
+
+def test_unicode_context_spans_map_back(tiny):
+    ctx = "Zoë visited Zürich in 2020. 東京は大きい都市です。 Søren 🙂 likes blåbær pie! The code is 4417."
+    res = tiny.answer(ctx, "What is the code?", method="qgpm", max_new_tokens=4)
+    assert [ctx[r.start : r.end].strip() for r in res.relevance] == [r.text for r in res.relevance]
+    assert any("東京" in r.text for r in res.relevance)
+
+
+def test_documents_keep_their_boundaries(tiny):
+    res = tiny.answer(["First doc sentence one. Sentence two", "Second doc starts here. And ends."], QUESTION, method="qgpm", max_new_tokens=2)
+    assert [r.doc for r in res.relevance] == [0, 0, 1, 1]
+
+
+def test_unsupported_family_is_named(tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=512)).eval()
+    engine = QGPM(model, tokenizer, heads=[(0, 0)])
+    with pytest.raises(UnsupportedModelError, match="gpt2.*Supported: llama, mistral, qwen2, qwen3, granite"):
+        engine.answer("A sentence. Another one.", "What?", method="qgpm")
+    assert engine.answer("A sentence. Another one.", "What?", method="vanilla", max_new_tokens=2).method == "vanilla"
+
+
+def test_oracle_needs_exact_evidence(tiny):
+    with pytest.raises(ValueError, match="needs evidence"):
+        tiny.answer(needle_context(), QUESTION, method="oracle")
+    with pytest.raises(ValueError, match="not an exact substring"):
+        tiny.answer(needle_context(), QUESTION, method="oracle", evidence=["not in the text"])
+    res = tiny.answer(needle_context(), QUESTION, method="oracle", evidence=[NEEDLE], max_new_tokens=2)
+    assert res.top_sentences(1)[0].text == NEEDLE and res.top_sentences(1)[0].sharp == 1.0
+
+
+def test_unknown_method_and_bad_heads(tiny, tokenizer):
+    with pytest.raises(ValueError, match="unknown method"):
+        tiny.answer("A. B.", "q?", method="magic")
+    with pytest.raises(ValueError, match="outside this model"):
+        QGPM(tiny.model, tokenizer, heads=[(9, 0)])
+
+
+def test_missing_head_set_says_how_to_calibrate(tiny, tokenizer):
+    from qgpm import HeadSetMissingError
+
+    engine = QGPM(tiny.model, tokenizer, name="some-unknown-model")
+    with pytest.raises(HeadSetMissingError, match="qgpm calibrate"):
+        engine.answer("A. B.", "q?", method="qgpm")
+    assert engine.answer("A. B.", "q?", method="vanilla", max_new_tokens=2).method == "vanilla"

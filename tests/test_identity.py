@@ -1,0 +1,89 @@
+"""Exactness against vanilla: with every score 1 the patched model is the unmodified model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qgpm import QGPM, QGPMConfig
+from qgpm.runtime import apply_plan, decoder_layers
+
+from conftest import FAMILIES, tiny_model
+
+IDENTITY = QGPMConfig(s_low=1.0)
+STRONG = QGPMConfig(s_low=0.05, eps=0.05)
+CONTEXT = " ".join(
+    f"Sentence number {i} talks about topic {i % 7} and a few other things." for i in range(25)
+) + " The secret code of the vault is 4417. " + " ".join(f"Filler line {i} is here." for i in range(20))
+QUESTION = "What is the secret code of the vault?"
+
+
+def greedy_logits(model, ids, steps, plan=None):
+    with apply_plan(model, plan), torch.inference_mode():
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+            output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+        )
+    return out.sequences, torch.stack(out.logits)
+
+
+def prefill_logits(model, ids, plan=None):
+    with apply_plan(model, plan), torch.inference_mode():
+        return model(ids).logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_identity_tiny_family(family, tokenizer):
+    model = tiny_model(family, len(tokenizer))
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 3)], config=IDENTITY)
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    ids = call.prompt.input_ids
+    assert ids.shape[1] > 250
+    ref = prefill_logits(model, ids)
+    got = prefill_logits(model, ids, call.plan)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    seq_ref, steps_ref = greedy_logits(model, ids, 6)
+    seq_got, steps_got = greedy_logits(model, ids, 6, call.plan)
+    assert torch.equal(seq_got, seq_ref)
+    torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-5)
+    # The same plan machinery with real modulation must change the logits (the hooks are live).
+    strong = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=STRONG)
+    assert (prefill_logits(model, ids, strong.plan) - ref).abs().max() > 1e-4  # 10x the identity tolerance
+    for layer in decoder_layers(model):  # nothing left behind
+        assert not layer._forward_pre_hooks
+
+
+def test_identity_scaled_rope_llama3(tokenizer):
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 512}
+    model = tiny_model("llama", len(tokenizer), rope_parameters=rope)
+    engine = QGPM(model, tokenizer, heads=[(1, 0)], config=IDENTITY)
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    ref = prefill_logits(model, call.prompt.input_ids)
+    torch.testing.assert_close(prefill_logits(model, call.prompt.input_ids, call.plan), ref, rtol=0, atol=1e-5)
+
+
+def test_identity_sdpa_matches_too(tokenizer):
+    model = tiny_model("qwen3", len(tokenizer), attn_implementation="sdpa")
+    engine = QGPM(model, tokenizer, heads=[(1, 0)], config=IDENTITY)
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    ids = call.prompt.input_ids
+    seq_ref, steps_ref = greedy_logits(model, ids, 5)
+    seq_got, steps_got = greedy_logits(model, ids, 5, call.plan)
+    assert torch.equal(seq_got, seq_ref)
+    torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-5)
+
+
+@pytest.mark.real_model
+def test_identity_real_smollm2_1k_tokens(smollm):
+    from importlib import resources
+
+    text = (resources.files("qgpm") / "data" / "sample" / "harbor_report.md").read_text()
+    context = text[: len(text) // 2]
+    call = smollm.prepare(context, "Who calibrated the new tide gauge?", method="qgpm", config=IDENTITY)
+    ids = call.prompt.input_ids
+    assert ids.shape[1] >= 1000
+    seq_ref, steps_ref = greedy_logits(smollm.model, ids, 5)
+    seq_got, steps_got = greedy_logits(smollm.model, ids, 5, call.plan)
+    assert torch.equal(seq_got, seq_ref)
+    torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-4)

@@ -1,0 +1,162 @@
+"""Property and hand-computed tests of the position math (Eq. 3, 6-8) and shaping."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from qgpm.config import QGPMConfig
+from qgpm.plan import build_plan, oracle_units
+from qgpm.positions import (
+    boundary_plane, boundary_plane_plain, continuation_positions, cumulative_positions,
+    frequency_gate, positions_at, rope_angles, rope_tables, strides,
+)
+from qgpm.runtime import RotaryInfo
+from qgpm.shaping import (
+    MapParams, dense_ranks, fuse_heads, protected_prefix_end, rank_sentences, rank_shape,
+    sentence_scores, token_scores,
+)
+
+
+def plain_inv_freq(d: int = 64, theta: float = 1e5) -> torch.Tensor:
+    return 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+
+
+scores_st = st.lists(st.floats(min_value=0.0, max_value=1.0), min_size=1, max_size=60)
+
+
+@settings(max_examples=60, deadline=None)
+@given(scores=scores_st, m_star=st.floats(0, 31), tau=st.floats(0, 4), eps=st.floats(0.01, 1.0))
+def test_positions_strictly_increase_and_slow_planes_stay(scores, m_star, tau, eps):
+    s = torch.tensor(scores, dtype=torch.float64)
+    gate = frequency_gate(32, m_star, tau)
+    p = cumulative_positions(strides(s, gate, eps))
+    assert p.shape == (32, len(scores))
+    assert torch.all(p[:, 0] == 0)
+    assert torch.all(p[:, 1:] - p[:, :-1] >= eps - 1e-12)  # strictly increasing (stride floor)
+    assert torch.all(p[:, 1:] - p[:, :-1] <= 1 + 1e-12)  # never beyond the original layout
+    # A plane's stride is monotone in the gate: slower planes are at least as close to arange.
+    n = torch.arange(len(scores), dtype=torch.float64)
+    dev = (n - p).abs().max(dim=1).values
+    assert torch.all(dev[1:] <= dev[:-1] + 1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 300), m_star=st.floats(-5, 40), tau=st.floats(0, 3), eps=st.floats(0.01, 1.0))
+def test_all_scores_one_is_exact_arange(n, m_star, tau, eps):
+    p = cumulative_positions(strides(torch.ones(n), frequency_gate(32, m_star, tau), eps))
+    assert torch.equal(p, torch.arange(n, dtype=torch.float64).expand(32, n))
+
+
+def test_slow_planes_keep_the_original_layout():
+    s = torch.full((500,), 0.1, dtype=torch.float64)
+    p = cumulative_positions(strides(s, frequency_gate(32, m_star=10.0, tau=0.5), eps=0.05))
+    n = torch.arange(500, dtype=torch.float64)
+    assert torch.allclose(p[31], n, atol=1e-6 * 500)  # slowest plane ~ original
+    assert (p[0] - 0.1 * n).abs().max() < 1.0  # fastest plane compressed to s_low per token
+
+
+def test_question_distances_preserved_exactly():
+    # context tokens 0..9 low relevance, question tokens 10..19 score 1
+    s = torch.tensor([0.2] * 10 + [1.0] * 10, dtype=torch.float64)
+    p = cumulative_positions(strides(s, frequency_gate(32, 12.0, 1.0), eps=0.05))
+    d = p[:, 11:] - p[:, 10:-1]
+    assert torch.allclose(d, torch.ones_like(d), rtol=0, atol=1e-9)  # exact up to float64 rounding
+
+
+def test_hand_computed_small_case():
+    # two planes, gate 0 on plane 0 and 1 on plane 1 (hard step at m* = 1)
+    s = torch.tensor([1.0, 0.5, 0.25, 1.0], dtype=torch.float64)
+    gate = frequency_gate(2, 1.0, 0.0)
+    assert gate.tolist() == [0.0, 1.0]
+    delta = strides(s, gate, eps=0.3)
+    # plane 0: max(s, 0.3) = [1, .5, .3, 1]; plane 1: unit stride
+    assert delta.tolist() == [[1.0, 0.5, 0.3, 1.0], [1.0, 1.0, 1.0, 1.0]]
+    p = cumulative_positions(delta)
+    assert p.tolist() == [[0.0, 0.5, 0.8, 1.8], [0.0, 1.0, 2.0, 3.0]]
+    cont = continuation_positions(p, 2)
+    assert cont.tolist() == [[2.8, 3.8], [4.0, 5.0]]
+
+
+def test_decode_continuation_and_positions_at():
+    p = torch.tensor([[0.0, 0.5, 0.8], [0.0, 1.0, 2.0]], dtype=torch.float64)
+    got = positions_at(p, torch.tensor([[1, 2, 3, 5]]))
+    assert got[:, 0].tolist() == [[0.5, 0.8, 1.8, 3.8], [1.0, 2.0, 3.0, 5.0]]
+    with pytest.raises(ValueError):
+        positions_at(p, torch.tensor([[-1]]))
+
+
+@pytest.mark.parametrize("theta,d", [(1e4, 64), (1e5, 64), (5e5, 128)])
+@pytest.mark.parametrize("D", [50.0, 1000.0, 4096.0, 30000.0])
+def test_boundary_plane_matches_eq3_for_plain_rope(theta, d, D):
+    got = boundary_plane(D, plain_inv_freq(d, theta))
+    assert got == pytest.approx(boundary_plane_plain(D, d, theta), abs=1e-3)
+
+
+def test_boundary_plane_follows_scaled_wavelengths():
+    inv = plain_inv_freq(64, 1e5).clone()
+    inv[20:] /= 8.0  # llama3-style: slow planes stretched 8x
+    lam = 2 * math.pi / inv.double()
+    target = float(lam[24])
+    assert boundary_plane(target, inv) == pytest.approx(24.0, abs=1e-6)
+    assert boundary_plane(target, inv) != pytest.approx(boundary_plane_plain(target, 64, 1e5), abs=0.5)
+
+
+def test_rope_tables_equal_hf_for_integer_positions():
+    inv = plain_inv_freq(64, 1e5)
+    n = 37
+    p = torch.arange(n, dtype=torch.float64).expand(32, n).unsqueeze(1)  # [planes, 1, n]
+    cos, sin = rope_tables(rope_angles(p, inv), attention_scaling=1.0)
+    freqs = torch.arange(n)[None, :, None].float() * inv.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    assert torch.equal(cos, emb.cos()) and torch.equal(sin, emb.sin())
+
+
+def test_rank_shape_and_sentence_scores():
+    ranks = torch.arange(6)
+    hard = rank_shape(ranks, MapParams(2, 0))
+    assert hard.tolist() == [1, 1, 0, 0, 0, 0]
+    s = sentence_scores(hard, 0.1)
+    assert s.tolist() == pytest.approx([1, 1, 0.1, 0.1, 0.1, 0.1])
+    soft = sentence_scores(rank_shape(ranks, MapParams(3, 1.0)), 0.2)
+    assert soft[0] == pytest.approx(1.0) and soft[-1] == pytest.approx(0.2)
+    assert torch.all(soft[1:] <= soft[:-1])
+    assert sentence_scores(torch.ones(3), 0.1).tolist() == [1, 1, 1]
+
+
+def test_fuse_heads_zscores_and_ranks():
+    logits = torch.tensor([[1.0, 3.0, 2.0], [10.0, 30.0, 20.0], [0.0, float("-inf"), 1.0]])
+    z = fuse_heads(logits)
+    assert int(torch.argmax(z)) == 1 or int(torch.argmax(z)) == 2
+    assert rank_sentences(torch.tensor([0.1, 0.9, 0.5])).tolist() == [2, 0, 1]
+    assert dense_ranks(torch.tensor([1.0, 0.0, 1.0, 0.0])).tolist() == [0, 1, 0, 1]
+    # equal heads: z-scores identical whatever the scale
+    z1 = fuse_heads(torch.tensor([[1.0, 2.0, 3.0]]))
+    z2 = fuse_heads(torch.tensor([[10.0, 20.0, 30.0]]))
+    assert torch.allclose(z1, z2)
+
+
+def test_protected_prefix():
+    sent = torch.tensor([0.1, 0.1, 1.0, 0.1])
+    assert protected_prefix_end(sent, 0.1) == 2
+    ts = torch.tensor([-1, 0, 0, 1, 2, 2, 3, -1])
+    t = token_scores(ts, sent, 0.1)
+    assert t.tolist() == pytest.approx([1, 1, 1, 1, 1, 1, 0.1, 1])
+
+
+def test_build_plan_layers_and_oracle_units():
+    inv = plain_inv_freq(16, 1e4)
+    rot = RotaryInfo(inv, 1.0, "default", 16)
+    ts = torch.tensor([-1, 0, 0, 1, 1, 2, 2, -1])
+    ev = torch.tensor([0, 0, 0, 0, 1, 0, 0, 0], dtype=torch.bool)
+    units, rel = oracle_units(ts, ev)
+    assert units.tolist() == [-1, 0, 0, 1, 2, 3, 3, -1]
+    assert rel.tolist() == [0, 0, 1, 0]
+    cfg = QGPMConfig(s_low=0.1, eps=0.05, anchor_ratio=1.0, tau=0.5)
+    mr = build_plan(units, rel, config=cfg, rotary=rot, n_layers=6, dense=True)
+    assert mr.plan.layer_map == [0, 0, 0, 1, 1, 1]
+    for t in mr.token_scores:  # evidence 1, everything else s_low, except protected prefix
+        assert t.tolist() == pytest.approx([1, 1, 1, 1, 1, 0.1, 0.1, 1])
