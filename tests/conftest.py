@@ -17,8 +17,14 @@ FALLBACK_HEADS = [(14, 3), (15, 6), (18, 6), (18, 7), (23, 7), (7, 7), (17, 4), 
 
 @pytest.fixture(scope="session")
 def tokenizer():
+    """SmolLM2's fast tokenizer (from the embedded GGUF, or a saved copy in $QGPM_TEST_TOKENIZER)."""
     from qgpm.loading import default_model_source, load_tokenizer
 
+    saved = os.environ.get("QGPM_TEST_TOKENIZER")
+    if saved:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(saved)
     return load_tokenizer(default_model_source())
 
 

@@ -1,0 +1,202 @@
+"""QGPM vs vanilla cost, measured in the same run: time to first token, decode speed, peak memory.
+
+    python benchmarks/speed.py --lengths 1024,2048,4096 --repeats 3 --out benchmarks/results/speed_cpu.md
+    python benchmarks/speed.py --device cuda --dtype bfloat16 --lengths 1024,2048,4096,8000 --out ...
+    # timing only, random weights of a named architecture (no checkpoint needed):
+    python benchmarks/speed.py --random-arch llama3-8b --tokenizer DIR --device cuda --dtype bfloat16 ...
+
+Each (length, method) runs ``--repeats`` times, methods interleaved, and the median is
+reported. Every call generates exactly ``--new-tokens`` tokens (min = max). Peak memory
+is the peak RSS above the pre-call RSS on CPU (sampled every 2 ms) and
+``torch.cuda.max_memory_allocated`` above the pre-call allocation on CUDA. Expected
+(DESIGN.md App. D): TTFT ratio ~ 1 + (deepest head layer + 1) / n_layers, decode ratio ~ 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+import psutil
+import torch
+
+from qgpm import QGPM
+
+
+def long_text() -> str:
+    base = resources.files("qgpm") / "data" / "sample"
+    parts = [(base / "harbor_report.md").read_text(encoding="utf-8")]
+    corpus = Path(__file__).resolve().parents[1] / "cookbooks" / "data" / "corpus"
+    parts += [p.read_text(encoding="utf-8") for p in sorted(corpus.glob("*.md"))]
+    return "\n\n".join(parts)
+
+
+def context_of(engine: QGPM, text: str, tokens: int) -> str:
+    """The longest prefix of ``text`` (cut at a paragraph; the text repeats if too short) whose prompt fits ``tokens``."""
+    paras = text.split("\n\n")
+    approx = engine.prepare(text, QUESTION, method="vanilla").prompt.num_tokens
+    paras = paras * max(1, -(-tokens // approx) + 1)
+    lo, hi = 1, len(paras)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        n = engine.prepare("\n\n".join(paras[:mid]), QUESTION, method="vanilla").prompt.num_tokens
+        lo, hi = (mid, hi) if n <= tokens else (lo, mid - 1)
+    return "\n\n".join(paras[:lo])
+
+
+QUESTION = "Who calibrated the new tide gauge at the north pier?"
+
+
+class PeakRSS:
+    def __init__(self) -> None:
+        self.proc = psutil.Process()
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self.base = self.proc.memory_info().rss
+        self.peak = self.base
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    @property
+    def delta_mib(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+RANDOM_ARCHS = {
+    # SmolLM2-135M-Instruct's own config (the embedded model), random weights.
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, head_dim=64, rope_theta=100000.0, max_position_embeddings=8192,
+                         rms_norm_eps=1e-5, tie_word_embeddings=True),
+    # Llama-3.1-8B's shape (llama3 RoPE scaling), random weights, SmolLM2's vocabulary.
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                      rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+}
+def random_engine(arch: str, tokenizer_dir: str, device: str | None, dtype: str | None, heads: str | None) -> QGPM:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    cfg = LlamaConfig(vocab_size=len(tok), **RANDOM_ARCHS[arch])
+    dt = getattr(torch, dtype) if dtype else torch.float32
+    torch.manual_seed(0)
+    with torch.device(device or "cpu"):
+        model = LlamaForCausalLM(cfg).to(dt).eval()
+    if heads:
+        hs = [tuple(int(x) for x in h.split(":")) for h in heads.split(",")]
+    else:
+        from qgpm.heads import HeadSet
+        from importlib import resources as _r
+
+        ref = HeadSet.load(str(_r.files("qgpm") / "data" / "heads" / "smollm2-135m-instruct.json"))
+        hs = [(min(cfg.num_hidden_layers - 1, round(l * cfg.num_hidden_layers / 30)), h % cfg.num_attention_heads) for l, h in ref.heads]
+        hs = list(dict.fromkeys(hs))
+    return QGPM(model, tok, heads=hs, name=f"random-{arch}")
+
+
+def measure(engine: QGPM, context: str, method: str, new_tokens: int) -> dict:
+    cuda = engine.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        res = engine.answer(context, QUESTION, method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        torch.cuda.synchronize()
+        mem = (torch.cuda.max_memory_allocated() - base) / 2**20
+    else:
+        with PeakRSS() as p:
+            res = engine.answer(context, QUESTION, method=method, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+        mem = p.delta_mib
+    t = res.timings
+    return {
+        "prompt_tokens": res.usage.prompt_tokens,
+        "ttft_s": t.first_token_s,
+        "pass1_s": t.pass1_s,
+        "decode_tok_s": (res.usage.answer_tokens - 1) / t.decode_s if t.decode_s > 0 else float("nan"),
+        "peak_mib": mem,
+        "answer": res.text,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--lengths", default="1024,2048,4096")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--random-arch", choices=sorted(RANDOM_ARCHS), default=None, help="time a random-weight model of this shape")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer folder for --random-arch")
+    ap.add_argument("--heads", default=None, help="layer:head,... for --random-arch (default: SmolLM2's set, rescaled)")
+    args = ap.parse_args(argv)
+    if args.random_arch:
+        engine = random_engine(args.random_arch, args.tokenizer, args.device, args.dtype, args.heads)
+    else:
+        engine = QGPM.from_pretrained(args.model, device_map=args.device, dtype=args.dtype)
+    text = long_text()
+    heads = engine.heads
+    deepest = max(l for l, _ in heads)
+    expected = 1 + (deepest + 1) / engine.n_layers
+    rows = []
+    for length in [int(x) for x in args.lengths.split(",")]:
+        ctx = context_of(engine, text, length - args.new_tokens)
+        measure(engine, ctx, "vanilla", 4)  # warm-up at this length
+        runs = {"vanilla": [], "qgpm": []}
+        for _ in range(args.repeats):
+            for m in ("vanilla", "qgpm"):
+                runs[m].append(measure(engine, ctx, m, args.new_tokens))
+        med = {m: {k: statistics.median(r[k] for r in rs) for k in ("prompt_tokens", "ttft_s", "pass1_s", "decode_tok_s", "peak_mib")} for m, rs in runs.items()}
+        rows.append((length, med))
+        print(json.dumps({"length": length, **med}), flush=True)
+    dev = f"{engine.device.type}" + (f" ({torch.cuda.get_device_name()})" if engine.device.type == "cuda" else f" ({psutil.cpu_count()} cores, torch threads {torch.get_num_threads()})")
+    lines = [
+        f"# QGPM vs vanilla speed and memory ({engine.name}{' (random weights: timing only)' if args.random_arch else ''}, {dev}, dtype {next(engine.model.parameters()).dtype})",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`",
+        "",
+        f"Medians of {args.repeats} runs per cell, methods interleaved, {args.new_tokens} new tokens per call. "
+        f"Head set: {len(heads)} heads, deepest layer {deepest} of {engine.n_layers} -> expected TTFT ratio "
+        f"1 + (deepest+1)/n_layers = {expected:.2f}. Python {platform.python_version()}, torch {torch.__version__}.",
+        "",
+        "| prompt tokens | TTFT vanilla (s) | TTFT qgpm (s) | of which pass 1 (s) | TTFT ratio | decode vanilla (tok/s) | decode qgpm (tok/s) | decode ratio | peak mem vanilla (MiB) | peak mem qgpm (MiB) | mem ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for length, med in rows:
+        v, q = med["vanilla"], med["qgpm"]
+        lines.append(
+            f"| {int(v['prompt_tokens'])} | {v['ttft_s']:.3f} | {q['ttft_s']:.3f} | {q['pass1_s']:.3f} | {q['ttft_s'] / v['ttft_s']:.2f} | "
+            f"{v['decode_tok_s']:.1f} | {q['decode_tok_s']:.1f} | {q['decode_tok_s'] / v['decode_tok_s']:.2f} | "
+            f"{v['peak_mib']:.0f} | {q['peak_mib']:.0f} | {q['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
+        )
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# GPU check, run on a CUDA machine from the repo root (needs a saved SmolLM2 tokenizer in
+# $QGPM_TEST_TOKENIZER, e.g. from `python -c "from qgpm.loading import *; load_tokenizer(default_model_source()).save_pretrained('tok')"`).
+# Writes logs and reports to ${OUT:-gpu_out}.
+set -uo pipefail
+OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+{ nvidia-smi -L; $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name())"; } 2>&1 | tee "$OUT/env.txt"
+$PY -m pytest -q -p no:cacheprovider -o addopts="" -m "not real_model" tests/test_cuda.py tests/test_identity.py tests/test_relevance.py 2>&1 | tee "$OUT/pytest_cuda.log" | tail -5
+$PY benchmarks/speed.py --random-arch smollm2-135m --tokenizer "$QGPM_TEST_TOKENIZER" --device cuda --dtype bfloat16 \
+    --lengths 1024,2048,4096,8000 --repeats 5 --out "$OUT/speed_cuda_smollm2_arch.md" 2>&1 | tail -12
+$PY benchmarks/speed.py --random-arch llama3-8b --tokenizer "$QGPM_TEST_TOKENIZER" --device cuda --dtype bfloat16 \
+    --lengths 4096,16384,32768 --repeats 3 --out "$OUT/speed_cuda_llama3_8b_arch.md" 2>&1 | tail -10
