@@ -41,7 +41,7 @@ def long_text() -> str:
 def context_of(engine: QGPM, text: str, tokens: int) -> str:
     """The longest prefix of ``text`` (cut at a paragraph; the text repeats if too short) whose prompt fits ``tokens``."""
     paras = text.split("\n\n")
-    approx = engine.prepare(text, QUESTION, method="vanilla").prompt.num_tokens
+    approx = len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     paras = paras * max(1, -(-tokens // approx) + 1)
     lo, hi = 1, len(paras)
     while lo < hi:

@@ -423,6 +423,7 @@ class QGPM:
         spec = PromptSpec(context=context, question=question, instruction=instruction, system=system, answer_prefix=answer_prefix, template=template)
         prompt = build_prompt(self.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail)
         self._check_length(prompt, max_new_tokens)
+        capacity = prompt.num_tokens + max(max_new_tokens, 1) + 1
         plan = None
         relevance: list[SentenceRelevance] = []
         if method == "qgpm":
@@ -437,6 +438,7 @@ class QGPM:
             mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
+            plan.capacity = capacity
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads))
         elif method == "oracle":
@@ -448,6 +450,7 @@ class QGPM:
             mr = build_plan(units, rel, config=cfg, rotary=self.rotary, n_layers=self.n_layers, dense=True)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
+            plan.capacity = capacity
             relevance = self._relevance(prompt, mr, None, units)
             details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length)
         return _Call(prompt, method, plan, relevance, timings, edit, details)

@@ -120,28 +120,39 @@ class PositionPlan:
     positions: list[torch.Tensor]
     layer_map: list[int]
     rotary: RotaryInfo
-    _cache: dict = field(default_factory=dict, repr=False)
+    capacity: int = 0  # token indices to build tables for up front (prompt + generation budget)
+    _tables: dict = field(default_factory=dict, repr=False)
+    _need: int = field(default=0, repr=False)
 
     @property
     def num_tokens(self) -> int:
         return int(self.positions[0].shape[1])
 
-    def tables(self, map_index: int, position_ids: torch.Tensor, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``[B, S, d]`` for the tokens at ``position_ids`` (token indices)."""
-        key = (map_index, device, dtype, position_ids.shape, int(position_ids[0, 0]), int(position_ids[0, -1]))
-        hit = self._cache.get(key)
-        if hit is not None:
+    def full_tables(self, map_index: int, device: torch.device, dtype: torch.dtype, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[T, d]`` for token indices ``0..T-1`` (``T >= need``), built on ``device``.
+
+        Built once per (map, device, dtype) and reused by every layer and decode step;
+        rebuilt longer only if generation runs past the planned capacity.
+        """
+        key = (map_index, str(device), dtype)
+        hit = self._tables.get(key)
+        if hit is not None and hit[0].shape[0] >= need:
             return hit
-        pos = positions_at(self.positions[map_index], position_ids)  # [planes, B, S]
-        angles = rope_angles(pos, self.rotary.inv_freq)  # [B, S, planes] float32
-        cos, sin = rope_tables(angles, attention_scaling=self.rotary.attention_scaling, dtype=dtype)
-        out = (cos.to(device), sin.to(device))
-        if position_ids.shape[1] > 1:  # cache prefill tables (shared by the layers of a map)
-            self._cache[key] = out
-        else:
-            self._cache.clear() if len(self._cache) > 64 else None
-            self._cache[key] = out
+        length = max(need, self.capacity, self.num_tokens + 64)
+        idx = torch.arange(length)
+        pos = positions_at(self.positions[map_index], idx)  # [planes, T] float64
+        angles = rope_angles(pos.to(device), self.rotary.inv_freq.to(device))  # [T, planes] float32
+        out = rope_tables(angles, attention_scaling=self.rotary.attention_scaling, dtype=dtype)
+        self._tables[key] = out
         return out
+
+    def tables(self, map_index: int, position_ids: torch.Tensor, device: torch.device, dtype: torch.dtype, need: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[B, S, d]`` for the tokens at ``position_ids`` (token indices), on ``device``."""
+        if need is None:
+            need = int(position_ids.max()) + 1
+        cos, sin = self.full_tables(map_index, device, dtype, need)
+        pid = position_ids.to(cos.device)
+        return cos[pid], sin[pid]
 
 
 @contextlib.contextmanager
@@ -161,7 +172,7 @@ def apply_plan(model: torch.nn.Module, plan: PositionPlan | None) -> Iterator[No
             raise ValueError(f"plan has {len(plan.layer_map)} layer entries, model has {len(layers)} layers")
         handles = []
 
-        def make_hook(map_index: int):
+        def make_hook(map_index: int, first: bool):
             def hook(module, args, kwargs):
                 pid = kwargs.get("position_ids")
                 if pid is None:
@@ -171,14 +182,16 @@ def apply_plan(model: torch.nn.Module, plan: PositionPlan | None) -> Iterator[No
                 hs = args[0] if args else kwargs["hidden_states"]
                 if pid.ndim == 1:
                     pid = pid.unsqueeze(0)
-                kwargs["position_embeddings"] = plan.tables(map_index, pid, hs.device, hs.dtype)
+                if first:  # one host sync per forward: how far the tables must reach
+                    plan._need = int(pid.max()) + 1
+                kwargs["position_embeddings"] = plan.tables(map_index, pid, hs.device, hs.dtype, need=plan._need)
                 return args, kwargs
 
             return hook
 
         try:
-            for layer, map_index in zip(layers, plan.layer_map):
-                handles.append(layer.register_forward_pre_hook(make_hook(map_index), with_kwargs=True))
+            for i, (layer, map_index) in enumerate(zip(layers, plan.layer_map)):
+                handles.append(layer.register_forward_pre_hook(make_hook(map_index, i == 0), with_kwargs=True))
             yield
         finally:
             for h in handles:
