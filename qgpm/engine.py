@@ -34,6 +34,10 @@ __all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHO
 
 Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder"]
 METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder")
+DEFAULT_RERANKER = "minilm"
+"""Default reranker of ``topk``/``reorder``: best evidence-chunk MRR in
+``benchmarks/results/rerank_mrr.md`` (ties BM25 overall, clearly ahead on the
+low-overlap NoLiMa-style association task), at ~2 s per 1K tokens on 2 CPU cores."""
 
 
 class ContextTooLongError(ValueError):
@@ -299,7 +303,8 @@ class QGPM:
         """Answer ``question`` from ``context`` with ``method``.
 
         ``evidence`` (exact substrings of the context) is required for ``oracle``.
-        ``reranker`` / ``k`` apply to ``topk`` and ``reorder``. ``stop`` strings end the
+        ``reranker`` / ``k`` apply to ``topk`` and ``reorder`` (default reranker:
+        the bundled all-MiniLM-L6-v2, chosen by measurement, see ``DEFAULT_RERANKER``). ``stop`` strings end the
         answer (and are cut from it). ``config`` overrides the engine's settings for
         this call. Greedy decoding unless ``temperature > 0``.
         """
@@ -413,7 +418,7 @@ class QGPM:
 
             t = time.perf_counter()
             edit = edit_context(
-                context, question, mode=method, reranker=reranker if reranker is not None else "bm25", k=k,
+                context, question, mode=method, reranker=reranker if reranker is not None else DEFAULT_RERANKER, k=k,
                 count_tokens=lambda s: len(self.tokenizer(s, add_special_tokens=False)["input_ids"]),
             )
             timings.edit_s = time.perf_counter() - t
