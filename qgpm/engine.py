@@ -391,9 +391,9 @@ class QGPM:
             raise ValueError("answer is empty")
         ids = torch.cat([call.prompt.input_ids, torch.tensor([ans])], dim=1).to(self.device)
         with apply_plan(self.model, call.plan):
-            logits = self.model(input_ids=ids, use_cache=False).logits[0].float()
-        n = call.prompt.num_tokens
-        logp = torch.log_softmax(logits[n - 1 : -1], dim=-1)
+            # only the positions that predict the answer tokens (not N x vocab logits)
+            logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=len(ans) + 1).logits[0].float()
+        logp = torch.log_softmax(logits[:-1], dim=-1)
         return float(logp.gather(1, torch.tensor(ans, device=logp.device).unsqueeze(1)).sum())
 
     # ------------------------------------------------------------------ internals

@@ -98,7 +98,8 @@ def sentence_scores(f: torch.Tensor, s_low: float) -> torch.Tensor:
     lo, hi = f.min(), f.max()
     if float(hi - lo) <= 1e-12:
         return torch.ones_like(f)
-    return s_low + (1 - s_low) * (f - lo) / (hi - lo)
+    # clamp: the division can round the top score to 1 + 2e-16
+    return (s_low + (1 - s_low) * (f - lo) / (hi - lo)).clamp(min=s_low, max=1.0)
 
 
 def protected_prefix_end(sent_scores: torch.Tensor, s_low: float) -> int:

@@ -18,3 +18,20 @@ __all__ = [
     "score",
     "is_correct",
 ]
+
+
+def __getattr__(name: str):
+    """Lazy access to the harness (it imports accelerate/matplotlib only when used)."""
+    if name == "run_eval":
+        from qgpm.eval.runner import run_eval
+
+        return run_eval
+    if name == "report":
+        from qgpm.eval.report import report
+
+        return report
+    if name == "tune":
+        from qgpm.eval.tune import tune
+
+        return tune
+    raise AttributeError(name)

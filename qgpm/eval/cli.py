@@ -1,0 +1,278 @@
+"""Command-line entry points for evaluation: ``eval``, ``tune``, ``calibrate``, ``report``.
+
+``register(subparsers)`` adds the subcommands to the main ``qgpm`` parser (each sets
+``func`` to its ``main_*``, which takes the parsed args and returns an exit code).
+Standalone: ``python -m qgpm.eval.cli eval ...``; data-parallel:
+``accelerate launch [--num_processes N] -m qgpm.eval.cli eval ...``.
+
+    qgpm eval --model smollm2 --tasks niah_multikey_1,qa_1 --lengths 2048,4096 \\
+        --depths 0,0.25,0.5,0.75,1 --n 10 --methods vanilla,qgpm,oracle,topk,reorder \\
+        --out runs/x --device cuda --dtype bfloat16
+    qgpm tune --model smollm2 --tasks niah_multikey_1,nolima_direct --lengths 2048 --n 8 \\
+        --trials 24 --out runs/tune --device cuda --dtype bfloat16
+    qgpm calibrate --model smollm2 --n 36 --holdout 18 --top 8
+    qgpm report --out runs/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from typing import Sequence
+
+__all__ = ["register", "main", "main_eval", "main_tune", "main_calibrate", "main_report", "build_parser"]
+
+
+def _csv(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _tasks(s: str) -> list[str]:
+    from qgpm.eval.tasks import TASKS
+
+    if s.strip().lower() == "all":
+        return list(TASKS)
+    return _csv(s)
+
+
+def _depths(s: str) -> list[float] | None:
+    if s.strip().lower() in ("none", "random"):
+        return None
+    return [float(x) for x in _csv(s)]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in _csv(s)]
+
+
+def _shard(s: str | None) -> tuple[int, int] | None:
+    if not s:
+        return None
+    a, _, b = s.partition("/")
+    return int(a), int(b)
+
+
+def _command(args=None) -> str:
+    """The command line as run (``qgpm ...`` via the entry point, else ``python -m qgpm.eval.cli ...``)."""
+    argv = getattr(args, "argv", None)
+    if argv is None:
+        argv = sys.argv[1:]
+    prog = "qgpm" if sys.argv and os.path.basename(sys.argv[0]) == "qgpm" else "python -m qgpm.eval.cli"
+    launcher = ""
+    world = os.environ.get("WORLD_SIZE")
+    if world and world != "1":
+        launcher = f"accelerate launch --num_processes {world} "
+    return launcher + prog + " " + " ".join(shlex.quote(a) for a in argv)
+
+
+def _model_args(p: argparse.ArgumentParser, heads: bool = True) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default="smollm2", help="smollm2 (embedded), an HF id, a local folder or a .gguf file")
+    g.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (under accelerate launch, cuda = each process's own GPU)")
+    g.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (the checkpoint's)")
+    g.add_argument("--attn-implementation", default=None, help="eager | sdpa | flash_attention_2 (default: transformers' choice)")
+    if heads:
+        g.add_argument("--heads", default=None, help="stored (default: the head set stored for the model) | a head-set JSON | '14:3,15:6,...' | calibrate")
+
+
+def _sample_args(p: argparse.ArgumentParser, *, split_choices: Sequence[str], default_split: str, default_n: int) -> None:
+    g = p.add_argument_group("samples")
+    g.add_argument("--tasks", type=_tasks, default=None, help="comma list or 'all' (default: niah_multikey_1,nolima_direct)")
+    g.add_argument("--lengths", type=_ints, default=[2048], help="token budgets, comma list (default 2048)")
+    g.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths, comma list, or 'random' (default 0,0.25,0.5,0.75,1)")
+    g.add_argument("--n", type=int, default=default_n, help=f"samples per (task, length, depth) (default {default_n})")
+    g.add_argument("--split", choices=list(split_choices), default=default_split, help=f"seed split (default {default_split})")
+    g.add_argument("--haystack", default=None, help="haystack for NoLiMa / essay NIAH tasks (essays, squad)")
+    g.add_argument("--max-new-tokens", type=int, default=None, help="override every task's generation budget")
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("QGPM config")
+    g.add_argument("--config", default=None, help="JSON file with QGPMConfig fields (e.g. best_config.json from `qgpm tune`)")
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help="override one config field (repeatable)")
+
+
+def register(subparsers) -> None:
+    """Add ``eval``, ``tune``, ``calibrate`` and ``report`` to an argparse subparsers object."""
+    # ---- eval
+    p = subparsers.add_parser("eval", help="run methods on benchmark samples and write rows + report",
+                              description="Run every method on the same seeded benchmark samples; write rows.jsonl, report.md, plots. "
+                              "Data-parallel with `accelerate launch -m qgpm.eval.cli eval ...`.")
+    _model_args(p)
+    _sample_args(p, split_choices=("test", "dev"), default_split="test", default_n=10)
+    p.add_argument("--methods", type=_csv, default=["vanilla", "qgpm", "oracle", "topk", "reorder"], help="comma list (default: all five)")
+    p.add_argument("--reranker", default="minilm", help="reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> (default minilm, the engine default)")
+    p.add_argument("--k", type=int, default=5, help="chunks kept by topk (default 5)")
+    _config_args(p)
+    p.add_argument("--out", required=True, help="output folder (resumed if it holds rows)")
+    p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob pass (one forward less per answer)")
+    p.add_argument("--no-resume", dest="resume", action="store_false", help="start afresh (deletes the folder's rows)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--shard", default=None, help="manual sharding i/N (separate jobs); accelerate launch shards by itself")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first error (default: record it in the row and go on)")
+    p.set_defaults(func=main_eval)
+
+    # ---- tune
+    p = subparsers.add_parser("tune", help="search QGPM hyperparameters on the dev split",
+                              description="Grid / random search over QGPMConfig fields on dev-split samples (never test).")
+    _model_args(p)
+    _sample_args(p, split_choices=("dev",), default_split="dev", default_n=8)
+    _config_args(p)
+    p.add_argument("--grid", default=None, help="'field=v1,v2;field=v1,v2' (default: qgpm.eval.tune.DEFAULT_GRID)")
+    p.add_argument("--trials", type=int, default=None, help="random sample of this many grid points (base config included); default: the whole grid")
+    p.add_argument("--search-seed", type=int, default=0)
+    p.add_argument("--objective", choices=["accuracy", "logprob", "guarded"], default="accuracy",
+                   help="accuracy (tie-break: gold log-prob), logprob, or guarded (no task below vanilla first)")
+    p.add_argument("--guard", type=float, default=0.0, help="tolerated per-task accuracy drop vs vanilla for --objective guarded (fraction)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--no-logprob", dest="logprob", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=main_tune)
+
+    # ---- calibrate
+    p = subparsers.add_parser("calibrate", help="select retrieval heads by MRR calibration (paper App. A)",
+                              description="Score every (layer, head) on calibration-split samples, keep the best --top, "
+                              "and store the head set where the engine finds it by model name.")
+    _model_args(p, heads=False)
+    p.add_argument("--n", type=int, default=36, help="calibration samples (default 36)")
+    p.add_argument("--holdout", type=int, default=18, help="held-out samples for the fused-MRR check (default 18)")
+    p.add_argument("--top", type=int, default=8, help="heads to keep (default 8)")
+    p.add_argument("--lengths", type=_ints, default=[1024, 2048])
+    p.add_argument("--out", default=None, help="head-set JSON path (default: <user head dir>/<model>.json, found by model name)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=main_calibrate)
+
+    # ---- report
+    p = subparsers.add_parser("report", help="regenerate report.md, stats.json and plots from a run folder")
+    p.add_argument("--out", required=True, help="run folder holding rows.jsonl")
+    p.add_argument("--baseline", default="vanilla")
+    p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.set_defaults(func=main_report)
+
+
+def _setup_logging() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _engine(args, config=None, heads=None):
+    from qgpm.eval.runner import _partial_state, load_engine
+
+    kw = {}
+    if getattr(args, "attn_implementation", None):
+        kw["attn_implementation"] = args.attn_implementation
+    return load_engine(args.model, device=args.device, dtype=args.dtype, heads=heads if heads is not None else getattr(args, "heads", None),
+                       config=config, state=_partial_state(), **kw)
+
+
+def main_eval(args) -> int:
+    from qgpm.eval.runner import run_eval
+    from qgpm.eval.tune import load_config
+
+    _setup_logging()
+    config = load_config(args.config, args.overrides)
+    tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
+    engine = _engine(args, config)
+    t = time.time()
+    out = run_eval(
+        engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, out_dir=args.out,
+        split=args.split, config=config, reranker=args.reranker, k=args.k, logprob=args.logprob, resume=args.resume,
+        progress=args.progress, shard=_shard(args.shard), haystack=args.haystack, max_new_tokens=args.max_new_tokens,
+        on_error="raise" if args.fail_fast else "record", command=_command(args),
+    )
+    from qgpm.eval.runner import _partial_state
+
+    state = _partial_state()
+    if state is None or state.is_main_process:
+        print(f"done in {time.time() - t:.0f} s: {out / 'rows.jsonl'}, {out / 'report.md'}")
+    return 0
+
+
+def main_tune(args) -> int:
+    from qgpm.eval.tune import load_config, parse_grid, tune
+
+    _setup_logging()
+    base = load_config(args.config, args.overrides)
+    tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
+    engine = _engine(args, base)
+    summary = tune(
+        engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, out_dir=args.out,
+        grid=parse_grid(args.grid) if args.grid else None, trials=args.trials, search_seed=args.search_seed, base_config=base,
+        split=args.split, objective=args.objective, guard=args.guard, logprob=args.logprob, progress=args.progress,
+        haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=_command(args),
+    )
+    b, v = summary["best"], summary["vanilla"]
+    print(f"best trial #{b['trial']}: acc {100 * (b['acc'] or 0):.1f}% (vanilla {100 * (v['acc'] or 0):.1f}%), changes {b['changes']}")
+    print(f"wrote {os.path.join(args.out, 'tune_summary.md')} and best_config.json")
+    return 0
+
+
+def main_calibrate(args) -> int:
+    from qgpm.calibrate import calibrate_heads
+    from qgpm.eval.tasks import calibration_samples
+    from qgpm.heads import stored_head_set_path, user_head_dir
+
+    _setup_logging()
+    engine = _engine(args, heads=[(0, 0)])  # any valid head: calibration scores them all
+    t = time.time()
+    cal = calibration_samples(engine.tokenizer, n=args.n, lengths=args.lengths)
+    hold = calibration_samples(engine.tokenizer, n=args.holdout, lengths=args.lengths, offset=1000) if args.holdout > 0 else None
+    hs = calibrate_heads(engine, cal, top=args.top, holdout=hold, progress=args.progress)
+    hs.meta["command"] = _command(args)
+    hs.meta["lengths"] = list(args.lengths)
+    hs.meta["seconds"] = round(time.time() - t, 1)
+    out = args.out or os.path.join(user_head_dir(), _head_file_name(engine.name))
+    path = hs.save(out)
+    print(f"model: {engine.name}")
+    print(f"heads (best first): {hs.heads}")
+    print(f"per-head calibration MRR: {[round(x, 3) for x in hs.mrr]} (median head {hs.meta['median_head_mrr']:.3f})")
+    if "holdout_fused_mrr" in hs.meta:
+        print(f"held-out fused MRR ({hs.meta['holdout_samples']} samples): chosen {hs.meta['holdout_fused_mrr']:.3f} "
+              f"vs random {args.top}-head sets {hs.random_mrr:.3f} (mean of {hs.meta['random_draws']} draws)")
+    print(f"wrote {path}")
+    found = stored_head_set_path(engine.name)
+    if args.out is None and found is not None and os.path.abspath(found) == os.path.abspath(path):
+        print(f"QGPM.from_pretrained({args.model!r}) will now use it")
+    elif args.out is not None:
+        print(f"use it with --heads {path} or QGPM.from_pretrained(..., heads={str(path)!r})")
+    return 0
+
+
+def _head_file_name(model_name: str) -> str:
+    """File name the engine looks up by model name (qgpm.heads key)."""
+    try:
+        from qgpm.heads import _key
+
+        return _key(model_name) + ".json"
+    except ImportError:  # pragma: no cover
+        return model_name.strip().lower().replace("/", "--") + ".json"
+
+
+def main_report(args) -> int:
+    from qgpm.eval.report import report
+
+    path = report(args.out, baseline=args.baseline, plots=args.plots)
+    print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="qgpm", description="qgpm evaluation commands")
+    sub = ap.add_subparsers(dest="command", required=True)
+    register(sub)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

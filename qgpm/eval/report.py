@@ -1,0 +1,270 @@
+"""Markdown report, ``stats.json`` and accuracy-vs-depth plots from a run's ``rows.jsonl``.
+
+    python -m qgpm.eval.cli report --out runs/x      # or: from qgpm.eval.report import report
+
+``report(out_dir)`` regenerates everything from the rows (and the manifest, for the
+run's settings), so it can be rerun at any time, e.g. after a resumed run.
+
+Files written in ``out_dir``: ``report.md`` (tables: task x length x method accuracy with
+Wilson 95 % CI; all tasks pooled; paired differences vs vanilla with bootstrap CI and
+exact McNemar p; per-depth accuracy and paired tables; gold log-prob; QGPM/Top-K
+diagnostics; timings), ``stats.json`` (the same numbers) and ``plots/depth_<task>_<length>.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+from qgpm.eval.runner import MANIFEST_FILE, METHOD_ORDER, dedupe_rows, read_rows
+from qgpm.eval.stats import group_accuracy, group_paired, series_labels, summarize
+
+__all__ = ["report", "plot_depth_curves", "REPORT_FILE", "STATS_FILE"]
+
+REPORT_FILE = "report.md"
+STATS_FILE = "stats.json"
+
+
+def _series_order(labels: Sequence[str]) -> list[str]:
+    def key(lab: str) -> tuple:
+        m = lab.split("@")[0]
+        return (METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER), lab)
+
+    return sorted(set(labels), key=key)
+
+
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.{digits}f}"
+
+
+def _acc_cell(a) -> str:
+    if a is None or a.n == 0:
+        return "–"
+    err = f", {a.errors} err" if a.errors else ""
+    return f"{_pct(a.acc)} ({_pct(a.lo, 0)}–{_pct(a.hi, 0)}) n={a.n}{err}"
+
+
+def _p(p: float) -> str:
+    return "–" if p is None or math.isnan(p) else (f"{p:.3f}" if p >= 0.001 else f"{p:.1e}")
+
+
+def _depth(d: Any) -> str:
+    return "random" if d is None else f"{float(d):g}"
+
+
+def _table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
+    return lines
+
+
+def _tasks_lengths(rows: Sequence[dict]) -> list[tuple[str, int]]:
+    from qgpm.eval.tasks import TASKS
+
+    tl = {(r["task"], int(r["length"])) for r in rows}
+    return sorted(tl, key=lambda x: (TASKS.index(x[0]) if x[0] in TASKS else 99, x[0], x[1]))
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def plot_depth_curves(rows: Sequence[dict], out_dir: str | Path, *, labels: dict | None = None) -> list[Path]:
+    """One PNG per (task, length) with accuracy vs depth per series (Wilson 95 % bars),
+    plus one per length pooling all tasks. Rows with random placement are skipped."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.get("depth") is not None]
+    if not rows:
+        return []
+    labels = labels or series_labels(rows)
+    acc = group_accuracy(rows, ("task", "length", "depth"), labels=labels)
+    pooled = group_accuracy(rows, ("*", "length", "depth"), labels=labels)
+    order = _series_order(labels.values())
+    out = Path(out_dir) / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    groups = [(t, L, acc) for t, L in _tasks_lengths(rows)]
+    if len({r["task"] for r in rows}) > 1:
+        groups += [("all", L, pooled) for L in sorted({int(r["length"]) for r in rows})]
+    for task, length, table in groups:
+        fig, ax = plt.subplots(figsize=(5.2, 3.4), dpi=110)
+        for j, lab in enumerate(order):
+            pts = sorted((k[2], v) for k, v in table.items() if k[0] == task and k[1] == length and k[3] == lab and v.n)
+            if not pts:
+                continue
+            dodge = (j - (len(order) - 1) / 2) * 0.012  # keep overlapping series and bars apart
+            xs = [float(d) + dodge for d, _ in pts]
+            ys = [100 * v.acc for _, v in pts]
+            err = [[100 * (v.acc - v.lo) for _, v in pts], [100 * (v.hi - v.acc) for _, v in pts]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linewidth=1.5, label=lab, alpha=0.9)
+        n = max((v.n for k, v in table.items() if k[0] == task and k[1] == length), default=0)
+        ax.set_title(f"{task} @ {length} tokens (n={n} per depth)", fontsize=10)
+        ax.set_xlabel("needle / gold depth (0 = start, 1 = end)")
+        ax.set_ylabel("accuracy %")
+        ax.set_ylim(-5, 105)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+        fig.tight_layout()
+        path = out / f"depth_{task}_{length}.png"
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True, n_boot: int = 10_000, seed: int = 0) -> Path:
+    """Regenerate ``report.md``, ``stats.json`` and the plots from the rows in ``out_dir``."""
+    out = Path(out_dir)
+    rows = dedupe_rows(read_rows(out))
+    if not rows:
+        raise FileNotFoundError(f"no rows in {out} (expected {out / 'rows.jsonl'})")
+    manifest: dict = {}
+    if (out / MANIFEST_FILE).is_file():
+        try:
+            manifest = json.loads((out / MANIFEST_FILE).read_text())
+        except json.JSONDecodeError:
+            manifest = {}
+    labels = series_labels(rows)
+    order = _series_order(labels.values())
+    summary = summarize(rows, baseline=baseline, n_boot=n_boot, seed=seed)
+    (out / STATS_FILE).write_text(json.dumps(summary, indent=1, default=str) + "\n")
+
+    kw = dict(labels=labels)
+    acc = group_accuracy(rows, ("task", "length"), **kw)
+    acc_all = group_accuracy(rows, ("*", "length"), **kw)
+    acc_d = group_accuracy(rows, ("task", "length", "depth"), **kw)
+    pk = dict(baseline=baseline, labels=labels, n_boot=n_boot, seed=seed)
+    par = group_paired(rows, ("task", "length"), **pk)
+    par_all = group_paired(rows, ("*", "length"), **pk)
+    par_d = group_paired(rows, ("task", "length", "depth"), **pk)
+    tls = _tasks_lengths(rows)
+    lengths = sorted({L for _, L in tls})
+    multi_task = len({t for t, _ in tls}) > 1
+
+    md: list[str] = ["# Evaluation report", ""]
+    latest = manifest.get("latest") or {}
+    if latest:
+        md += [
+            f"- model: `{latest.get('model')}` ({latest.get('dtype')}, {latest.get('device')}); heads: `{latest.get('heads')}`",
+            f"- split: **{latest.get('split')}**; n = {latest.get('n')} per (task, length, depth); depths: {latest.get('depths')}",
+            f"- methods: {', '.join(latest.get('methods') or [])}; reranker (topk/reorder): {latest.get('reranker')}, k={latest.get('k')}",
+            f"- QGPM config: `{json.dumps(latest.get('config'))}` ({latest.get('config_provenance')})",
+            f"- command: `{latest.get('command')}`",
+            f"- versions: {latest.get('versions')}; processes: {latest.get('processes')}; last run wall time {latest.get('wall_s')} s",
+        ]
+        configs = manifest.get("configs") or {}
+        if any(lab != lab.split("@")[0] for lab in order):
+            md.append("- series with several configs (method@hash): " + "; ".join(
+                f"`{h[:6]}` = {json.dumps(configs.get(h, {}).get('config') or configs.get(h, {}))}" for (m, h), lab in labels.items() if "@" in lab))
+    md += [f"- rows: {len(rows)} ({sum(1 for r in rows if r.get('error'))} with errors, left out of every statistic)", ""]
+
+    md += ["## Accuracy (%), Wilson 95 % CI", ""]
+    body = [[t, L, *[_acc_cell(acc.get((t, L, lab))) for lab in order]] for t, L in tls]
+    if multi_task:
+        body += [["**all tasks**", L, *[_acc_cell(acc_all.get(("all", L, lab))) for lab in order]] for L in lengths]
+    md += _table(["task", "length", *order], body) + [""]
+
+    if par:
+        md += [f"## Paired vs {baseline} (same samples)", "",
+               "Δ = accuracy difference in points with a paired bootstrap 95 % CI; b = right only with the method, "
+               f"c = right only with {baseline}; p = exact McNemar (two-sided binomial on b, c). Δlogp = mean paired "
+               "difference of the gold log-prob (nats).", ""]
+        body = []
+        keys = [(t, L) for t, L in tls] + ([("all", L) for L in lengths] if multi_task else [])
+        for t, L in keys:
+            for lab in order:
+                p = (par_all if t == "all" else par).get((t, L, lab))
+                if p is None or p.n == 0:
+                    continue
+                lp = "–" if p.logprob_diff is None else f"{p.logprob_diff:+.2f}"
+                body.append([("**all tasks**" if t == "all" else t), L, lab, p.n, _pct(p.acc), _pct(p.base_acc),
+                             f"{100 * p.diff:+.1f} [{100 * p.lo:+.1f}, {100 * p.hi:+.1f}]", p.b, p.c, _p(p.p), lp])
+        md += _table(["task", "length", "method", "pairs", "acc", baseline, "Δ [95% CI]", "b", "c", "McNemar p", "Δlogp"], body) + [""]
+
+    depth_rows = [r for r in rows if r.get("depth") is not None]
+    if depth_rows:
+        md += ["## Accuracy by depth (%)", "", "Cells: accuracy % (correct/n).", ""]
+        body = []
+        depths = sorted({float(r["depth"]) for r in depth_rows})
+        for t, L in tls:
+            for d in depths:
+                cells = []
+                for lab in order:
+                    a = acc_d.get((t, L, d, lab))
+                    cells.append("–" if a is None or a.n == 0 else f"{_pct(a.acc, 0)} ({a.correct}/{a.n})")
+                if any(c != "–" for c in cells):
+                    body.append([t, L, _depth(d), *cells])
+        md += _table(["task", "length", "depth", *order], body) + [""]
+        if par_d:
+            md += [f"### Paired vs {baseline} by depth", ""]
+            body = []
+            for t, L in tls:
+                for d in depths:
+                    for lab in order:
+                        p = par_d.get((t, L, d, lab))
+                        if p is None or p.n == 0:
+                            continue
+                        body.append([t, L, _depth(d), lab, p.n, f"{100 * p.diff:+.0f} [{100 * p.lo:+.0f}, {100 * p.hi:+.0f}]", p.b, p.c, _p(p.p)])
+            md += _table(["task", "length", "depth", "method", "pairs", "Δ [95% CI]", "b", "c", "McNemar p"], body) + [""]
+
+    lp_groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if not r.get("error") and r.get("logprob_gold") is not None:
+            lp_groups.setdefault((r["task"], int(r["length"]), labels[(r["method"], r["config_hash"])]), []).append(r["logprob_gold"])
+    if lp_groups:
+        md += ["## Mean gold log-prob (nats, higher is better)", ""]
+        body = [[t, L, *[("–" if (t, L, lab) not in lp_groups else f"{_mean(lp_groups[(t, L, lab)]):.2f}") for lab in order]] for t, L in tls]
+        md += _table(["task", "length", *order], body) + [""]
+
+    diag = []
+    q_rows = [r for r in rows if r["method"] == "qgpm" and not r.get("error") and "evidence_rank" in r]
+    if q_rows:
+        for t, L in tls:
+            rs = [r for r in q_rows if r["task"] == t and int(r["length"]) == L]
+            ranks = [r["evidence_rank"] for r in rs if r["evidence_rank"] is not None]
+            if rs:
+                mrr = _mean([1 / (x + 1) for x in ranks])
+                top1 = _mean([float(x == 0) for x in ranks])
+                diag.append([t, L, "qgpm", len(rs), "–" if mrr is None else f"{mrr:.2f}", _pct(top1, 0), "–"])
+    k_rows = [r for r in rows if r["method"] == "topk" and not r.get("error") and "evidence_kept" in r]
+    for t, L in tls:
+        rs = [r for r in k_rows if r["task"] == t and int(r["length"]) == L]
+        if rs:
+            diag.append([t, L, "topk", len(rs), "–", "–", _pct(_mean([float(r["evidence_kept"]) for r in rs]), 0)])
+    if diag:
+        md += ["## Retrieval diagnostics", "",
+               "qgpm: MRR and top-1 rate of the evidence sentence under the head relevance ranking; "
+               "topk: share of samples whose evidence survived the edit.", ""]
+        md += _table(["task", "length", "method", "n", "evidence MRR", "evidence top-1 %", "evidence kept %"], diag) + [""]
+
+    md += ["## Cost (means per answer)", ""]
+    body = []
+    for lab in order:
+        rs = [r for r in rows if labels[(r["method"], r["config_hash"])] == lab and not r.get("error")]
+        if not rs:
+            continue
+        tm = [r.get("timings") or {} for r in rs]
+        f = lambda key: _mean([x[key] for x in tm if key in x])  # noqa: E731
+        fmt = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
+        body.append([lab, len(rs), f"{_mean([r.get('prompt_tokens') or 0 for r in rs]):.0f}", f"{_mean([r.get('answer_tokens') or 0 for r in rs]):.1f}",
+                     fmt(f("edit_s")), fmt(f("pass1_s")), fmt(f("prefill_s")), fmt(f("decode_s")), fmt(f("logprob_s")), fmt(f("wall_s"))])
+    md += _table(["series", "answers", "prompt tokens", "answer tokens", "edit s", "pass-1 s", "prefill s", "decode s", "log-prob s", "wall s"], body) + [""]
+
+    errs = [r for r in rows if r.get("error")]
+    if errs:
+        md += ["## Errors", ""] + [f"- {r['task']} @{r['length']} depth {_depth(r.get('depth'))} seed {r['seed']} {r['method']}: `{r['error'][:200]}`" for r in errs[:50]] + [""]
+
+    if plots:
+        paths = plot_depth_curves(rows, out, labels=labels)
+        if paths:
+            md += ["## Accuracy vs depth", ""] + [f"![{p.stem}](plots/{p.name})" for p in paths] + [""]
+
+    path = out / REPORT_FILE
+    path.write_text("\n".join(md))
+    return path

@@ -1,0 +1,697 @@
+"""Benchmark runner: every method on the same seeded samples, one JSONL row per answer.
+
+    from qgpm import QGPM
+    from qgpm.eval.runner import run_eval
+    engine = QGPM.from_pretrained()
+    run_eval(engine, tasks=["niah_multikey_1", "qa_1"], lengths=[2048, 4096],
+             depths=[0, .25, .5, .75, 1], n=10, methods=["vanilla", "qgpm", "oracle"],
+             out_dir="runs/x")
+
+Work items and seeds
+--------------------
+A work item is one sample: ``(task, length, i, depth)``. Sample ``i`` is generated
+with seed ``split_seed(split, i)`` (``generate(task, n=1, seed=..., depths=[depth])``),
+so a run with ``n=20`` extends a run with ``n=10`` and sample ``i`` has the same needle
+content at every depth and every length (results pair across depths and lengths). Every
+method answers the same sample with the same prompt (only Top-K / Reorder edit the
+context, by design). ``depths=None`` keeps each benchmark's random placement.
+
+Rows
+----
+``rows.jsonl`` holds one row per (sample, method): task, length, depth, seed, index,
+method, answer, correct, score, gold, logprob_gold (teacher-forced log-probability of
+the gold continuation ``[" "] + answers[0]`` under the method's positions), prompt
+tokens, timings, the top-ranked sentences (qgpm: first 3) and the rank of the evidence
+sentence, split, and ``config_hash``. The hash fingerprints what decides a method's
+answer: model, dtype, generation budget and haystack for every method, plus the QGPM
+config (qgpm, oracle), the head set (qgpm), the reranker and ``k`` (topk, reorder). So
+a vanilla row stays valid when only the QGPM config changes. ``manifest.json`` maps
+every hash to its full settings.
+
+Resuming: rows already present in ``out_dir`` with the same key (task, length, depth,
+seed, method, config_hash) are skipped; a sample whose methods are all done is not even
+generated. Rows that recorded an error are retried.
+
+Data parallel: under ``accelerate launch`` (``accelerate.PartialState``) process ``r`` of
+``P`` takes work items ``r, r + P, ...`` and appends to ``rows.rank{r}.jsonl``; after
+``wait_for_everyone`` the main process merges every rank file into ``rows.jsonl``
+(deduplicated, sorted) and writes the report. A plain single process works the same
+way with ``P = 1``. ``shard=(r, P)`` shards by hand (separate jobs; each merges what
+exists when it finishes, atomically, so the last one to finish leaves the full file).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from qgpm.eval.base import BudgetError, EvalSample, split_seed
+from qgpm.eval.scoring import is_correct, score
+from qgpm.eval.tasks import TASKS, generate
+
+__all__ = [
+    "run_eval",
+    "WorkItem",
+    "work_items",
+    "row_key",
+    "method_fingerprint",
+    "config_hash",
+    "read_rows",
+    "merge_rows",
+    "load_engine",
+    "parse_heads",
+    "gold_continuation",
+    "answer_sample",
+    "ROWS_FILE",
+    "MANIFEST_FILE",
+    "DEFAULT_DEPTHS",
+]
+
+log = logging.getLogger("qgpm.eval")
+
+ROWS_FILE = "rows.jsonl"
+MANIFEST_FILE = "manifest.json"
+DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+METHOD_ORDER = ("vanilla", "qgpm", "oracle", "topk", "reorder")
+KEY_FIELDS = ("task", "length", "depth", "seed", "method", "config_hash")
+
+
+# ----------------------------------------------------------------------------- work
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkItem:
+    """One sample to generate: ``index`` is ``i`` in ``split_seed(split, i)``."""
+
+    task: str
+    length: int
+    depth: float | None
+    index: int
+    seed: int
+
+
+def work_items(tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float] | None, n: int, split: str) -> list[WorkItem]:
+    """All samples of a run in a fixed order: length, task, sample, depth.
+
+    Shorter lengths come first (early results); consecutive items differ in depth, so
+    taking every ``P``-th item gives each process a similar mix of lengths and depths.
+    """
+    ds: list[float | None] = [None] if depths is None else [float(d) for d in depths]
+    out = []
+    for length in lengths:
+        for task in tasks:
+            for i in range(n):
+                for d in ds:
+                    out.append(WorkItem(task, int(length), d, i, split_seed(split, i)))
+    return out
+
+
+def _norm_depth(d: Any) -> float | None:
+    return None if d is None else round(float(d), 6)
+
+
+def row_key(row: dict) -> tuple:
+    """The identity of a row: (task, length, depth, seed, method, config_hash)."""
+    return (row["task"], int(row["length"]), _norm_depth(row.get("depth")), int(row["seed"]), row["method"], row["config_hash"])
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+
+def _engine_dtype(engine) -> str:
+    try:
+        return str(next(engine.model.parameters()).dtype).replace("torch.", "")
+    except (StopIteration, AttributeError):
+        return "?"
+
+
+def _reranker_name(reranker: Any) -> str:
+    if reranker is None:
+        return "bm25"
+    return str(getattr(reranker, "name", reranker))
+
+
+def _config_dict(config) -> dict:
+    d = dataclasses.asdict(config)
+    d.pop("provenance", None)
+    return d
+
+
+def method_fingerprint(
+    engine,
+    method: str,
+    *,
+    config=None,
+    reranker: Any = "minilm",
+    k: int = 5,
+    max_new_tokens: int | None = None,
+    haystack: Any = None,
+) -> dict:
+    """What decides ``method``'s answer on a sample (hashed into ``config_hash``)."""
+    fp: dict[str, Any] = {
+        "method": method,
+        "model": engine.name,
+        "dtype": _engine_dtype(engine),
+        "max_new_tokens": max_new_tokens,
+        "haystack": None if haystack is None else str(getattr(haystack, "__name__", haystack)),
+    }
+    cfg = config or engine.config
+    if method in ("qgpm", "oracle"):
+        fp["config"] = _config_dict(cfg)
+    if method == "qgpm":
+        fp["heads"] = [list(h) for h in engine.heads]
+    if method in ("topk", "reorder"):
+        fp["reranker"] = _reranker_name(reranker)
+        fp["k"] = int(k)
+    return fp
+
+
+def config_hash(fingerprint: dict) -> str:
+    return hashlib.sha1(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+def parse_heads(spec: Any) -> Any:
+    """``None`` / ``"calibrate"`` / a head-set path / ``"14:3,15:6"`` / a list of pairs."""
+    if spec is None or not isinstance(spec, str):
+        return spec
+    s = spec.strip()
+    if not s or s.lower() in {"stored", "default", "none"}:
+        return None
+    if s == "calibrate" or os.path.exists(s) or s.endswith(".json"):
+        return s
+    pairs = []
+    for part in s.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        layer, _, head = part.partition(":")
+        if not head:
+            raise ValueError(f"bad head {part!r}: expected layer:head, e.g. 14:3")
+        pairs.append((int(layer), int(head)))
+    return pairs
+
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def _resolve_device(device: str | None, state=None) -> Any:
+    """``device_map`` for :meth:`QGPM.from_pretrained`: each accelerate process gets its own GPU."""
+    dev = (device or "auto").lower()
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu":
+        return "cpu"
+    if dev.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+        if dev == "cuda" and state is not None and getattr(state, "num_processes", 1) > 1:
+            return str(state.device) if str(state.device).startswith("cuda") else f"cuda:{state.local_process_index}"
+        return dev if ":" in dev else "cuda"
+    return dev
+
+
+def load_engine(model: Any = None, *, device: str | None = None, dtype: Any = None, heads: Any = None, config=None, state=None, **kwargs: Any):
+    """Build a :class:`qgpm.QGPM` for evaluation (``device`` cpu|cuda|auto, ``dtype`` name or torch dtype)."""
+    from qgpm import QGPM
+
+    if isinstance(dtype, str):
+        if dtype.lower() == "auto":
+            dtype = None
+        else:
+            try:
+                dtype = _DTYPES[dtype.lower()]
+            except KeyError:
+                raise ValueError(f"unknown dtype {dtype!r}; choose float32, bfloat16 or float16") from None
+    return QGPM.from_pretrained(model, device_map=_resolve_device(device, state), dtype=dtype, heads=parse_heads(heads), config=config, **kwargs)
+
+
+# ----------------------------------------------------------------------------- answering
+
+
+def gold_continuation(sample: EvalSample) -> str:
+    """The gold answer as the model would continue the prompt: ``answers[0]``, with a
+    leading space when the answer prefix ends in a word (``"... is"`` -> ``" 1234"``)."""
+    ans = sample.answers[0]
+    prefix = sample.answer_prefix or ""
+    if prefix and not prefix[-1].isspace() and not ans[:1].isspace():
+        return " " + ans
+    return ans
+
+
+def prepare_kwargs(sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5) -> dict:
+    """The ``engine.answer`` / ``engine.prepare`` keyword arguments for one sample and method."""
+    kw: dict[str, Any] = dict(
+        method=method,
+        instruction=sample.instruction,
+        template=sample.template,
+        answer_prefix=sample.answer_prefix,
+        max_new_tokens=sample.max_new_tokens,
+        evidence=sample.evidence if method == "oracle" else None,
+        config=config,
+    )
+    if method in ("topk", "reorder"):
+        kw.update(reranker=reranker, k=k)
+    return kw
+
+
+def run_prepared(engine, call, max_new_tokens: int):
+    """Greedy generation for a prepared call (what ``engine.answer`` does after ``_prepare``)."""
+    return engine._run_call(call, max_new_tokens, 0.0, 1.0, None, None, {})
+
+
+@torch.inference_mode()
+def prepared_logprob(engine, call, answer: str) -> float:
+    """Teacher-forced log-prob of ``answer`` after a prepared call's prompt, under its plan
+    (what ``engine.answer_logprob`` computes, without redoing the edit and pass 1)."""
+    from qgpm.runtime import apply_plan
+
+    ans = engine.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    if not ans:
+        raise ValueError("answer is empty")
+    ids = torch.cat([call.input_ids, torch.tensor([ans])], dim=1).to(engine.device)
+    keep = len(ans) + 1  # logits of the last prompt token and the answer tokens only (no N x vocab matrix)
+    with apply_plan(engine.model, call.plan):
+        try:
+            logits = engine.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0]
+        except TypeError:  # a model class without logits_to_keep
+            logits = engine.model(input_ids=ids, use_cache=False).logits[0]
+    logits = logits[-keep:]
+    logp = torch.log_softmax(logits[:-1].float(), dim=-1)  # rows n-1 .. n+len-2 predict the answer
+    return float(logp.gather(1, torch.tensor(ans, device=logp.device).unsqueeze(1)).sum())
+
+
+def _evidence_rank(call, sample: EvalSample) -> int | None:
+    """Best (0-based) QGPM rank of a sentence holding evidence, or None."""
+    if not call.relevance or call.prompt is None:
+        return None
+    try:
+        from qgpm.calibrate import evidence_sentences
+
+        gold = evidence_sentences(call.prompt, sample.evidence)
+    except Exception:  # evidence not located: no rank
+        return None
+    ranks = {r.index: r.rank for r in call.relevance}
+    return min((ranks[g] for g in gold if g in ranks), default=None)
+
+
+def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5, logprob: bool = True) -> dict:
+    """Answer one sample with one method; the measured part of a row.
+
+    One ``engine.prepare`` (edit, pass 1, plan) serves both the generated answer and the
+    gold log-prob, so pass 1 and the reranker run once per (sample, method).
+    """
+    t0 = time.perf_counter()
+    call = engine.prepare(sample.context, sample.question, **prepare_kwargs(sample, method, config=config, reranker=reranker, k=k))
+    res = run_prepared(engine, call, sample.max_new_tokens)
+    lp, lp_s = None, 0.0
+    if logprob:
+        t = time.perf_counter()
+        lp = prepared_logprob(engine, call, gold_continuation(sample))
+        lp_s = time.perf_counter() - t
+    tm = res.timings
+    out = {
+        "answer": res.text,
+        "correct": bool(is_correct(sample.metric, res.text, sample.answers)),
+        "score": float(score(sample.metric, res.text, sample.answers)),
+        "logprob_gold": lp,
+        "prompt_tokens": res.usage.prompt_tokens,
+        "answer_tokens": res.usage.answer_tokens,
+        "finish_reason": res.finish_reason,
+        "timings": {
+            "edit_s": round(tm.edit_s, 4), "pass1_s": round(tm.pass1_s, 4), "plan_s": round(tm.plan_s, 4),
+            "prefill_s": round(tm.prefill_s, 4), "decode_s": round(tm.decode_s, 4), "answer_s": round(tm.total_s, 4),
+            "logprob_s": round(lp_s, 4), "wall_s": round(time.perf_counter() - t0, 4),
+        },
+    }
+    if method == "qgpm":
+        out["top_sentences"] = [s.text for s in res.top_sentences(3)]
+        out["evidence_rank"] = _evidence_rank(call, sample)
+        out["num_sentences"] = len(res.relevance)
+    if method in ("topk", "reorder") and res.edit is not None:
+        out["chunks"] = len(getattr(res.edit, "chunks", []) or [])
+        out["kept_chunks"] = len(getattr(res.edit, "kept", []) or [])
+        out["evidence_kept"] = all(ev.strip() in res.edit.text for ev in sample.evidence)
+    return out
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def read_rows(out_dir: str | os.PathLike[str], *, include_ranks: bool = True) -> list[dict]:
+    """Rows of ``rows.jsonl`` and (by default) every ``rows.rank*.jsonl``, in file order.
+
+    A torn last line (a run killed mid-write) is skipped.
+    """
+    out_dir = Path(out_dir)
+    files = [out_dir / ROWS_FILE] if (out_dir / ROWS_FILE).is_file() else []
+    if include_ranks:
+        files += sorted(out_dir.glob("rows.rank*.jsonl"))
+    rows = []
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    return rows
+
+
+def _sort_key(row: dict) -> tuple:
+    task = row["task"]
+    t_i = TASKS.index(task) if task in TASKS else len(TASKS)
+    m = row["method"]
+    m_i = METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER)
+    d = row.get("depth")
+    return (int(row["length"]), t_i, task, int(row.get("index", 0)), -1.0 if d is None else float(d), int(row["seed"]), m_i, m, row["config_hash"])
+
+
+def dedupe_rows(rows: Iterable[dict]) -> list[dict]:
+    """One row per key: a successful row beats an error row, later beats earlier."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = row_key(r)
+        old = best.get(key)
+        if old is None or not (r.get("error") and not old.get("error")):
+            best[key] = r
+    return sorted(best.values(), key=_sort_key)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def merge_rows(out_dir: str | os.PathLike[str]) -> list[dict]:
+    """Merge ``rows.jsonl`` and the rank files into ``rows.jsonl`` (atomic); returns the rows."""
+    out_dir = Path(out_dir)
+    rows = dedupe_rows(read_rows(out_dir))
+    _atomic_write(out_dir / ROWS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return rows
+
+
+def _versions() -> dict:
+    import platform
+
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    for mod in ("transformers", "accelerate"):
+        try:
+            v[mod] = __import__(mod).__version__
+        except Exception:  # pragma: no cover
+            pass
+    try:
+        from importlib.metadata import version
+
+        v["qgpm"] = version("qgpm")
+    except Exception:  # pragma: no cover
+        pass
+    return v
+
+
+def _update_manifest(out_dir: Path, entry: dict, fingerprints: dict[str, dict]) -> None:
+    path = out_dir / MANIFEST_FILE
+    try:
+        man = json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError:
+        man = {}
+    man.setdefault("configs", {}).update(fingerprints)
+    man.setdefault("runs", []).append(entry)
+    man["latest"] = entry
+    _atomic_write(path, json.dumps(man, indent=1, default=str) + "\n")
+
+
+# ----------------------------------------------------------------------------- distributed
+
+
+def _partial_state():
+    """``accelerate.PartialState`` (long barrier timeout), or None when accelerate is missing."""
+    try:
+        from accelerate import PartialState
+    except ImportError:  # plain single process
+        return None
+    # Without CUDA (or with ACCELERATE_USE_CPU) processes launched by `accelerate launch
+    # --multi_gpu` / torchrun must join a gloo group: PartialState only does so with cpu=True.
+    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
+    try:
+        return PartialState(cpu=cpu, timeout=_dt.timedelta(hours=48))
+    except TypeError:  # pragma: no cover - older accelerate without kwargs passthrough
+        return PartialState(cpu=cpu)
+
+
+class _Single:
+    process_index = 0
+    local_process_index = 0
+    num_processes = 1
+    is_main_process = True
+    device = torch.device("cpu")
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+class _Tally:
+    """Running accuracy per method, for the progress bar."""
+
+    def __init__(self) -> None:
+        self.right: dict[str, int] = {}
+        self.total: dict[str, int] = {}
+
+    def add(self, method: str, ok: bool) -> None:
+        self.total[method] = self.total.get(method, 0) + 1
+        self.right[method] = self.right.get(method, 0) + int(ok)
+
+    def postfix(self) -> str:
+        return " ".join(f"{m}={100 * self.right[m] / self.total[m]:.0f}%" for m in self.total)
+
+
+def _haystack_for(task: str, haystack: Any) -> Any:
+    """``haystack`` where the task takes one (NoLiMa, essay NIAH), else None."""
+    if haystack is None:
+        return None
+    from qgpm.eval.nolima import NOLIMA_TASKS
+    from qgpm.eval.ruler import NIAH_TASKS
+
+    if task in NOLIMA_TASKS:
+        return haystack
+    if task in NIAH_TASKS and NIAH_TASKS[task].get("haystack") == "essay":
+        return haystack
+    return None
+
+
+def _make_sample(tokenizer, item: WorkItem, haystack: Any, max_new_tokens: int | None) -> EvalSample | Exception:
+    try:
+        s = generate(
+            item.task, n=1, length=item.length, tokenizer=tokenizer, seed=item.seed,
+            depths=None if item.depth is None else [item.depth], haystack=_haystack_for(item.task, haystack),
+            max_new_tokens=max_new_tokens,
+        )[0]
+        return s
+    except BudgetError as exc:
+        return exc
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+def run_eval(
+    engine: Any = None,
+    *,
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    depths: Sequence[float] | None = DEFAULT_DEPTHS,
+    n: int,
+    methods: Sequence[str],
+    out_dir: str | os.PathLike[str],
+    split: str = "test",
+    config=None,
+    reranker: Any = "minilm",
+    k: int = 5,
+    logprob: bool = True,
+    resume: bool = True,
+    progress: bool = True,
+    shard: tuple[int, int] | None = None,
+    haystack: Any = None,
+    max_new_tokens: int | None = None,
+    on_error: str = "record",
+    prefetch: bool = True,
+    write_report: bool = True,
+    command: str | None = None,
+    model: Any = None,
+    device: str | None = None,
+    dtype: Any = None,
+    heads: Any = None,
+) -> Path:
+    """Run ``methods`` on every sample of ``tasks x lengths x n x depths``; returns ``out_dir``.
+
+    ``engine``: a built :class:`qgpm.QGPM`, or ``None`` to build one from ``model`` /
+    ``device`` / ``dtype`` / ``heads`` (see :func:`load_engine`; under ``accelerate
+    launch`` each process then loads onto its own GPU). ``config`` overrides the
+    engine's QGPM config for qgpm / oracle. ``reranker`` / ``k`` configure topk /
+    reorder. ``on_error="record"`` writes a row with ``error`` and goes on (retried on
+    resume); ``"raise"`` stops. ``shard=(r, P)`` overrides the accelerate process split.
+    """
+    from qgpm.engine import METHODS
+
+    methods = list(dict.fromkeys(methods))
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown methods {bad}; choose from {METHODS}")
+    bad = [t for t in tasks if t not in TASKS]
+    if bad:
+        raise ValueError(f"unknown tasks {bad}; choose from {TASKS}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if on_error not in ("record", "raise"):
+        raise ValueError("on_error must be 'record' or 'raise'")
+    if depths is not None:
+        depths = [float(d) for d in depths]
+    out = Path(out_dir)
+
+    state = _partial_state() or _Single()
+    if shard is not None:
+        rank, world = int(shard[0]), int(shard[1])
+        if not 0 <= rank < world:
+            raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
+        distributed = False
+    else:
+        rank, world = state.process_index, state.num_processes
+        distributed = world > 1
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:  # start afresh: the main process clears every rows file (a manual shard only its own)
+        if shard is not None:
+            (out / f"rows.rank{rank}.jsonl").unlink(missing_ok=True)
+        elif rank == 0:
+            for f in [out / ROWS_FILE, *out.glob("rows.rank*.jsonl")]:
+                f.unlink(missing_ok=True)
+    if distributed:
+        state.wait_for_everyone()
+
+    if engine is None or isinstance(engine, (str, os.PathLike)):
+        engine = load_engine(engine if engine is not None else model, device=device, dtype=dtype, heads=heads, config=config, state=state)
+    cfg = config or engine.config
+
+    fps = {m: method_fingerprint(engine, m, config=cfg, reranker=reranker, k=k, max_new_tokens=max_new_tokens, haystack=haystack) for m in methods}
+    hashes = {m: config_hash(fps[m]) for m in methods}
+    items = work_items(tasks, lengths, depths, n, split)
+    mine = items[rank::world]
+
+    done = {row_key(r) for r in read_rows(out) if not r.get("error")}
+
+    def todo_for(item: WorkItem) -> list[str]:
+        return [m for m in methods if (item.task, item.length, _norm_depth(item.depth), item.seed, m, hashes[m]) not in done]
+
+    pending = [(it, todo_for(it)) for it in mine]
+    pending = [(it, ms) for it, ms in pending if ms]
+    n_calls = sum(len(ms) for _, ms in pending)
+    started = time.time()
+    if rank == 0:
+        log.info("qgpm eval: %d samples x %d methods (%d processes); %d answers to run here", len(items), len(methods), world, n_calls)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n_calls, desc=f"eval[{rank}/{world}]" if world > 1 else "eval", unit="answer", position=rank if world > 1 else None, dynamic_ncols=True, file=sys.stderr)
+    tally = _Tally()
+    rows_path = out / f"rows.rank{rank}.jsonl"
+    gen_tok = copy.deepcopy(engine.tokenizer) if prefetch else engine.tokenizer
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qgpm-eval-gen") if prefetch and pending else None
+    errors = 0
+    try:
+        with open(rows_path, "a", encoding="utf-8") as fh:
+            futures: list = []
+
+            def submit(j: int) -> None:
+                if pool is not None and j < len(pending):
+                    futures.append(pool.submit(_make_sample, gen_tok, pending[j][0], haystack, max_new_tokens))
+
+            submit(0)
+            for j, (item, todo) in enumerate(pending):
+                if pool is not None:
+                    sample = futures[j].result()
+                    submit(j + 1)  # generate the next sample while the model works
+                else:
+                    sample = _make_sample(gen_tok, item, haystack, max_new_tokens)
+                if isinstance(sample, Exception):
+                    warnings.warn(f"skipping {item.task} @ {item.length} (sample {item.index}, depth {item.depth}): {sample}")
+                    if bar is not None:
+                        bar.update(len(todo))
+                    continue
+                base = {
+                    "task": item.task, "length": item.length, "depth": _norm_depth(item.depth), "seed": item.seed,
+                    "index": item.index, "split": split, "metric": sample.metric, "gold": list(sample.answers),
+                    "needle_depth": (sample.meta.get("needle_depths") or [None])[0],
+                    "max_new_tokens": sample.max_new_tokens,
+                }
+                for m in todo:
+                    row = dict(base, method=m, config_hash=hashes[m])
+                    try:
+                        row.update(answer_sample(engine, sample, m, config=cfg, reranker=reranker, k=k, logprob=logprob))
+                    except Exception as exc:  # noqa: BLE001 - recorded, retried on resume
+                        if on_error == "raise":
+                            raise
+                        errors += 1
+                        row.update(answer=None, correct=False, score=0.0, logprob_gold=None, error=f"{type(exc).__name__}: {exc}")
+                        log.warning("error in %s/%s @%s sample %s depth %s: %s", item.task, m, item.length, item.index, item.depth, row["error"])
+                    row["rank"] = rank
+                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    fh.flush()
+                    if not row.get("error"):
+                        tally.add(m, row["correct"])
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix_str(tally.postfix(), refresh=False)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        if bar is not None:
+            bar.close()
+
+    if distributed:
+        state.wait_for_everyone()
+    if rank == 0 or not distributed:
+        rows = merge_rows(out)
+        entry = {
+            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "model": engine.name, "dtype": _engine_dtype(engine), "device": str(engine.device),
+            "heads": [list(h) for h in engine.heads] if "qgpm" in methods else None,
+            "config": _config_dict(cfg), "config_provenance": getattr(cfg, "provenance", None),
+            "tasks": list(tasks), "lengths": [int(x) for x in lengths], "depths": depths, "n": n, "split": split,
+            "methods": methods, "config_hashes": hashes, "reranker": _reranker_name(reranker), "k": k,
+            "haystack": fps[methods[0]]["haystack"], "max_new_tokens": max_new_tokens, "logprob": logprob,
+            "processes": world, "shard": list(shard) if shard else None, "answers_run_by_main": n_calls,
+            "errors_main": errors, "wall_s": round(time.time() - started, 1), "rows": len(rows), "versions": _versions(),
+        }
+        _update_manifest(out, entry, {hashes[m]: fps[m] for m in methods})
+        if write_report:
+            from qgpm.eval.report import report
+
+            report(out)
+    if distributed:
+        state.wait_for_everyone()
+    return out

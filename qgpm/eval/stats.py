@@ -1,0 +1,275 @@
+"""Statistics for benchmark rows: accuracy with confidence intervals and paired tests.
+
+Every method answers the same samples, so comparisons against the baseline (vanilla)
+are *paired*: a pair is one sample (task, length, depth, seed) answered by both.
+
+* Accuracy: Wilson score interval (95 % by default) -- well behaved at 0 %, 100 % and
+  small n, unlike the normal approximation.
+* Paired difference ``acc(method) - acc(baseline)``: percentile bootstrap over pairs
+  (seeded, so a report is reproducible).
+* McNemar's exact test: with ``b`` pairs the method got right and the baseline wrong,
+  and ``c`` the other way round, ``p = binomtest(b, b + c, 0.5)`` two-sided
+  (``scipy.stats.binomtest``); ``p = 1`` when there are no discordant pairs.
+
+Rows are the dicts the runner writes (``task``, ``length``, ``depth``, ``seed``,
+``method``, ``config_hash``, ``correct``, ``score``, ``logprob_gold``, ``error``).
+Rows with an ``error`` are left out of every statistic and counted separately.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "wilson_interval",
+    "bootstrap_ci",
+    "paired_bootstrap_diff",
+    "mcnemar_exact",
+    "Accuracy",
+    "Paired",
+    "accuracy",
+    "paired",
+    "series_labels",
+    "group_accuracy",
+    "group_paired",
+    "summarize",
+]
+
+
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for ``k`` successes out of ``n`` (``(0, 1)`` when ``n == 0``)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    from scipy.stats import norm
+
+    z = float(norm.ppf(0.5 + confidence / 2))
+    p = k / n
+    den = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return (lo, hi)
+
+
+def _rng(seed: int | str) -> np.random.Generator:
+    if isinstance(seed, str):
+        seed = int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "little")
+    return np.random.default_rng(seed)
+
+
+def bootstrap_ci(
+    values: Sequence[float],
+    *,
+    stat: Callable[[np.ndarray], np.ndarray] | None = None,
+    n_boot: int = 10_000,
+    confidence: float = 0.95,
+    seed: int | str = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (or ``stat`` applied along axis 1)."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        return (math.nan, math.nan)
+    idx = _rng(seed).integers(0, x.size, size=(n_boot, x.size))
+    sample = x[idx]
+    boots = sample.mean(axis=1) if stat is None else stat(sample)
+    a = (1 - confidence) / 2
+    lo, hi = np.quantile(boots, [a, 1 - a])
+    return (float(lo), float(hi))
+
+
+def paired_bootstrap_diff(
+    a: Sequence[float], b: Sequence[float], *, n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0
+) -> tuple[float, float, float]:
+    """Mean of ``a - b`` over pairs and its percentile bootstrap interval (resampling pairs)."""
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape:
+        raise ValueError("paired samples need equal lengths")
+    if x.size == 0:
+        return (math.nan, math.nan, math.nan)
+    d = x - y
+    lo, hi = bootstrap_ci(d, n_boot=n_boot, confidence=confidence, seed=seed)
+    return (float(d.mean()), lo, hi)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Exact two-sided McNemar p-value from the discordant counts ``b`` and ``c``."""
+    if b < 0 or c < 0:
+        raise ValueError("discordant counts must be >= 0")
+    if b + c == 0:
+        return 1.0
+    from scipy.stats import binomtest
+
+    return float(binomtest(int(b), int(b + c), 0.5, alternative="two-sided").pvalue)
+
+
+# ----------------------------------------------------------------------------- row level
+
+
+@dataclass
+class Accuracy:
+    """Accuracy of one series over some rows."""
+
+    n: int
+    correct: int
+    acc: float
+    lo: float
+    hi: float
+    mean_score: float
+    mean_logprob: float | None
+    errors: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Paired:
+    """A method against the baseline on the samples both answered."""
+
+    n: int
+    acc: float
+    base_acc: float
+    diff: float
+    lo: float
+    hi: float
+    b: int  # method right, baseline wrong
+    c: int  # baseline right, method wrong
+    p: float
+    logprob_diff: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ok(rows: Iterable[dict]) -> list[dict]:
+    return [r for r in rows if not r.get("error")]
+
+
+def accuracy(rows: Sequence[dict], confidence: float = 0.95) -> Accuracy:
+    """Accuracy (``correct``), Wilson interval, mean ``score`` and mean gold log-prob."""
+    good = _ok(rows)
+    n = len(good)
+    k = sum(1 for r in good if r["correct"])
+    lo, hi = wilson_interval(k, n, confidence)
+    lps = [r["logprob_gold"] for r in good if r.get("logprob_gold") is not None]
+    return Accuracy(
+        n=n, correct=k, acc=k / n if n else math.nan, lo=lo, hi=hi,
+        mean_score=float(np.mean([r["score"] for r in good])) if n else math.nan,
+        mean_logprob=float(np.mean(lps)) if lps else None,
+        errors=len(rows) - n,
+    )
+
+
+def _pair_key(r: dict) -> tuple:
+    d = r.get("depth")
+    return (r["task"], int(r["length"]), None if d is None else round(float(d), 6), int(r["seed"]))
+
+
+def paired(rows: Sequence[dict], base_rows: Sequence[dict], *, n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0) -> Paired:
+    """Pair ``rows`` with ``base_rows`` by sample and compare (see module docs)."""
+    base = {_pair_key(r): r for r in _ok(base_rows)}
+    pairs = [(r, base[_pair_key(r)]) for r in _ok(rows) if _pair_key(r) in base]
+    a = [float(r["correct"]) for r, _ in pairs]
+    v = [float(q["correct"]) for _, q in pairs]
+    diff, lo, hi = paired_bootstrap_diff(a, v, n_boot=n_boot, confidence=confidence, seed=seed)
+    b = sum(1 for r, q in pairs if r["correct"] and not q["correct"])
+    c = sum(1 for r, q in pairs if q["correct"] and not r["correct"])
+    lp = [r["logprob_gold"] - q["logprob_gold"] for r, q in pairs if r.get("logprob_gold") is not None and q.get("logprob_gold") is not None]
+    n = len(pairs)
+    return Paired(
+        n=n, acc=float(np.mean(a)) if n else math.nan, base_acc=float(np.mean(v)) if n else math.nan,
+        diff=diff, lo=lo, hi=hi, b=b, c=c, p=mcnemar_exact(b, c),
+        logprob_diff=float(np.mean(lp)) if lp else None,
+    )
+
+
+# ----------------------------------------------------------------------------- grouping
+
+
+def series_labels(rows: Sequence[dict]) -> dict[tuple[str, str], str]:
+    """``(method, config_hash) -> label``: the method name, or ``method@hash6`` when one
+    method appears with several configurations."""
+    seen: dict[str, list[str]] = {}
+    for r in rows:
+        hs = seen.setdefault(r["method"], [])
+        if r["config_hash"] not in hs:
+            hs.append(r["config_hash"])
+    out = {}
+    for m, hs in seen.items():
+        for h in hs:
+            out[(m, h)] = m if len(hs) == 1 else f"{m}@{h[:6]}"
+    return out
+
+
+def _label(r: dict, labels: dict) -> str:
+    return labels[(r["method"], r["config_hash"])]
+
+
+def group_accuracy(rows: Sequence[dict], by: Sequence[str], *, labels: dict | None = None, confidence: float = 0.95) -> dict[tuple, Accuracy]:
+    """Accuracy per ``by`` fields (e.g. ``("task", "length")``) and series label.
+
+    Keys are ``(*values_of_by, label)``. A ``by`` field ``"*"`` is a literal ``"all"``.
+    """
+    labels = labels or series_labels(rows)
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        key = tuple("all" if f == "*" else r.get(f) for f in by) + (_label(r, labels),)
+        groups.setdefault(key, []).append(r)
+    return {k: accuracy(v, confidence) for k, v in groups.items()}
+
+
+def group_paired(
+    rows: Sequence[dict], by: Sequence[str], *, baseline: str = "vanilla", labels: dict | None = None,
+    n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0,
+) -> dict[tuple, Paired]:
+    """Paired comparison of every series against ``baseline`` per ``by`` group.
+
+    Keys are ``(*values_of_by, label)``; the baseline series itself is left out. The
+    bootstrap seed is derived from ``seed`` and the group key, so a group's interval does
+    not depend on which other groups exist.
+    """
+    labels = labels or series_labels(rows)
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        key = tuple("all" if f == "*" else r.get(f) for f in by)
+        groups.setdefault(key, {}).setdefault(_label(r, labels), []).append(r)
+    out: dict[tuple, Paired] = {}
+    for key, series in groups.items():
+        base_labels = [lab for lab in series if lab == baseline or lab.startswith(baseline + "@")]
+        if not base_labels:
+            continue
+        base = series[base_labels[0]]
+        for lab, rs in series.items():
+            if lab in base_labels:
+                continue
+            out[key + (lab,)] = paired(rs, base, n_boot=n_boot, confidence=confidence, seed=f"{seed}|{key}|{lab}")
+    return out
+
+
+def summarize(rows: Sequence[dict], *, baseline: str = "vanilla", n_boot: int = 10_000, confidence: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """Everything the report shows, as plain dicts (also written to ``stats.json``)."""
+    labels = series_labels(rows)
+    kw = dict(labels=labels, confidence=confidence)
+    pk = dict(baseline=baseline, labels=labels, n_boot=n_boot, confidence=confidence, seed=seed)
+
+    def flat(d: dict, names: Sequence[str]) -> list[dict]:
+        return [dict(zip(names, k), **v.to_dict()) for k, v in d.items()]
+
+    return {
+        "labels": sorted(set(labels.values())),
+        "accuracy": flat(group_accuracy(rows, ("task", "length"), **kw), ("task", "length", "series")),
+        "accuracy_all": flat(group_accuracy(rows, ("*", "length"), **kw), ("task", "length", "series")),
+        "accuracy_depth": flat(group_accuracy(rows, ("task", "length", "depth"), **kw), ("task", "length", "depth", "series")),
+        "paired": flat(group_paired(rows, ("task", "length"), **pk), ("task", "length", "series")),
+        "paired_all": flat(group_paired(rows, ("*", "length"), **pk), ("task", "length", "series")),
+        "paired_depth": flat(group_paired(rows, ("task", "length", "depth"), **pk), ("task", "length", "depth", "series")),
+    }

@@ -1,0 +1,498 @@
+"""Hyperparameter search for QGPM's shaping settings on the *dev* split (never test).
+
+    from qgpm.eval.tune import tune
+    tune(engine, tasks=["niah_multikey_1", "nolima_direct"], lengths=[2048], n=8,
+         grid={"k_sharp": [1, 2, 4], "s_low": [0.05, 0.1, 0.3]}, out_dir="runs/tune")
+
+Every trial is one :class:`~qgpm.config.QGPMConfig` (the base config with some fields
+changed) scored on the same dev samples: mean accuracy first, mean gold log-prob as the
+tie-breaker (it moves smoothly where accuracy is flat), or the reverse with
+``objective="logprob"``. ``objective="guarded"`` ranks trials that lose accuracy against
+vanilla on some (task, length) after all those that never do (DESIGN: "never below
+vanilla" is a requirement), then by accuracy and log-prob.
+
+Pass 1 (head relevance) does not depend on the shaping fields, so it runs once per
+sample: the prompt and the fused relevance ``z`` are cached, and each trial only rebuilds
+the position plan with :func:`qgpm.plan.build_plan` (cheap) before answering. Changing a
+pass-1 field (``max_sentence_chars``, ``query_tail``, ``exclude_newline_tokens``,
+``max_heads``) makes a new cache entry. Vanilla answers the same samples once, as the
+reference.
+
+Files in ``out_dir``: ``tune_rows.jsonl`` (one row per sample and trial, the runner's row
+format, resumable), ``trials.jsonl`` (one summary per trial), ``best_config.json``
+(``qgpm eval --config`` reads it) and ``tune_summary.md`` (chosen values, provenance:
+command, split, n, seeds, model, heads; every trial; sensitivity).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import itertools
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from qgpm.config import QGPMConfig
+from qgpm.eval.base import EvalSample, split_seed
+from qgpm.eval.runner import (
+    DEFAULT_DEPTHS,
+    _engine_dtype,
+    _make_sample,
+    _norm_depth,
+    answer_sample,
+    config_hash,
+    gold_continuation,
+    method_fingerprint,
+    prepared_logprob,
+    row_key,
+    run_prepared,
+    work_items,
+)
+from qgpm.eval.scoring import is_correct, score
+from qgpm.eval.stats import mcnemar_exact
+
+__all__ = [
+    "tune",
+    "DEFAULT_GRID",
+    "PASS1_FIELDS",
+    "SHAPING_FIELDS",
+    "expand_grid",
+    "parse_grid",
+    "Pass1Cache",
+    "qgpm_call",
+    "load_config",
+]
+
+SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "split_layer")
+PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
+
+DEFAULT_GRID: dict[str, list] = {
+    "k_broad": [8.0, 16.0],
+    "t_broad": [2.0, 4.0],
+    "k_sharp": [1.0, 2.0, 4.0],
+    "t_sharp": [0.0, 0.5, 1.0],
+    "s_low": [0.05, 0.1, 0.3],
+    "anchor_ratio": [0.5, 1.0],
+}
+"""A small default space (216 points); ``trials=`` samples from it at random."""
+
+TUNE_ROWS = "tune_rows.jsonl"
+TRIALS_FILE = "trials.jsonl"
+BEST_FILE = "best_config.json"
+SUMMARY_FILE = "tune_summary.md"
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def _coerce(value: str) -> Any:
+    v = value.strip()
+    if v.lower() in ("none", "null"):
+        return None
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    try:
+        return int(v) if v.lstrip("-").isdigit() else float(v)
+    except ValueError:
+        return v
+
+
+def parse_grid(spec: str | None) -> dict[str, list]:
+    """``"k_sharp=1,2,4;s_low=0.05,0.1"`` -> ``{"k_sharp": [1, 2, 4], "s_low": [0.05, 0.1]}``."""
+    if not spec:
+        return {}
+    fields = {f.name for f in dataclasses.fields(QGPMConfig)}
+    grid: dict[str, list] = {}
+    for part in spec.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, values = part.partition("=")
+        name = name.strip()
+        if name not in fields or name == "provenance":
+            raise ValueError(f"unknown QGPMConfig field {name!r} in grid; fields: {sorted(fields - {'provenance'})}")
+        vals = [_coerce(v) for v in values.split(",") if v.strip()]
+        if not vals:
+            raise ValueError(f"no values for {name!r} in grid")
+        grid[name] = vals
+    return grid
+
+
+def load_config(spec: str | Path | None, overrides: Sequence[str] = ()) -> QGPMConfig | None:
+    """A config from a JSON file (``best_config.json`` or ``QGPMConfig.to_dict()``) and/or
+    ``field=value`` overrides; ``None`` when neither is given (engine preset)."""
+    if spec is None and not overrides:
+        return None
+    cfg = QGPMConfig()
+    if spec is not None:
+        d = json.loads(Path(spec).read_text())
+        d = d.get("config", d)
+        fields = {f.name for f in dataclasses.fields(QGPMConfig)}
+        cfg = QGPMConfig(**{k: v for k, v in d.items() if k in fields})
+    changes = {}
+    for ov in overrides:
+        name, eq, value = ov.partition("=")
+        if not eq:
+            raise ValueError(f"bad override {ov!r}: expected field=value")
+        changes[name.strip()] = _coerce(value)
+    return cfg.with_(**changes) if changes else cfg
+
+
+def expand_grid(grid: dict[str, list], base: QGPMConfig) -> tuple[list[QGPMConfig], list[dict]]:
+    """Every valid config of the grid (in grid order, duplicates of the base removed) and
+    the combinations that violate the config's constraints (e.g. ``K_b > K_s``)."""
+    names = list(grid)
+    valid, invalid = [], []
+    seen = set()
+    for combo in itertools.product(*(grid[k] for k in names)):
+        changes = dict(zip(names, combo))
+        try:
+            cfg = base.with_(**changes)
+        except (ValueError, TypeError) as exc:
+            invalid.append({**changes, "reason": str(exc)})
+            continue
+        key = json.dumps(_cfg_fields(cfg), sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            valid.append(cfg)
+    return valid, invalid
+
+
+def _cfg_fields(cfg: QGPMConfig) -> dict:
+    d = dataclasses.asdict(cfg)
+    d.pop("provenance", None)
+    return d
+
+
+def _changes(cfg: QGPMConfig, base: QGPMConfig) -> dict:
+    a, b = _cfg_fields(cfg), _cfg_fields(base)
+    return {k: v for k, v in a.items() if b.get(k) != v}
+
+
+# ----------------------------------------------------------------------------- pass-1 cache
+
+
+class Pass1Cache:
+    """Prompt and fused head relevance ``z`` per (sample, pass-1 settings).
+
+    Mirrors the qgpm branch of ``QGPM._prepare``: ``build_prompt`` -> ``head_token_logits``
+    -> ``sentence_logits`` -> ``fuse_heads``; only the plan is rebuilt per config.
+    """
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._cache: dict[tuple, tuple[Any, torch.Tensor, float]] = {}
+        self.misses = 0
+
+    @staticmethod
+    def _key(sample: EvalSample, cfg: QGPMConfig) -> tuple:
+        return (sample.task, sample.length, _norm_depth(sample.depth), sample.seed, sample.index) + tuple(getattr(cfg, f) for f in PASS1_FIELDS)
+
+    def get(self, sample: EvalSample, cfg: QGPMConfig):
+        key = self._key(sample, cfg)
+        hit = self._cache.get(key)
+        if hit is None:
+            from qgpm.prompt import PromptSpec, build_prompt
+            from qgpm.relevance import head_token_logits, sentence_logits
+            from qgpm.shaping import fuse_heads
+
+            eng = self.engine
+            eng._check_ready("qgpm")
+            t = time.perf_counter()
+            spec = PromptSpec(context=sample.context, question=sample.question, instruction=sample.instruction, system=None,
+                              answer_prefix=sample.answer_prefix, template=sample.template)
+            prompt = build_prompt(eng.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail)
+            eng._check_length(prompt, sample.max_new_tokens)
+            heads = eng.head_set.top(cfg.max_heads).heads
+            tl = head_token_logits(eng.model, prompt.input_ids, heads, prompt.query_rows)
+            sl = sentence_logits(tl, prompt.token_sentence, len(prompt.sentences), prompt.newline_tokens if cfg.exclude_newline_tokens else None)
+            z = fuse_heads(sl)
+            hit = (prompt, z, time.perf_counter() - t)
+            self._cache[key] = hit
+            self.misses += 1
+        return hit
+
+
+def qgpm_call(engine, prompt, z: torch.Tensor, cfg: QGPMConfig, pass1_s: float = 0.0):
+    """A prepared qgpm call (the engine's ``_Call``) from a cached prompt and ``z``."""
+    from qgpm.engine import Timings, _Call
+    from qgpm.plan import build_plan
+
+    t = time.perf_counter()
+    mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=engine.rotary, n_layers=engine.n_layers)
+    tm = Timings(pass1_s=pass1_s, plan_s=time.perf_counter() - t)
+    relevance = engine._relevance(prompt, mr, z)
+    return _Call(prompt, "qgpm", mr.plan, relevance, tm, None, {})
+
+
+def _answer_cached(engine, cache: Pass1Cache, sample: EvalSample, cfg: QGPMConfig, logprob: bool) -> dict:
+    t0 = time.perf_counter()
+    prompt, z, p1 = cache.get(sample, cfg)
+    call = qgpm_call(engine, prompt, z, cfg, p1)
+    res = run_prepared(engine, call, sample.max_new_tokens)
+    lp = prepared_logprob(engine, call, gold_continuation(sample)) if logprob else None
+    from qgpm.eval.runner import _evidence_rank
+
+    return {
+        "answer": res.text,
+        "correct": bool(is_correct(sample.metric, res.text, sample.answers)),
+        "score": float(score(sample.metric, res.text, sample.answers)),
+        "logprob_gold": lp,
+        "prompt_tokens": res.usage.prompt_tokens,
+        "answer_tokens": res.usage.answer_tokens,
+        "evidence_rank": _evidence_rank(call, sample),
+        "timings": {"pass1_s": round(p1, 4), "wall_s": round(time.perf_counter() - t0, 4)},
+    }
+
+
+# ----------------------------------------------------------------------------- summaries
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _trial_summary(rows: list[dict], base_rows: dict[tuple, dict]) -> dict:
+    good = [r for r in rows if not r.get("error")]
+    acc = _mean([float(r["correct"]) for r in good])
+    lps = [r["logprob_gold"] for r in good if r.get("logprob_gold") is not None]
+    per_group: dict[str, list[tuple[float, float]]] = {}
+    b = c = 0
+    lp_diff = []
+    for r in good:
+        v = base_rows.get((r["task"], r["length"], r["depth"], r["seed"]))
+        if v is None:
+            continue
+        per_group.setdefault(f"{r['task']}@{r['length']}", []).append((float(r["correct"]), float(v["correct"])))
+        b += int(r["correct"] and not v["correct"])
+        c += int(v["correct"] and not r["correct"])
+        if r.get("logprob_gold") is not None and v.get("logprob_gold") is not None:
+            lp_diff.append(r["logprob_gold"] - v["logprob_gold"])
+    groups = {g: {"acc": _mean([a for a, _ in xs]), "vanilla": _mean([v for _, v in xs]), "n": len(xs)} for g, xs in sorted(per_group.items())}
+    deltas = [g["acc"] - g["vanilla"] for g in groups.values()]
+    return {
+        "n": len(good), "errors": len(rows) - len(good), "acc": acc, "mean_score": _mean([r["score"] for r in good]),
+        "mean_logprob": _mean(lps), "logprob_vs_vanilla": _mean(lp_diff),
+        "delta_vs_vanilla": (acc - _mean([float(base_rows[k]["correct"]) for k in base_rows])) if acc is not None and base_rows else None,
+        "worst_group_delta": min(deltas) if deltas else None, "b": b, "c": c, "mcnemar_p": mcnemar_exact(b, c),
+        "evidence_mrr": _mean([1 / (r["evidence_rank"] + 1) for r in good if r.get("evidence_rank") is not None]),
+        "groups": groups,
+    }
+
+
+def _objective_key(t: dict, objective: str, guard: float) -> tuple:
+    acc = t["acc"] if t["acc"] is not None else -1.0
+    lp = t["mean_logprob"] if t["mean_logprob"] is not None else -math.inf
+    if objective == "logprob":
+        return (lp, acc)
+    if objective == "guarded":
+        worst = t["worst_group_delta"] if t["worst_group_delta"] is not None else -1.0
+        return (worst >= -guard, acc, lp)
+    return (acc, lp)
+
+
+def _fmt(x: float | None, pct: bool = False, signed: bool = False) -> str:
+    if x is None:
+        return "–"
+    v = 100 * x if pct else x
+    return f"{v:+.1f}" if signed else (f"{v:.1f}" if pct else f"{v:.2f}")
+
+
+# ----------------------------------------------------------------------------- search
+
+
+def tune(
+    engine,
+    *,
+    tasks: Sequence[str],
+    lengths: Sequence[int],
+    depths: Sequence[float] | None = DEFAULT_DEPTHS,
+    n: int,
+    out_dir: str | Path,
+    grid: dict[str, list] | None = None,
+    trials: int | None = None,
+    search_seed: int = 0,
+    base_config: QGPMConfig | None = None,
+    split: str = "dev",
+    objective: str = "accuracy",
+    guard: float = 0.0,
+    logprob: bool = True,
+    progress: bool = True,
+    haystack: Any = None,
+    max_new_tokens: int | None = None,
+    command: str | None = None,
+) -> dict:
+    """Search QGPM configs on dev samples; returns the summary (also written to ``out_dir``).
+
+    ``grid`` maps config fields to candidate values (default :data:`DEFAULT_GRID`); with
+    ``trials`` set, that many grid points are drawn at random (``search_seed``), the base
+    config always being trial 0. ``split`` must be ``"dev"``: tuning on test samples would
+    leak into the reported numbers.
+    """
+    if split != "dev":
+        raise ValueError(f"tuning runs on the dev split only (got split={split!r}); test samples must stay unseen")
+    if objective not in ("accuracy", "logprob", "guarded"):
+        raise ValueError("objective must be 'accuracy', 'logprob' or 'guarded'")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = base_config or engine.config
+    grid = DEFAULT_GRID if grid is None else grid
+    configs, invalid = expand_grid(grid, base) if grid else ([], [])
+    base_key = json.dumps(_cfg_fields(base), sort_keys=True)
+    configs = [c for c in configs if json.dumps(_cfg_fields(c), sort_keys=True) != base_key]
+    if trials is not None and trials - 1 < len(configs):
+        configs = random.Random(search_seed).sample(configs, max(trials - 1, 0))
+    configs = [base] + configs
+
+    started = time.time()
+    items = work_items(tasks, lengths, depths, n, split)
+    samples: list[EvalSample] = []
+    for it in items:
+        s = _make_sample(engine.tokenizer, it, haystack, max_new_tokens)
+        if isinstance(s, Exception):
+            raise s
+        samples.append(s)
+    seeds = sorted({s.seed for s in samples})
+
+    fp = lambda m, c=None: method_fingerprint(engine, m, config=c, max_new_tokens=max_new_tokens, haystack=haystack)  # noqa: E731
+    van_hash = config_hash(fp("vanilla"))
+    hashes = [config_hash(fp("qgpm", c)) for c in configs]
+    rows_path = out / TUNE_ROWS
+    existing: dict[tuple, dict] = {}
+    if rows_path.is_file():
+        for line in rows_path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not r.get("error"):
+                existing[row_key(r)] = r
+
+    todo = sum(1 for s in samples for m, h in [("vanilla", van_hash)] + [("qgpm", h) for h in hashes]
+               if (s.task, s.length, _norm_depth(s.depth), s.seed, m, h) not in existing)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=todo, desc="tune", unit="answer", dynamic_ncols=True, file=sys.stderr)
+    cache = Pass1Cache(engine)
+
+    def base_row(s: EvalSample, m: str, h: str) -> dict:
+        return {"task": s.task, "length": s.length, "depth": _norm_depth(s.depth), "seed": s.seed, "index": s.seed - split_seed(split, 0),
+                "split": split, "metric": s.metric, "gold": list(s.answers), "method": m, "config_hash": h}
+
+    with open(rows_path, "a", encoding="utf-8") as fh:
+
+        def run_one(s: EvalSample, m: str, h: str, fn) -> dict:
+            key = (s.task, s.length, _norm_depth(s.depth), s.seed, m, h)
+            if key in existing:
+                return existing[key]
+            row = base_row(s, m, h)
+            try:
+                row.update(fn())
+            except Exception as exc:  # noqa: BLE001
+                row.update(answer=None, correct=False, score=0.0, logprob_gold=None, error=f"{type(exc).__name__}: {exc}")
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            fh.flush()
+            existing[key] = row
+            if bar is not None:
+                bar.update(1)
+            return row
+
+        van = {}
+        for s in samples:
+            r = run_one(s, "vanilla", van_hash, lambda s=s: answer_sample(engine, s, "vanilla", logprob=logprob))
+            if not r.get("error"):
+                van[(r["task"], r["length"], r["depth"], r["seed"])] = r
+        results = []
+        for t_i, (cfg, h) in enumerate(zip(configs, hashes)):
+            rows = [run_one(s, "qgpm", h, lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob)) for s in samples]
+            summ = _trial_summary(rows, van)
+            summ.update(trial=t_i, config_hash=h, changes=_changes(cfg, base), config=_cfg_fields(cfg))
+            results.append(summ)
+            if bar is not None:
+                bar.set_postfix_str(f"trial {t_i}: acc={_fmt(summ['acc'], pct=True)}% best={_fmt(max(x['acc'] or 0 for x in results), pct=True)}%", refresh=False)
+    if bar is not None:
+        bar.close()
+
+    van_rows = list(van.values())
+    van_acc = _mean([float(r["correct"]) for r in van_rows])
+    van_lp = _mean([r["logprob_gold"] for r in van_rows if r.get("logprob_gold") is not None])
+    ranked = sorted(results, key=lambda t: _objective_key(t, objective, guard), reverse=True)
+    best = ranked[0]
+    best_cfg = configs[best["trial"]]
+    wall = round(time.time() - started, 1)
+    cmd = command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    provenance = (
+        f"tuned on the dev split ({len(samples)} samples: tasks {','.join(tasks)}; lengths {','.join(map(str, lengths))}; "
+        f"depths {depths}; seeds {seeds[0]}..{seeds[-1]}) for {engine.name}, objective {objective}, "
+        f"{len(configs)} trials; {_dt.date.today().isoformat()}; command: {cmd}"
+    )
+    best_cfg = best_cfg.with_(provenance=provenance)
+    acc_values = [t["acc"] for t in results if t["acc"] is not None]
+    summary = {
+        "model": engine.name, "dtype": _engine_dtype(engine), "heads": [list(h) for h in engine.heads],
+        "split": split, "tasks": list(tasks), "lengths": list(lengths), "depths": depths, "n": n,
+        "samples": len(samples), "seeds": [seeds[0], seeds[-1]], "objective": objective, "guard": guard,
+        "grid": grid, "trials": len(configs), "invalid_grid_points": len(invalid), "search_seed": search_seed,
+        "vanilla": {"acc": van_acc, "mean_logprob": van_lp, "config_hash": van_hash},
+        "best": best, "best_config": dataclasses.asdict(best_cfg), "base_config": _cfg_fields(base),
+        "sensitivity": {"acc_min": min(acc_values) if acc_values else None, "acc_max": max(acc_values) if acc_values else None},
+        "command": cmd, "wall_s": wall, "pass1_runs": cache.misses,
+        "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    (out / TRIALS_FILE).write_text("".join(json.dumps(t, default=str) + "\n" for t in results))
+    (out / BEST_FILE).write_text(json.dumps({"config": dataclasses.asdict(best_cfg), "summary": {k: summary[k] for k in ("model", "split", "n", "samples", "tasks", "lengths", "depths", "objective", "command")}}, indent=1, default=str) + "\n")
+    (out / SUMMARY_FILE).write_text(_summary_md(summary, ranked, base))
+    return summary
+
+
+def _summary_md(summary: dict, ranked: list[dict], base: QGPMConfig) -> str:
+    best = summary["best"]
+    v = summary["vanilla"]
+    cfg = summary["best_config"]
+    groups = sorted({g for t in ranked for g in t["groups"]})
+    md = [
+        "# QGPM hyperparameter search (dev split)", "",
+        f"- model: `{summary['model']}` ({summary['dtype']}); heads: `{summary['heads']}`",
+        f"- split: **{summary['split']}** (seeds {summary['seeds'][0]}..{summary['seeds'][1]}); tasks: {', '.join(summary['tasks'])}; "
+        f"lengths: {summary['lengths']}; depths: {summary['depths']}; n = {summary['n']} per (task, length, depth) = {summary['samples']} samples",
+        f"- objective: {summary['objective']} (tie-breaker: mean gold log-prob); trials: {summary['trials']} "
+        f"(grid {json.dumps(summary['grid'])}, search seed {summary['search_seed']}; {summary['invalid_grid_points']} grid points violate the config constraints)",
+        f"- command: `{summary['command']}`",
+        f"- wall time: {summary['wall_s']} s; pass-1 runs: {summary['pass1_runs']} (cached across trials); finished {summary['finished']}",
+        "",
+        "## Chosen", "",
+        f"Vanilla on these samples: accuracy {_fmt(v['acc'], pct=True)} %, mean gold log-prob {_fmt(v['mean_logprob'])}.",
+        f"Best trial #{best['trial']} (`{best['config_hash']}`): accuracy {_fmt(best['acc'], pct=True)} % "
+        f"(Δ vs vanilla {_fmt(best['delta_vs_vanilla'], pct=True, signed=True)} pts, worst task Δ {_fmt(best['worst_group_delta'], pct=True, signed=True)} pts, "
+        f"b/c = {best['b']}/{best['c']}, McNemar p = {best['mcnemar_p']:.3f}), mean gold log-prob {_fmt(best['mean_logprob'])}.",
+        f"Changes from the base config: `{json.dumps(best['changes'])}`.",
+        f"Sensitivity: accuracy over all trials ranged {_fmt(summary['sensitivity']['acc_min'], pct=True)}–{_fmt(summary['sensitivity']['acc_max'], pct=True)} %.",
+        "",
+        "Preset line (qgpm/config.py):", "",
+        "```python",
+        "QGPMConfig(" + ", ".join(f"{k}={cfg[k]!r}" for k in SHAPING_FIELDS if k in cfg) + f",\n           provenance={cfg['provenance']!r})",
+        "```",
+        "",
+        "Evaluate it on the test split: `qgpm eval ... --config best_config.json` (this folder).",
+        "",
+        "## All trials (best first)", "",
+        "| # | hash | changes vs base | acc % | Δ vanilla | worst task Δ | b/c | mean logp | Δlogp | evid. MRR | " + " | ".join(groups) + " |",
+        "|" + "---|" * (10 + len(groups)),
+    ]
+    for t in ranked:
+        cells = [str(t["trial"]), f"`{t['config_hash'][:8]}`", f"`{json.dumps(t['changes'])}`", _fmt(t["acc"], pct=True),
+                 _fmt(t["delta_vs_vanilla"], pct=True, signed=True), _fmt(t["worst_group_delta"], pct=True, signed=True),
+                 f"{t['b']}/{t['c']}", _fmt(t["mean_logprob"]), _fmt(t["logprob_vs_vanilla"]), _fmt(t["evidence_mrr"])]
+        cells += [_fmt(t["groups"].get(g, {}).get("acc"), pct=True) for g in groups]
+        md.append("| " + " | ".join(cells) + " |")
+    md += ["", f"Base config: `{json.dumps(summary['base_config'])}`", ""]
+    return "\n".join(md)

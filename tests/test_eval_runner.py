@@ -1,0 +1,468 @@
+"""Tests for the evaluation harness: runner, stats, report, tune and the eval CLI.
+
+Fast tests use a tiny random Llama with the SmolLM2 tokenizer (answers are gibberish,
+the plumbing is real); one ``real_model`` smoke test runs every task on SmolLM2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import FALLBACK_HEADS, tiny_model
+
+from qgpm import QGPM
+from qgpm.config import QGPMConfig
+from qgpm.eval import runner as runner_mod
+from qgpm.eval.base import split_seed
+from qgpm.eval.report import report
+from qgpm.eval.runner import (
+    answer_sample,
+    gold_continuation,
+    merge_rows,
+    read_rows,
+    row_key,
+    run_eval,
+)
+from qgpm.eval.stats import (
+    accuracy,
+    bootstrap_ci,
+    group_paired,
+    mcnemar_exact,
+    paired,
+    paired_bootstrap_diff,
+    wilson_interval,
+)
+from qgpm.eval.tasks import TASKS, generate
+
+LENGTH = 256  # every task fits (prompt + 4 new tokens)
+# Hard-cut maps (T = 0) where a test changes the config: min-max rescaled soft scores can
+# exceed 1 by an ulp in qgpm.shaping.sentence_scores (torch divides by a 0-dim tensor via
+# its reciprocal), which positions.strides rejects; see the harness notes.
+HARD = dict(t_broad=0.0, t_sharp=0.0)
+NEW = 4
+HEADS = [(1, 0), (2, 3)]
+ALL_METHODS = ["vanilla", "qgpm", "oracle", "topk", "reorder"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """The tiny model runs faster on one thread on a shared 2-core machine."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tokenizer):
+    return QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=HEADS, name="tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tokenizer, tmp_path_factory):
+    """A tiny random Llama saved with the SmolLM2 tokenizer, loadable by path."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", len(tokenizer)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+def _run(engine, out, **kw):
+    args = dict(tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0, 1.0], n=1, methods=ALL_METHODS,
+                out_dir=out, max_new_tokens=NEW, progress=False, on_error="raise")
+    args.update(kw)
+    return run_eval(engine, **args)
+
+
+def _rows(out) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "rows.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+def test_runner_writes_a_row_per_sample_and_method(tiny_engine, tmp_path):
+    out = _run(tiny_engine, tmp_path / "run", tasks=["niah_multikey_1", "kv_retrieval"])
+    rows = _rows(out)
+    assert len(rows) == 2 * 2 * len(ALL_METHODS)  # tasks x depths x methods
+    assert len({row_key(r) for r in rows}) == len(rows)
+    for r in rows:
+        for field in ("task", "length", "depth", "seed", "index", "method", "answer", "correct", "score", "gold",
+                      "logprob_gold", "prompt_tokens", "timings", "split", "config_hash"):
+            assert field in r, field
+        assert r["split"] == "test" and r["seed"] == split_seed("test", 0) and r["index"] == 0
+        assert r["prompt_tokens"] + NEW <= LENGTH or r["method"] in ("topk", "reorder")
+        assert isinstance(r["correct"], bool) and 0.0 <= r["score"] <= 1.0
+        assert r["logprob_gold"] < 0 and math.isfinite(r["logprob_gold"])
+        assert r["timings"]["wall_s"] > 0
+    by_method = {m: [r for r in rows if r["method"] == m] for m in ALL_METHODS}
+    assert all(len(v) == 4 for v in by_method.values())
+    for r in by_method["qgpm"]:
+        assert 1 <= len(r["top_sentences"]) <= 3 and r["timings"]["pass1_s"] > 0
+        assert r["evidence_rank"] is not None and 0 <= r["evidence_rank"] < r["num_sentences"]
+    assert {r["depth"] for r in rows} == {0.0, 1.0}
+    # vanilla's hash ignores the QGPM config; qgpm's includes config and heads
+    assert len({r["config_hash"] for r in rows}) == len(ALL_METHODS)
+    man = json.loads((out / "manifest.json").read_text())
+    assert set(man["latest"]["config_hashes"]) == set(ALL_METHODS)
+    assert man["configs"][man["latest"]["config_hashes"]["qgpm"]]["heads"] == [list(h) for h in HEADS]
+    # the report is written with the run
+    assert (out / "report.md").is_file() and (out / "stats.json").is_file()
+    assert (out / "plots" / f"depth_kv_retrieval_{LENGTH}.png").stat().st_size > 1000
+
+
+def test_runner_matches_engine_answer_and_logprob(tiny_engine):
+    s = generate("nolima_direct", n=1, length=LENGTH, tokenizer=tiny_engine.tokenizer, seed=split_seed("test", 3), depths=[0.5], max_new_tokens=NEW)[0]
+    for m in ("qgpm", "oracle", "topk"):
+        got = answer_sample(tiny_engine, s, m)
+        kw = dict(method=m, instruction=s.instruction, template=s.template, answer_prefix=s.answer_prefix,
+                  evidence=s.evidence if m == "oracle" else None)
+        ref = tiny_engine.answer(s.context, s.question, max_new_tokens=s.max_new_tokens, **kw)
+        assert got["answer"] == ref.text
+        ref_lp = tiny_engine.answer_logprob(s.context, s.question, gold_continuation(s), **kw)
+        assert got["logprob_gold"] == pytest.approx(ref_lp, abs=1e-3)
+
+
+def test_gold_continuation_spacing(tiny_engine):
+    s = generate("niah_single_2", n=1, length=LENGTH, tokenizer=tiny_engine.tokenizer, seed=0, max_new_tokens=NEW)[0]
+    assert s.answer_prefix.endswith("is") and gold_continuation(s) == " " + s.answers[0]
+    s.answer_prefix = ""
+    assert gold_continuation(s) == s.answers[0]
+
+
+def test_resume_skips_done_rows_and_reruns_only_changed_methods(tiny_engine, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    _run(tiny_engine, out, methods=["vanilla", "qgpm"])
+    first = _rows(out)
+    assert len(first) == 4
+
+    calls = []
+    real = runner_mod.generate
+
+    def counting(task, **kw):
+        calls.append((task, kw["seed"], tuple(kw["depths"] or ())))
+        return real(task, **kw)
+
+    monkeypatch.setattr(runner_mod, "generate", counting)
+    _run(tiny_engine, out, methods=["vanilla", "qgpm"])
+    assert calls == []  # nothing left to do: no sample even generated
+    assert _rows(out) == first
+
+    # n=2: only sample 1 (both depths) is new
+    _run(tiny_engine, out, methods=["vanilla", "qgpm"], n=2)
+    assert sorted(calls) == [("niah_multikey_1", split_seed("test", 1), (0.0,)), ("niah_multikey_1", split_seed("test", 1), (1.0,))]
+    assert len(_rows(out)) == 8
+
+    # a new QGPM config: qgpm reruns, vanilla rows are reused
+    calls.clear()
+    cfg = QGPMConfig(k_sharp=1.0, **HARD)
+    _run(tiny_engine, out, methods=["vanilla", "qgpm"], n=2, config=cfg)
+    assert len(calls) == 4
+    rows = _rows(out)
+    assert sum(r["method"] == "vanilla" for r in rows) == 4
+    assert sum(r["method"] == "qgpm" for r in rows) == 8  # two configs x 4 samples
+    assert len({r["config_hash"] for r in rows if r["method"] == "qgpm"}) == 2
+    text = (out / "report.md").read_text()
+    assert "qgpm@" in text  # two qgpm configs -> labelled series
+
+    # no-resume starts afresh
+    _run(tiny_engine, out, methods=["vanilla"], resume=False)
+    assert len(_rows(out)) == 2
+
+
+def test_error_rows_are_recorded_and_retried(tiny_engine, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real = runner_mod.answer_sample
+
+    def flaky(engine, sample, method, **kw):
+        if method == "oracle":
+            raise RuntimeError("boom")
+        return real(engine, sample, method, **kw)
+
+    monkeypatch.setattr(runner_mod, "answer_sample", flaky)
+    _run(tiny_engine, out, methods=["vanilla", "oracle"], depths=[0.5], on_error="record")
+    rows = _rows(out)
+    err = [r for r in rows if r.get("error")]
+    assert len(err) == 1 and "boom" in err[0]["error"] and err[0]["method"] == "oracle"
+    assert "## Errors" in (out / "report.md").read_text()
+    monkeypatch.setattr(runner_mod, "answer_sample", real)
+    _run(tiny_engine, out, methods=["vanilla", "oracle"], depths=[0.5])
+    rows = _rows(out)
+    assert len(rows) == 2 and not any(r.get("error") for r in rows)
+
+
+def test_manual_shards_partition_the_work(tiny_engine, tmp_path):
+    out = tmp_path / "run"
+    _run(tiny_engine, out, methods=["vanilla"], depths=[0.0, 0.5, 1.0], shard=(0, 2), write_report=False)
+    a = read_rows(out, include_ranks=False)
+    assert {r["depth"] for r in a} == {0.0, 1.0}  # items 0 and 2
+    _run(tiny_engine, out, methods=["vanilla"], depths=[0.0, 0.5, 1.0], shard=(1, 2))
+    rows = _rows(out)
+    assert [r["depth"] for r in rows] == [0.0, 0.5, 1.0]
+    assert {r["rank"] for r in rows} == {0, 1}
+
+
+def test_runner_rejects_bad_arguments(tiny_engine, tmp_path):
+    with pytest.raises(ValueError, match="unknown methods"):
+        _run(tiny_engine, tmp_path, methods=["vanilla", "magic"])
+    with pytest.raises(ValueError, match="unknown tasks"):
+        _run(tiny_engine, tmp_path, tasks=["nope"])
+
+
+# ----------------------------------------------------------------------------- stats
+
+
+def test_mcnemar_exact_known_values():
+    # b=1, c=9: two-sided binomial p = 2 * (1 + 10) / 2**10
+    assert mcnemar_exact(1, 9) == pytest.approx(22 / 1024)
+    assert mcnemar_exact(9, 1) == pytest.approx(22 / 1024)
+    assert mcnemar_exact(0, 0) == 1.0
+    assert mcnemar_exact(5, 5) == pytest.approx(1.0)
+    assert mcnemar_exact(0, 6) == pytest.approx(2 / 64)
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(5, 10)
+    assert (lo, hi) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
+    assert wilson_interval(10, 10)[1] == 1.0
+    with pytest.raises(ValueError):
+        wilson_interval(11, 10)
+
+
+def test_bootstrap_intervals_contain_the_mean_and_are_seeded():
+    x = [1, 0, 1, 1, 0, 1, 0, 1, 1, 1, 0, 1]
+    lo, hi = bootstrap_ci(x, seed=3)
+    assert lo <= sum(x) / len(x) <= hi and 0 <= lo < hi <= 1
+    assert bootstrap_ci(x, seed=3) == (lo, hi)
+    d, dlo, dhi = paired_bootstrap_diff([1, 1, 1, 0, 1, 1], [0, 1, 0, 0, 0, 1], seed=0)
+    assert d == pytest.approx(0.5) and dlo <= d <= dhi and dlo >= 0.0
+
+
+def _hand_rows() -> list[dict]:
+    """20 paired samples: both right 6, only qgpm right 9, only vanilla right 1, both wrong 4."""
+    rows = []
+    outcomes = [(1, 1)] * 6 + [(1, 0)] * 9 + [(0, 1)] * 1 + [(0, 0)] * 4
+    for i, (q, v) in enumerate(outcomes):
+        base = dict(task="niah_multikey_1", length=1024, depth=[0.0, 0.5, 1.0, 0.5][i % 4], seed=i, index=i, split="test")
+        rows.append(dict(base, method="vanilla", config_hash="v0", correct=bool(v), score=float(v), logprob_gold=-2.0 - v))
+        rows.append(dict(base, method="qgpm", config_hash="q0", correct=bool(q), score=float(q), logprob_gold=-1.0))
+    return rows
+
+
+def test_paired_stats_on_hand_made_rows():
+    rows = _hand_rows()
+    q = [r for r in rows if r["method"] == "qgpm"]
+    v = [r for r in rows if r["method"] == "vanilla"]
+    a = accuracy(q)
+    assert (a.n, a.correct, a.acc) == (20, 15, 0.75) and a.lo < 0.75 < a.hi
+    p = paired(q, v)
+    assert (p.n, p.b, p.c) == (20, 9, 1)
+    assert p.diff == pytest.approx(0.75 - 0.35) and p.lo <= p.diff <= p.hi
+    assert p.p == pytest.approx(22 / 1024)
+    assert p.logprob_diff == pytest.approx(1.0 + 0.35)
+    groups = group_paired(rows, ("task", "length", "depth"))
+    assert sum(g.n for g in groups.values()) == 20
+    assert set(k[-1] for k in groups) == {"qgpm"}  # the baseline is not compared with itself
+    # rows with an error are left out of the pairs
+    q[0] = dict(q[0], error="x")
+    assert paired(q, v).n == 19
+
+
+def test_report_from_hand_made_rows(tmp_path):
+    rows = _hand_rows()
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = report(tmp_path)
+    text = path.read_text()
+    assert "| niah_multikey_1 | 1024 | 35.0 (18–57) n=20 | 75.0 (53–89) n=20 |" in text
+    assert "| niah_multikey_1 | 1024 | qgpm | 20 | 75.0 | 35.0 | +40.0 [" in text and "| 9 | 1 | 0.021 |" in text
+    assert "## Accuracy by depth" in text and "| niah_multikey_1 | 1024 | 0.5 |" in text
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["paired"][0]["p"] == pytest.approx(22 / 1024)
+    png = tmp_path / "plots" / "depth_niah_multikey_1_1024.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_merge_dedupes_and_prefers_successful_rows(tmp_path):
+    good = dict(task="qa_1", length=512, depth=None, seed=0, index=0, method="vanilla", config_hash="h", correct=True, score=1.0)
+    bad = dict(good, correct=False, score=0.0, error="E")
+    (tmp_path / "rows.rank0.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    (tmp_path / "rows.rank1.jsonl").write_text(json.dumps(dict(good, seed=1)) + "\n{torn line")
+    rows = merge_rows(tmp_path)
+    assert len(rows) == 2 and all(not r.get("error") for r in rows)
+    assert len(_rows(tmp_path)) == 2
+
+
+# ----------------------------------------------------------------------------- tune
+
+
+def test_tune_caches_pass1_and_writes_summary(tiny_engine, tmp_path, monkeypatch):
+    from qgpm.eval import tune as tune_mod
+    from qgpm.eval.tune import Pass1Cache, load_config, qgpm_call, tune
+
+    grid = {"k_sharp": [1.0, 2.0], "s_low": [0.1, 0.3]}
+    base = QGPMConfig(**HARD)
+    summary = tune(tiny_engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0, 1.0], n=1, out_dir=tmp_path,
+                   grid=grid, base_config=base, max_new_tokens=NEW, progress=False, command="test")
+    assert summary["trials"] == 4  # base (k_sharp=2, s_low=0.1) + 3 others
+    assert summary["pass1_runs"] == 2  # once per sample, not per trial
+    assert summary["split"] == "dev" and summary["seeds"] == [split_seed("dev", 0)] * 2
+    trials = [json.loads(x) for x in (tmp_path / "trials.jsonl").read_text().splitlines()]
+    assert len(trials) == 4 and trials[0]["changes"] == {}
+    assert all(t["n"] == 2 and t["errors"] == 0 and t["mean_logprob"] is not None for t in trials)
+    md = (tmp_path / "tune_summary.md").read_text()
+    assert "dev" in md and "provenance=" in md and "command: `test`" in md
+    best = load_config(tmp_path / "best_config.json")
+    assert "tuned on the dev split" in best.provenance
+    rows = [json.loads(x) for x in (tmp_path / "tune_rows.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * (4 + 1) and all(r["split"] == "dev" for r in rows)
+
+    # resume: nothing recomputed
+    monkeypatch.setattr(tune_mod, "_answer_cached", lambda *a, **k: pytest.fail("recomputed a done trial"))
+    tune(tiny_engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0, 1.0], n=1, out_dir=tmp_path,
+         grid=grid, base_config=base, max_new_tokens=NEW, progress=False)
+
+    # the cached plan is the engine's plan
+    s = generate("niah_multikey_1", n=1, length=LENGTH, tokenizer=tiny_engine.tokenizer, seed=split_seed("dev", 0), depths=[0.5], max_new_tokens=NEW)[0]
+    cfg = QGPMConfig(k_sharp=1.0, s_low=0.3, **HARD)
+    prompt, z, _ = Pass1Cache(tiny_engine).get(s, cfg)
+    mine = qgpm_call(tiny_engine, prompt, z, cfg).plan
+    ref = tiny_engine.prepare(s.context, s.question, method="qgpm", instruction=s.instruction, template=s.template,
+                              answer_prefix=s.answer_prefix, config=cfg).plan
+    assert mine.layer_map == ref.layer_map
+    for a, b in zip(mine.positions, ref.positions):
+        assert torch.equal(a, b)
+
+
+def test_tune_refuses_the_test_split(tiny_engine, tmp_path):
+    from qgpm.eval.tune import tune
+
+    with pytest.raises(ValueError, match="dev split only"):
+        tune(tiny_engine, tasks=["qa_1"], lengths=[LENGTH], n=1, out_dir=tmp_path, split="test")
+
+
+def test_grid_and_config_parsing(tmp_path):
+    from qgpm.eval.tune import expand_grid, load_config, parse_grid
+
+    g = parse_grid("k_sharp=1,2,8;t_sharp=0,0.5;split_layer=none")
+    assert g == {"k_sharp": [1, 2, 8], "t_sharp": [0, 0.5], "split_layer": [None]}
+    valid, invalid = expand_grid(g, QGPMConfig())
+    assert len(valid) == 4 and len(invalid) == 2  # k_sharp=8 is not < k_broad=8
+    with pytest.raises(ValueError, match="unknown QGPMConfig field"):
+        parse_grid("k_sharpp=1")
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(QGPMConfig(s_low=0.2).to_dict()))
+    assert load_config(p, ["tau=2"]) == QGPMConfig(s_low=0.2, tau=2.0)
+    assert load_config(None) is None
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_parses_eval_arguments():
+    from qgpm.eval.cli import build_parser, main_eval
+
+    args = build_parser().parse_args(
+        "eval --model smollm2 --tasks niah_multikey_1,qa_1 --lengths 2048,4096 --depths 0,0.25,0.5,0.75,1 --n 10 "
+        "--methods vanilla,qgpm,oracle,topk,reorder --out runs/x --device cuda --dtype bfloat16 --set k_sharp=1".split())
+    assert args.func is main_eval
+    assert args.tasks == ["niah_multikey_1", "qa_1"] and args.lengths == [2048, 4096]
+    assert args.depths == [0.0, 0.25, 0.5, 0.75, 1.0] and args.n == 10 and len(args.methods) == 5
+    assert (args.device, args.dtype, args.overrides) == ("cuda", "bfloat16", ["k_sharp=1"])
+    args = build_parser().parse_args(["eval", "--tasks", "all", "--depths", "random", "--out", "x"])
+    assert args.tasks == list(TASKS) and args.depths is None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["tune", "--split", "test", "--out", "x"])
+
+
+def test_cli_calibrate_writes_head_set_found_by_model_name(tiny_dir, tmp_path, monkeypatch, capsys):
+    from qgpm.eval.cli import main
+    from qgpm.heads import stored_head_set_path
+
+    monkeypatch.setenv("QGPM_HOME", str(tmp_path / "home"))
+    assert main(["calibrate", "--model", str(tiny_dir), "--n", "2", "--holdout", "2", "--top", "3", "--lengths", "512", "--device", "cpu", "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "held-out fused MRR" in text and "vs random 3-head sets" in text
+    path = stored_head_set_path(tiny_dir.name)
+    assert path is not None and str(path).startswith(str(tmp_path / "home"))
+    engine = QGPM.from_pretrained(str(tiny_dir))
+    assert len(engine.heads) == 3
+
+
+def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
+    from qgpm.eval.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["eval", "--model", str(tiny_dir), "--heads", "1:0,2:1", "--tasks", "qa_1", "--lengths", str(LENGTH), "--depths", "0.5",
+               "--n", "1", "--methods", "vanilla,qgpm", "--max-new-tokens", str(NEW), "--out", str(out), "--device", "cpu",
+               "--dtype", "float32", "--no-progress", "--no-logprob", "--set", "k_sharp=1"])
+    assert rc == 0
+    rows = _rows(out)
+    assert [r["method"] for r in rows] == ["vanilla", "qgpm"] and rows[0]["logprob_gold"] is None
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["latest"]["config"]["k_sharp"] == 1.0 and " eval --model " in man["latest"]["command"]
+    (out / "report.md").unlink()
+    assert main(["report", "--out", str(out)]) == 0 and (out / "report.md").is_file()
+
+
+@pytest.mark.skipif(shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(), reason="accelerate CLI missing")
+def test_two_process_accelerate_run_merges(tiny_dir, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` on CPU (gloo): each process writes its
+    rank file, the main process merges. (`--cpu` alone starts a single process.)"""
+    exe = shutil.which("accelerate") or str(Path(sys.executable).parent / "accelerate")
+    out = tmp_path / "run"
+    cmd = [exe, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--main_process_port", "29631", "-m", "qgpm.eval.cli", "eval", "--model", str(tiny_dir),
+           "--heads", "1:0", "--tasks", "niah_multikey_1", "--lengths", str(LENGTH), "--depths", "0,0.5,1", "--n", "1",
+           "--methods", "vanilla,qgpm", "--max-new-tokens", str(NEW), "--out", str(out), "--device", "cpu", "--no-progress"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0 = [json.loads(x) for x in (out / "rows.rank0.jsonl").read_text().splitlines()]
+    r1 = [json.loads(x) for x in (out / "rows.rank1.jsonl").read_text().splitlines()]
+    assert len(r0) == 4 and len(r1) == 2  # items 0, 2 -> rank 0; item 1 -> rank 1
+    assert {r["depth"] for r in r0} == {0.0, 1.0} and {r["depth"] for r in r1} == {0.5}
+    rows = _rows(out)
+    assert len(rows) == 6 and [r["depth"] for r in rows if r["method"] == "vanilla"] == [0.0, 0.5, 1.0]
+    assert json.loads((out / "manifest.json").read_text())["latest"]["processes"] == 2
+    assert (out / "report.md").is_file()
+    # same answers as a single process
+    engine = QGPM.from_pretrained(str(tiny_dir), heads=[(1, 0)])
+    single = _run(engine, tmp_path / "single", depths=[0.0, 0.5, 1.0], methods=["vanilla", "qgpm"])
+    assert [(r["answer"], r["config_hash"]) for r in _rows(single)] == [(r["answer"], r["config_hash"]) for r in rows]
+
+
+# ----------------------------------------------------------------------------- real model
+
+
+@pytest.mark.real_model
+def test_real_model_smoke_every_task(tmp_path):
+    from qgpm.heads import stored_head_set_path
+    from qgpm.loading import DEFAULT_MODEL_NAME
+
+    heads = None if stored_head_set_path(DEFAULT_MODEL_NAME) else FALLBACK_HEADS
+    engine = QGPM.from_pretrained(heads=heads)
+    out = run_eval(engine, tasks=list(TASKS), lengths=[1024], depths=None, n=1, methods=["vanilla", "qgpm"],
+                   out_dir=tmp_path / "smoke", progress=False, on_error="raise", logprob=False)
+    rows = _rows(out)
+    assert len(rows) == 2 * len(TASKS)
+    assert {r["task"] for r in rows} == set(TASKS)
+    for r in rows:
+        assert r["prompt_tokens"] + r["max_new_tokens"] <= 1024
+        assert r["answer"] is not None and r["answer_tokens"] >= 1
+    for r in rows:
+        if r["method"] == "qgpm":
+            assert r["top_sentences"] and r["evidence_rank"] is not None
+    # a 1K prompt is easy for SmolLM2 on some tasks: a harness bug that scores nothing fails here
+    assert sum(r["correct"] for r in rows) >= 2
+    assert "## Accuracy" in (out / "report.md").read_text()
