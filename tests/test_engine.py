@@ -219,3 +219,18 @@ def test_missing_head_set_says_how_to_calibrate(tiny, tokenizer):
     with pytest.raises(HeadSetMissingError, match="qgpm calibrate"):
         engine.answer("A. B.", "q?", method="qgpm")
     assert engine.answer("A. B.", "q?", method="vanilla", max_new_tokens=2).method == "vanilla"
+
+
+def test_topk_and_reorder_through_the_engine(tiny):
+    ctx = " ".join(FILLER * 4) + " " + NEEDLE + " " + " ".join(FILLER * 4)
+    top = tiny.answer(ctx, QUESTION, method="topk", reranker="bm25", k=2, max_new_tokens=2)
+    assert top.method == "topk" and top.edit is not None and len(top.edit.kept) == 2
+    best = max(range(len(top.edit.chunks)), key=lambda i: top.edit.scores[i])
+    assert best in top.edit.kept and NEEDLE in top.edit.chunks[best].text
+    assert top.edit.kept == sorted(top.edit.kept)  # original order
+    assert top.usage.prompt_tokens < tiny.prepare(ctx, QUESTION, method="vanilla").prompt.num_tokens
+    assert top.timings.edit_s > 0 and top.relevance == []
+    ro = tiny.answer(ctx, QUESTION, method="reorder", reranker="bm25", max_new_tokens=2)
+    assert sorted(ro.edit.order) == list(range(len(ro.edit.chunks)))
+    assert ro.edit.order[-1] == best  # the best chunk ends right before the question
+    assert ro.edit.text.rstrip().endswith(ro.edit.chunks[best].text)
