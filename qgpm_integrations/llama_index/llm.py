@@ -1,0 +1,501 @@
+"""``QGPMLLM``: a LlamaIndex LLM that answers retrieved context with QGPM.
+
+    from llama_index.core import Settings, VectorStoreIndex
+    from qgpm_integrations.llama_index import QGPMLLM
+
+    llm = QGPMLLM()                                   # embedded SmolLM2-135M-Instruct
+    engine = index.as_query_engine(llm=llm)           # or Settings.llm = llm
+    response = engine.query("Who is the reading room named after?")
+    print(response, response.metadata["qgpm"].explain(3))
+
+How context and question are found
+----------------------------------
+LlamaIndex's response synthesizers do not send a finished prompt string: they call
+``llm.predict(template, context_str=...)`` (and ``stream`` / ``apredict`` / ``astream``)
+with the question already bound in the template (``template.partial_format(query_str=...)``,
+visible in ``template.kwargs``). ``QGPMLLM`` overrides those four methods, merges the
+template's bound variables with the call's arguments and takes
+
+* the **context** from ``context_str`` (first step of compact / refine, tree_summarize,
+  simple_summarize) or ``context_msg`` (refine steps), split back into the retrieved node
+  texts where they can be found verbatim (see :func:`._tracing.split_context`);
+* the **question** from ``query_str``;
+* on refine steps, ``existing_answer`` goes into the instruction
+  (:attr:`QGPMLLM.refine_instruction`), so QGPM ranks the new chunk against the
+  original question while the model sees the earlier answer.
+
+It then calls ``engine.answer(context, question, method=...)`` with QGPM's own prompt
+(instruction, context, question -- question last, where QGPM reads relevance from); the
+LlamaIndex template text itself is not sent to the model. Calls whose template has no
+context or no question (``complete``, ``chat``, prompts of other components, or templates
+with an output parser) fall back to ordinary generation through the model's chat
+template (``engine.chat`` / ``engine.stream_chat``, ``result.method == "plain"``).
+
+Where the explanation goes
+--------------------------
+Every finished call's :class:`qgpm.QGPMResult` is
+
+* in ``response.metadata["qgpm"]`` (a :class:`QGPMTrace`, one result per LLM call) for
+  responses made by a query engine / response synthesizer (streaming: filled in once the
+  stream is consumed);
+* in ``CompletionResponse.raw["result"]`` for direct ``complete`` calls (with
+  ``raw["usage"]`` for LlamaIndex's token counters);
+* in ``llm.last_result`` (the latest call of this LLM object, any thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, AsyncGenerator, Generator, Optional, Sequence
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.events.llm import LLMPredictEndEvent, LLMPredictStartEvent
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.llm import LLM, astream_completion_response_to_tokens, stream_completion_response_to_tokens
+from llama_index.core.prompts import BasePromptTemplate
+from llama_index.core.prompts.base import SelectorPromptTemplate
+from llama_index.core.types import TokenAsyncGen, TokenGen
+
+from qgpm import METHODS, QGPM, QGPMResult
+
+from . import _tracing
+from ._tracing import QGPMTrace, split_context
+
+__all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION", "set_tokenizer"]
+
+dispatcher = get_dispatcher(__name__)
+
+DEFAULT_REFINE_INSTRUCTION = (
+    "Answer the question using the text below. An earlier answer, found in other parts of "
+    "the text, was: {existing_answer}\nKeep the earlier answer unless the text below gives a better one."
+)
+"""Instruction of a refine step; ``{existing_answer}`` is replaced by the answer so far."""
+
+_ROLE_MAP = {
+    MessageRole.SYSTEM: "system",
+    MessageRole.DEVELOPER: "system",
+    MessageRole.USER: "user",
+    MessageRole.ASSISTANT: "assistant",
+    MessageRole.CHATBOT: "assistant",
+    MessageRole.MODEL: "assistant",
+}
+
+_CALL_KEYS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
+
+
+def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
+    """Make LlamaIndex count tokens with ``engine``'s own tokenizer.
+
+    Sets the global tokenizer behind ``Settings.tokenizer`` (used by text splitters and the
+    prompt helper that packs chunks into the window), so no tiktoken encoding is ever
+    loaded or downloaded. Without ``force`` an already chosen tokenizer is kept. Returns
+    whether it was set.
+    """
+    import llama_index.core
+    from llama_index.core import Settings
+
+    if llama_index.core.global_tokenizer is not None and not force:
+        return False
+    tok = engine.tokenizer
+
+    def encode(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+
+    Settings.tokenizer = encode
+    return True
+
+
+class QGPMLLM(LLM):
+    """LlamaIndex LLM over a :class:`qgpm.QGPM` engine.
+
+    Args:
+        engine: A loaded engine to share (several ``QGPMLLM`` with different ``method``
+            can share one). ``None`` loads ``model`` with ``QGPM.from_pretrained``.
+        model: Model for ``from_pretrained`` when ``engine`` is None (``None`` = embedded
+            SmolLM2-135M-Instruct; models are cached per process).
+        heads: Head set for ``from_pretrained`` (see :meth:`qgpm.QGPM.from_pretrained`).
+        method: ``qgpm`` | ``vanilla`` | ``oracle`` | ``topk`` | ``reorder``.
+        max_new_tokens: Answer budget (also ``metadata.num_output``).
+        temperature, top_p, seed, stop: Decoding (greedy when ``temperature == 0``).
+        instruction: Instruction of first-step prompts (``None`` = QGPM's default).
+        refine_instruction: Instruction of refine steps, with ``{existing_answer}``.
+        answer_prefix: Text that starts the answer (after the assistant header).
+        reranker, k: For ``topk`` / ``reorder`` (a :func:`qgpm.rerank.get_reranker` spec).
+        evidence: For ``oracle``: exact substrings of the context to treat as evidence
+            (those absent from a call's context are ignored; with none present that call
+            runs ``vanilla``).
+        context_keys, question_keys: Template variables read as context / question.
+        set_global_tokenizer: Count tokens with the model's tokenizer in LlamaIndex
+            (see :func:`set_tokenizer`; an already chosen tokenizer is kept).
+    """
+
+    method: str = Field(default="qgpm", description="qgpm | vanilla | oracle | topk | reorder")
+    max_new_tokens: int = Field(default=64, gt=0, description="Tokens to generate at most.")
+    temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy decoding.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(default=None)
+    stop: Optional[list[str]] = Field(default=None, description="Stop strings (cut from the answer).")
+    instruction: Optional[str] = Field(default=None, description="Instruction of first-step prompts.")
+    refine_instruction: str = Field(default=DEFAULT_REFINE_INSTRUCTION)
+    answer_prefix: Optional[str] = Field(default=None)
+    reranker: Any = Field(default="bm25", description="Reranker spec for topk / reorder.")
+    k: int = Field(default=5, gt=0, description="Chunks kept by topk.")
+    evidence: Optional[list[str]] = Field(default=None, description="Evidence for method='oracle'.")
+    context_keys: tuple[str, ...] = Field(default=("context_str", "context_msg"))
+    question_keys: tuple[str, ...] = Field(default=("query_str",))
+
+    _engine: QGPM = PrivateAttr()
+    _lock: Any = PrivateAttr(default=None)
+    _last: Optional[QGPMResult] = PrivateAttr(default=None)
+
+    def __init__(
+        self,
+        engine: QGPM | None = None,
+        *,
+        model: Any = None,
+        heads: Any = None,
+        set_global_tokenizer: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        method = kwargs.get("method", "qgpm")
+        if method not in METHODS:
+            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if method == "oracle" and not kwargs.get("evidence"):
+            raise ValueError("method='oracle' needs evidence=[exact substrings of the context]")
+        super().__init__(**kwargs)
+        if engine is None:
+            engine = QGPM.from_pretrained(model, heads=heads)
+        elif model is not None or heads is not None:
+            raise ValueError("pass either engine= or model=/heads=, not both")
+        if method == "qgpm":
+            engine.heads  # raise HeadSetMissingError now rather than at the first query
+        self._engine = engine
+        self._lock = threading.Lock()
+        _tracing.install()
+        if set_global_tokenizer:
+            set_tokenizer(engine)
+
+    # ------------------------------------------------------------------ basics
+    @classmethod
+    def class_name(cls) -> str:
+        return "QGPMLLM"
+
+    @property
+    def engine(self) -> QGPM:
+        """The shared :class:`qgpm.QGPM` engine."""
+        return self._engine
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(
+            context_window=self._engine.max_length,
+            num_output=self.max_new_tokens,
+            is_chat_model=False,
+            model_name=self._engine.name,
+        )
+
+    @property
+    def last_result(self) -> Optional[QGPMResult]:
+        """The :class:`qgpm.QGPMResult` of the latest finished call of this LLM (any thread)."""
+        with self._lock:
+            return self._last
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` under the model's tokenizer."""
+        return len(self._engine.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+    # ------------------------------------------------------------------ prompt parsing
+    def _qgpm_parts(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """Context / question / refine answer from a synthesizer's template call, or None."""
+        if prompt.output_parser is not None or self.output_parser is not None:
+            return None
+        tmpl = prompt.select(llm=self) if isinstance(prompt, SelectorPromptTemplate) else prompt
+        try:
+            values = tmpl._map_all_vars({**tmpl.kwargs, **prompt_args})
+        except Exception:
+            return None
+        used = set(tmpl.template_vars or [])
+        ctx_key = next((k for k in self.context_keys if k in values and (not used or k in used)), None)
+        q_key = next((k for k in self.question_keys if k in values and (not used or k in used)), None)
+        if ctx_key is None or q_key is None:
+            return None
+        context, question = values[ctx_key], values[q_key]
+        if isinstance(context, (list, tuple)) and all(isinstance(c, str) for c in context):
+            context = "\n\n".join(c.strip() for c in context if c.strip())  # simple_summarize passes a list
+        if not isinstance(context, str) or not isinstance(question, str) or not context.strip() or not question.strip():
+            return None
+        parts: dict[str, Any] = {"context": split_context(context, _tracing.known_chunks()), "question": question, "step": "qa"}
+        existing = values.get("existing_answer")
+        if ctx_key == "context_msg" or existing is not None:
+            parts["step"] = "refine"
+            parts["existing_answer"] = "" if existing is None else str(existing)
+        return parts
+
+    # ------------------------------------------------------------------ prompt chaining (synthesizers)
+    def predict(self, prompt: BasePromptTemplate, **prompt_args: Any) -> str:
+        parts = self._qgpm_parts(prompt, prompt_args)
+        if parts is None:
+            return super().predict(prompt, **prompt_args)
+        dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=prompt_args))
+        self._log_template_data(prompt, **prompt_args)
+        output = self.complete(self._get_prompt(prompt, **prompt_args), formatted=True, qgpm=parts).text
+        dispatcher.event(LLMPredictEndEvent(output=output))
+        return output
+
+    def stream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenGen:
+        parts = self._qgpm_parts(prompt, prompt_args)
+        if parts is None:
+            return super().stream(prompt, **prompt_args)
+        self._log_template_data(prompt, **prompt_args)
+        dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=prompt_args))
+        gen = self.stream_complete(self._get_prompt(prompt, **prompt_args), formatted=True, qgpm=parts)
+        return stream_completion_response_to_tokens(gen)
+
+    async def apredict(self, prompt: BasePromptTemplate, **prompt_args: Any) -> str:
+        parts = self._qgpm_parts(prompt, prompt_args)
+        if parts is None:
+            return await super().apredict(prompt, **prompt_args)
+        dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=prompt_args))
+        self._log_template_data(prompt, **prompt_args)
+        output = (await self.acomplete(self._get_prompt(prompt, **prompt_args), formatted=True, qgpm=parts)).text
+        dispatcher.event(LLMPredictEndEvent(output=output))
+        return output
+
+    async def astream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenAsyncGen:
+        parts = self._qgpm_parts(prompt, prompt_args)
+        if parts is None:
+            return await super().astream(prompt, **prompt_args)
+        self._log_template_data(prompt, **prompt_args)
+        dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=prompt_args))
+        gen = await self.astream_complete(self._get_prompt(prompt, **prompt_args), formatted=True, qgpm=parts)
+        return await astream_completion_response_to_tokens(gen)
+
+    # ------------------------------------------------------------------ engine calls
+    def _split_kwargs(self, kwargs: dict[str, Any]) -> tuple[Optional[dict[str, Any]], dict[str, Any]]:
+        parts = kwargs.pop("qgpm", None)
+        gen = {k: getattr(self, k) for k in _CALL_KEYS}
+        for k in _CALL_KEYS:
+            if k in kwargs:
+                gen[k] = kwargs.pop(k)
+        if "max_tokens" in kwargs:
+            gen["max_new_tokens"] = kwargs.pop("max_tokens")
+        # other keyword arguments (e.g. from synthesizer response_kwargs) are ignored
+        return parts, gen
+
+    def _answer_kwargs(self, parts: dict[str, Any]) -> tuple[Any, str, dict[str, Any]]:
+        context, question = parts["context"], parts["question"]
+        kw: dict[str, Any] = dict(system=self.system_prompt, answer_prefix=self.answer_prefix)
+        if parts["step"] == "refine":
+            kw["instruction"] = self.refine_instruction.replace("{existing_answer}", parts["existing_answer"].strip())
+        else:
+            kw["instruction"] = self.instruction
+        method = self.method
+        if method in ("topk", "reorder"):
+            kw.update(reranker=self.reranker, k=self.k)
+        elif method == "oracle":
+            joined = "\n\n".join(context) if isinstance(context, list) else context
+            present = [e for e in self.evidence or [] if e.strip() and e.strip() in joined]
+            if present:
+                kw["evidence"] = present
+            else:
+                method = "vanilla"
+        kw["method"] = method
+        return context, question, kw
+
+    def _messages(self, prompt: str, formatted: bool) -> list[dict[str, str]]:
+        if not formatted:
+            prompt = self.completion_to_prompt(prompt)
+        msgs = []
+        if self.system_prompt and not formatted:
+            msgs.append({"role": "system", "content": self.system_prompt})
+        msgs.append({"role": "user", "content": prompt})
+        return msgs
+
+    @staticmethod
+    def _chat_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+        return [{"role": _ROLE_MAP.get(m.role, "user"), "content": m.content or ""} for m in messages]
+
+    def _start(self, parts: Optional[dict[str, Any]]) -> Optional[QGPMTrace]:
+        trace = _tracing.current_trace()
+        if trace is not None:
+            with trace._lock:
+                trace.calls_started += 1
+        return trace
+
+    def _finish(self, result: QGPMResult, trace: Optional[QGPMTrace], parts: Optional[dict[str, Any]]) -> None:
+        result.details.setdefault("llama_index", {"step": parts["step"] if parts else "plain"})
+        if parts and isinstance(parts["context"], list):
+            result.details["llama_index"]["documents"] = len(parts["context"])
+        with self._lock:
+            self._last = result
+        if trace is not None:
+            trace._add(result)
+
+    @staticmethod
+    def _usage(result: QGPMResult) -> dict[str, int]:
+        return {
+            "prompt_tokens": result.usage.prompt_tokens,
+            "completion_tokens": result.usage.answer_tokens,
+            "total_tokens": result.usage.total_tokens,
+        }
+
+    def _run(self, parts: Optional[dict[str, Any]], gen: dict[str, Any], messages: list[dict[str, str]]) -> QGPMResult:
+        if parts is None:
+            return self._engine.chat(messages, **gen)
+        context, question, kw = self._answer_kwargs(parts)
+        return self._engine.answer(context, question, **kw, **gen)
+
+    def _stream(self, parts: Optional[dict[str, Any]], gen: dict[str, Any], messages: list[dict[str, str]]):
+        if parts is None:
+            return self._engine.stream_chat(messages, **gen)
+        context, question, kw = self._answer_kwargs(parts)
+        return self._engine.stream(context, question, **kw, **gen)
+
+    def _complete_sync(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
+        parts, gen = self._split_kwargs(dict(kwargs))
+        trace = self._start(parts)
+        result = self._run(parts, gen, self._messages(prompt, formatted))
+        self._finish(result, trace, parts)
+        return CompletionResponse(
+            text=result.text,
+            raw={"usage": self._usage(result), "result": result},
+            additional_kwargs={"method": result.method, "finish_reason": result.finish_reason},
+        )
+
+    def _stream_sync(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseGen:
+        parts, gen = self._split_kwargs(dict(kwargs))
+        trace = self._start(parts)
+        stream = self._stream(parts, gen, self._messages(prompt, formatted))
+
+        def pieces() -> CompletionResponseGen:
+            text = ""
+            try:
+                for piece in stream:
+                    text += piece
+                    yield CompletionResponse(text=text, delta=piece)
+            finally:
+                stream.close()
+            result = stream.result
+            if result is None:
+                return
+            self._finish(result, trace, parts)
+            # a last, empty delta that carries usage and the result
+            yield CompletionResponse(
+                text=text,
+                delta="",
+                raw={"usage": self._usage(result), "result": result},
+                additional_kwargs={"method": result.method, "finish_reason": result.finish_reason},
+            )
+
+        return pieces()
+
+    # ------------------------------------------------------------------ LLM interface
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._complete_sync(prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        return self._stream_sync(prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        # the model runs in a worker thread so the event loop stays free
+        return await asyncio.to_thread(self._complete_sync, prompt, formatted, kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
+        sync_gen = await asyncio.to_thread(self._stream_sync, prompt, formatted, kwargs)
+        return _to_async(sync_gen)
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._chat_sync(messages, kwargs)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return self._stream_chat_sync(messages, kwargs)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return await asyncio.to_thread(self._chat_sync, messages, kwargs)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        sync_gen = await asyncio.to_thread(self._stream_chat_sync, messages, kwargs)
+        return _to_async(sync_gen)
+
+    def _chat_sync(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
+        _, gen = self._split_kwargs(dict(kwargs))
+        trace = self._start(None)
+        result = self._engine.chat(self._chat_dicts(messages), **gen)
+        self._finish(result, trace, None)
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text),
+            raw={"usage": self._usage(result), "result": result},
+            additional_kwargs={"method": result.method, "finish_reason": result.finish_reason},
+        )
+
+    def _stream_chat_sync(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
+        _, gen = self._split_kwargs(dict(kwargs))
+        trace = self._start(None)
+        stream = self._engine.stream_chat(self._chat_dicts(messages), **gen)
+
+        def pieces() -> ChatResponseGen:
+            text = ""
+            try:
+                for piece in stream:
+                    text += piece
+                    yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=piece)
+            finally:
+                stream.close()
+            result = stream.result
+            if result is None:
+                return
+            self._finish(result, trace, None)
+            yield ChatResponse(
+                message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
+                delta="",
+                raw={"usage": self._usage(result), "result": result},
+                additional_kwargs={"method": result.method, "finish_reason": result.finish_reason},
+            )
+
+        return pieces()
+
+
+_DONE = object()
+
+
+def _to_async(sync_gen: Generator[Any, None, None]) -> AsyncGenerator[Any, None]:
+    """Drive a blocking generator from a worker thread, one item at a time."""
+
+    def step() -> Any:
+        return next(sync_gen, _DONE)
+
+    async def agen() -> AsyncGenerator[Any, None]:
+        try:
+            while True:
+                item = await asyncio.to_thread(step)
+                if item is _DONE:
+                    break
+                yield item
+        finally:
+            try:
+                sync_gen.close()
+            except ValueError:  # still running in a worker thread (consumer cancelled): it ends on its own
+                pass
+
+    return agen()

@@ -1,0 +1,91 @@
+"""Input-editing baselines (paper Sec. 5.3) as LlamaIndex node postprocessors.
+
+* :class:`QGPMTopKPostprocessor` keeps the ``top_n`` best nodes **in their original
+  (retrieval) order** -- unlike ``SentenceTransformerRerank``, which sorts by score.
+* :class:`QGPMReorderPostprocessor` keeps every node, sorted by ascending score so the
+  best node comes **last**, right before the question -- unlike LlamaIndex's
+  ``LongContextReorder``, which puts the best nodes at both ends.
+
+Both score nodes with a :mod:`qgpm.rerank` reranker (``"bm25"``, ``"minilm"``, ``"judge"``,
+``"cross-encoder:<id>"``, or a :class:`qgpm.rerank.Reranker` object) and set
+``node.score`` to the reranker score (the retrieval score is kept in
+``node.metadata["retrieval_score"]`` with ``keep_retrieval_score=True``). Ties follow
+:mod:`qgpm.editing`: Top-K prefers the earlier node, Reorder keeps tied nodes in their
+original order. The input list and its ``NodeWithScore`` objects are not modified.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+from llama_index.core.bridge.pydantic import Field
+from llama_index.core.callbacks import CBEventType, EventPayload
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+
+from qgpm.editing import Chunk, reorder_edit, topk_edit
+from qgpm.rerank import get_reranker
+
+__all__ = ["QGPMTopKPostprocessor", "QGPMReorderPostprocessor"]
+
+
+class _QGPMRerankBase(BaseNodePostprocessor):
+    reranker: Any = Field(default="bm25", description="qgpm.rerank spec (bm25, minilm, judge, cross-encoder:<id>) or a Reranker.")
+    metadata_mode: MetadataMode = Field(default=MetadataMode.EMBED, description="Which node text the reranker reads.")
+    keep_retrieval_score: bool = Field(default=False, description="Keep the retriever's score in metadata['retrieval_score'].")
+
+    def _score(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle]) -> list[float]:
+        if query_bundle is None:
+            raise ValueError(f"{self.class_name()} needs the query (query_bundle is None)")
+        texts = [n.node.get_content(metadata_mode=self.metadata_mode) for n in nodes]
+        return get_reranker(self.reranker).score(query_bundle.query_str, texts)
+
+    def _rescored(self, nodes: List[NodeWithScore], scores: list[float], order: list[int]) -> List[NodeWithScore]:
+        out = []
+        for i in order:
+            node = nodes[i].node
+            if self.keep_retrieval_score:
+                node = node.model_copy(deep=False)
+                node.metadata = {**node.metadata, "retrieval_score": nodes[i].score}
+            out.append(NodeWithScore(node=node, score=float(scores[i])))
+        return out
+
+    def _run(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle], edit: Any, top_k: Optional[int]) -> List[NodeWithScore]:
+        if not nodes:
+            return []
+        payload = {EventPayload.NODES: nodes, EventPayload.MODEL_NAME: str(getattr(self.reranker, "name", self.reranker))}
+        if query_bundle is not None:
+            payload[EventPayload.QUERY_STR] = query_bundle.query_str
+        if top_k is not None:
+            payload[EventPayload.TOP_K] = top_k
+        with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
+            scores = self._score(nodes, query_bundle)
+            chunks = [Chunk(index=i, start=0, end=0, text=f"node {i}") for i in range(len(nodes))]
+            order = edit(chunks, scores).order
+            new_nodes = self._rescored(nodes, scores, order)
+            event.on_end(payload={EventPayload.NODES: new_nodes})
+        return new_nodes
+
+
+class QGPMTopKPostprocessor(_QGPMRerankBase):
+    """Keep the ``top_n`` nodes the reranker scores highest, in their original order."""
+
+    top_n: int = Field(default=5, gt=0, description="Nodes to keep.")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "QGPMTopKPostprocessor"
+
+    def _postprocess_nodes(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
+        return self._run(nodes, query_bundle, lambda chunks, scores: topk_edit("", chunks, scores, k=self.top_n), self.top_n)
+
+
+class QGPMReorderPostprocessor(_QGPMRerankBase):
+    """Keep every node, sorted by ascending reranker score: the best node comes last."""
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "QGPMReorderPostprocessor"
+
+    def _postprocess_nodes(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
+        return self._run(nodes, query_bundle, lambda chunks, scores: reorder_edit("", chunks, scores), None)

@@ -1,0 +1,308 @@
+"""QGPMLLM plumbing, with a model-free stand-in engine (fast).
+
+What reaches the engine for each response mode, sync / streaming / async; refine steps;
+the trace in ``response.metadata["qgpm"]``; plain fallbacks; metadata and token counting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+import llama_index.core
+from llama_index.core import VectorStoreIndex
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.llms import ChatMessage
+from llama_index.core.prompts import PromptTemplate
+from llama_index.core.prompts.default_prompt_selectors import DEFAULT_REFINE_PROMPT_SEL, DEFAULT_TEXT_QA_PROMPT_SEL
+from llama_index.core.schema import NodeWithScore, TextNode
+
+from qgpm_integrations.llama_index import QGPMLLM, QGPMTrace, split_context
+
+MODES = ["compact", "refine", "tree_summarize", "simple_summarize"]
+ALPHA = "Alpha one. Alpha two.\n\nAlpha three."
+BETA = "Beta one.\n\nBeta two. Beta three."
+QUESTION = "What is alpha?"
+
+
+def _words(text):
+    return text.split()
+
+
+@pytest.fixture
+def word_tokenizer(monkeypatch):
+    """LlamaIndex counts whitespace words during a stub test (restored afterwards)."""
+    monkeypatch.setattr(llama_index.core, "global_tokenizer", _words)
+
+
+@pytest.fixture
+def llm(stub_engine, word_tokenizer):
+    return QGPMLLM(engine=stub_engine)
+
+
+class _AxisEmbedding(MockEmbedding):
+    """Queries embed as (1, 0): ALPHA (1, 0) is retrieved before BETA (0.9, 0.1)."""
+
+    def _get_vector(self):
+        return [1.0, 0.0]
+
+
+@pytest.fixture
+def index(word_tokenizer):
+    nodes = [TextNode(text=ALPHA, id_="alpha"), TextNode(text=BETA, id_="beta")]
+    for n in nodes:
+        n.embedding = [1.0, 0.0] if n.node_id == "alpha" else [0.9, 0.1]
+    return VectorStoreIndex(nodes, embed_model=_AxisEmbedding(embed_dim=2))
+
+
+def _answers(engine):
+    return [c for c in engine.calls if c[0] == "answer"]
+
+
+# --------------------------------------------------------------------------- context / question per mode
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_response_mode_sends_nodes_and_question(mode, llm, index, stub_engine):
+    response = index.as_query_engine(llm=llm, response_mode=mode, similarity_top_k=2).query(QUESTION)
+    calls = _answers(stub_engine)
+    assert calls, "the synthesizer's call never reached engine.answer"
+    assert all(c[2] == QUESTION for c in calls)
+    if mode == "refine":  # one call per node: first the QA step, then a refine step
+        assert [c[1] for c in calls] == [ALPHA, BETA]
+        assert calls[0][3]["instruction"] is None
+        assert "qgpm answer to What is alpha? from 1 docs" in calls[1][3]["instruction"]
+    else:  # one call over both nodes, split back into node texts
+        assert len(calls) == 1
+        assert calls[0][1] == [ALPHA, BETA]
+    assert all(c[3]["method"] == "qgpm" for c in calls)
+    trace = response.metadata["qgpm"]
+    assert isinstance(trace, QGPMTrace) and len(trace) == len(calls)
+    assert trace.result.text == str(response)
+    assert llm.last_result is trace.result
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_streaming_matches_and_fills_trace(mode, llm, index, stub_engine):
+    qe = index.as_query_engine(llm=llm, response_mode=mode, similarity_top_k=2)
+    plain = str(qe.query(QUESTION))
+    n_calls = len(_answers(stub_engine))
+    streaming = index.as_query_engine(llm=llm, response_mode=mode, similarity_top_k=2, streaming=True).query(QUESTION)
+    text = "".join(streaming.response_gen)
+    assert text == plain
+    assert len(_answers(stub_engine)) == 2 * n_calls
+    assert [c[1] for c in _answers(stub_engine)[n_calls:]] == [c[1] for c in _answers(stub_engine)[:n_calls]]
+    trace = streaming.metadata["qgpm"]
+    assert len(trace) == n_calls and trace.result.text == text
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_async_query_and_async_streaming(mode, llm, index, stub_engine):
+    plain = str(index.as_query_engine(llm=llm, response_mode=mode, similarity_top_k=2).query(QUESTION))
+
+    async def go():
+        a = await index.as_query_engine(llm=llm, response_mode=mode, similarity_top_k=2, use_async=True).aquery(QUESTION)
+        s = await index.as_query_engine(llm=llm, response_mode=mode, similarity_top_k=2, streaming=True).aquery(QUESTION)
+        pieces = [p async for p in s.async_response_gen()]
+        return a, s, "".join(pieces)
+
+    a, s, streamed = asyncio.run(go())
+    assert str(a) == plain and streamed == plain
+    assert a.metadata["qgpm"].result.text == plain
+    assert s.metadata["qgpm"].result.text == plain
+    contexts = [c[1] for c in _answers(stub_engine)]
+    n = len(contexts) // 3
+    assert contexts[n : 2 * n] == contexts[:n] and contexts[2 * n :] == contexts[:n]
+
+
+def test_concurrent_async_queries_keep_their_own_traces(llm, index, stub_engine):
+    questions = ["What is alpha?", "What is beta?", "Which one is third?"]
+
+    async def go():
+        qe = index.as_query_engine(llm=llm, similarity_top_k=2)
+        return await asyncio.gather(*(qe.aquery(q) for q in questions))
+
+    responses = asyncio.run(go())
+    for q, r in zip(questions, responses):
+        assert q in str(r)
+        assert [x.text for x in r.metadata["qgpm"]] == [str(r)]
+
+
+def test_settings_llm_is_used(llm, index, stub_engine, monkeypatch):
+    from llama_index.core import Settings
+
+    monkeypatch.setattr(Settings, "_llm", llm)
+    response = index.as_query_engine(similarity_top_k=2).query(QUESTION)
+    assert _answers(stub_engine)[-1][1:3] == ([ALPHA, BETA], QUESTION)
+    assert response.metadata["qgpm"].result.text == str(response)
+
+
+def test_llm_serializes_without_the_engine(llm):
+    d = llm.to_dict()
+    assert d["class_name"] == "QGPMLLM" and d["method"] == "qgpm" and "engine" not in d and "_engine" not in d
+    assert llm.to_payload()["model_name"] == "stub-model"
+
+
+# --------------------------------------------------------------------------- direct template calls
+
+
+def test_predict_with_synthesizer_templates(llm, stub_engine):
+    qa = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?")
+    assert llm.predict(qa, context_str="Some text.") == "qgpm answer to Q? from 1 docs"
+    assert stub_engine.calls[-1][1:3] == ("Some text.", "Q?")
+    refine = DEFAULT_REFINE_PROMPT_SEL.partial_format(query_str="Q?", existing_answer="  Earlier.  ")
+    llm.predict(refine, context_msg="More text.")
+    kind, context, question, kw = stub_engine.calls[-1]
+    assert (context, question) == ("More text.", "Q?")
+    assert kw["instruction"].count("Earlier.") == 1
+    assert llm.last_result.details["llama_index"]["step"] == "refine"
+
+
+def test_custom_variable_names_and_fallback(stub_engine, word_tokenizer):
+    llm = QGPMLLM(engine=stub_engine, context_keys=("docs",), question_keys=("q",))
+    tmpl = PromptTemplate("Docs:\n{docs}\nQ: {q}\nA:")
+    assert llm.predict(tmpl, docs="Text here.", q="Why?").startswith("qgpm answer to Why?")
+    # a template without a context (e.g. a query transform) is plain generation
+    out = llm.predict(PromptTemplate("Rewrite the question: {q}"), q="Why?")
+    assert out == "plain reply"
+    assert stub_engine.calls[-1][0] == "chat"
+    assert stub_engine.calls[-1][1] == [{"role": "user", "content": "Rewrite the question: Why?"}]
+
+
+def test_plain_complete_and_chat_use_engine_chat(llm, stub_engine):
+    r = llm.complete("hello")
+    assert r.text == "plain reply" and r.raw["usage"]["prompt_tokens"] == 11
+    assert r.raw["result"].method == "plain"
+    assert stub_engine.calls[-1][1] == [{"role": "user", "content": "hello"}]
+    c = llm.chat([ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="hi")])
+    assert c.message.content == "plain reply"
+    assert stub_engine.calls[-1][1] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert [x.delta for x in llm.stream_complete("hello")][:2] == ["plain ", "reply"]
+    assert [x.delta for x in llm.stream_chat([ChatMessage(role="user", content="hi")])][:2] == ["plain ", "reply"]
+    assert asyncio.run(llm.acomplete("hello")).text == "plain reply"
+    assert asyncio.run(llm.achat([ChatMessage(role="user", content="hi")])).message.content == "plain reply"
+
+    async def astream():
+        gen = await llm.astream_complete("hello")
+        return [x.delta async for x in gen]
+
+    assert "".join(asyncio.run(astream())) == "plain reply"
+
+
+def test_generation_settings_reach_the_engine(stub_engine, word_tokenizer):
+    llm = QGPMLLM(engine=stub_engine, method="vanilla", max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3, stop=["\n"],
+                  system_prompt="SYS", answer_prefix="Answer:")
+    llm.predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?"), context_str="Text.")
+    kw = stub_engine.calls[-1][3]
+    assert kw["method"] == "vanilla" and kw["system"] == "SYS" and kw["answer_prefix"] == "Answer:"
+    assert (kw["max_new_tokens"], kw["temperature"], kw["top_p"], kw["seed"], kw["stop"]) == (7, 0.5, 0.9, 3, ["\n"])
+    llm.complete("hi", max_tokens=3)
+    assert stub_engine.calls[-1][3]["max_new_tokens"] == 3
+    llm.complete("hi", temperature=0.25, stop=["x"], seed=5)  # per-call settings win
+    kw = stub_engine.calls[-1][3]
+    assert (kw["temperature"], kw["stop"], kw["seed"], kw["max_new_tokens"]) == (0.25, ["x"], 5, 7)
+
+
+def test_topk_reorder_and_oracle_arguments(stub_engine, word_tokenizer):
+    qa = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?")
+    QGPMLLM(engine=stub_engine, method="topk", reranker="minilm", k=2).predict(qa, context_str="Text.")
+    kw = stub_engine.calls[-1][3]
+    assert (kw["method"], kw["reranker"], kw["k"]) == ("topk", "minilm", 2)
+    QGPMLLM(engine=stub_engine, method="reorder").predict(qa, context_str="Text.")
+    assert stub_engine.calls[-1][3]["method"] == "reorder"
+    oracle = QGPMLLM(engine=stub_engine, method="oracle", evidence=["Needle here.", "Absent."])
+    oracle.predict(qa, context_str="Hay. Needle here. Hay.")
+    kw = stub_engine.calls[-1][3]
+    assert kw["method"] == "oracle" and kw["evidence"] == ["Needle here."]
+    oracle.predict(qa, context_str="Only hay.")  # no evidence in this chunk: vanilla
+    assert stub_engine.calls[-1][3]["method"] == "vanilla" and "evidence" not in stub_engine.calls[-1][3]
+    with pytest.raises(ValueError, match="evidence"):
+        QGPMLLM(engine=stub_engine, method="oracle")
+    with pytest.raises(ValueError, match="unknown method"):
+        QGPMLLM(engine=stub_engine, method="magic")
+
+
+def test_metadata_and_tokenizer(stub_engine, monkeypatch):
+    monkeypatch.setattr(llama_index.core, "global_tokenizer", None)
+    llm = QGPMLLM(engine=stub_engine, max_new_tokens=33)
+    md = llm.metadata
+    assert (md.context_window, md.num_output, md.model_name, md.is_chat_model) == (4096, 33, "stub-model", False)
+    # the model's tokenizer now counts tokens for LlamaIndex (no tiktoken)
+    assert llama_index.core.Settings.tokenizer("one two three") == ["one", "two", "three"]
+    assert llm.count_tokens("a b") == 2
+    # an explicitly chosen tokenizer is kept
+    mine = lambda s: list(s)  # noqa: E731
+    llama_index.core.Settings.tokenizer = mine
+    QGPMLLM(engine=stub_engine)
+    assert llama_index.core.global_tokenizer is mine
+
+
+def test_last_result_is_thread_safe(llm, stub_engine):
+    qa = DEFAULT_TEXT_QA_PROMPT_SEL
+
+    def worker(i):
+        for _ in range(20):
+            llm.predict(qa.partial_format(query_str=f"Q{i}?"), context_str="Text.")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(_answers(stub_engine)) == 80
+    assert llm.last_result.text in {f"qgpm answer to Q{i}? from 1 docs" for i in range(4)}
+
+
+def test_no_trace_outside_a_synthesis(llm, index):
+    # a synthesizer with another LLM gets no "qgpm" metadata
+    from llama_index.core.llms import MockLLM
+
+    r = index.as_query_engine(llm=MockLLM(max_tokens=4), similarity_top_k=1).query(QUESTION)
+    assert "qgpm" not in (r.metadata or {})
+
+
+def test_synthesizer_without_retriever(llm, stub_engine):
+    from llama_index.core import get_response_synthesizer
+
+    synth = get_response_synthesizer(llm=llm, response_mode="compact")
+    nodes = [NodeWithScore(node=TextNode(text="Gamma one. Gamma two."), score=1.0), NodeWithScore(node=TextNode(text="Delta one."), score=0.5)]
+    r = synth.synthesize("What is gamma?", nodes)
+    assert _answers(stub_engine)[-1][1] == ["Gamma one. Gamma two.", "Delta one."]
+    assert r.metadata["qgpm"].result.text == str(r)
+
+
+# --------------------------------------------------------------------------- environment
+
+
+@pytest.mark.filterwarnings("ignore:A test tried")
+def test_network_is_blocked(network_errors):
+    import socket
+
+    with pytest.raises(network_errors):
+        socket.create_connection(("127.0.0.1", 9), timeout=1)
+
+
+def test_tiktoken_is_trapped(tiktoken_calls, network_errors):
+    tiktoken = pytest.importorskip("tiktoken")
+    n = len(tiktoken_calls)
+    with pytest.raises(network_errors):
+        tiktoken.get_encoding("cl100k_base")
+    assert tiktoken_calls[n:] == [("get_encoding", ("cl100k_base",))]  # the trap, not just the network block
+    del tiktoken_calls[n:]
+
+
+# --------------------------------------------------------------------------- split_context
+
+
+def test_split_context():
+    a, b, c = "First node.\n\nIts second paragraph.", "Second node.", "Third node."
+    assert split_context("\n\n".join([a, b, c]), [c, a, b]) == [a, b, c]
+    assert split_context("\n".join([a, b]), [a, b]) == [a, b]  # simple_summarize joins with "\n"
+    assert split_context("\n\n".join([a, b]), []) == "\n\n".join([a, b])  # nothing known: one text
+    assert split_context(a, [a]) == a
+    # a node cut at its start by the prompt helper stays a separate piece
+    assert split_context("paragraph.\n\n" + b, [a, b]) == ["paragraph.", b]
+    # a known text in the middle of a line is not a boundary
+    assert split_context("See Second node. here", [b]) == "See Second node. here"
