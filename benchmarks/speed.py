@@ -40,14 +40,18 @@ def long_text() -> str:
 
 def context_of(engine: QGPM, text: str, tokens: int) -> str:
     """The longest prefix of ``text`` (cut at a paragraph; the text repeats if too short) whose prompt fits ``tokens``."""
+    from qgpm.prompt import PromptSpec, build_prompt
+
+    def size(ctx: str) -> int:  # prompt length without the engine's window check
+        return build_prompt(engine.tokenizer, PromptSpec(context=ctx, question=QUESTION)).num_tokens
+
     paras = text.split("\n\n")
     approx = len(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     paras = paras * max(1, -(-tokens // approx) + 1)
     lo, hi = 1, len(paras)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        n = engine.prepare("\n\n".join(paras[:mid]), QUESTION, method="vanilla").prompt.num_tokens
-        lo, hi = (mid, hi) if n <= tokens else (lo, mid - 1)
+        lo, hi = (mid, hi) if size("\n\n".join(paras[:mid])) <= tokens else (lo, mid - 1)
     return "\n\n".join(paras[:lo])
 
 

@@ -40,7 +40,7 @@ def no_hooks(model) -> bool:
 @pytest.mark.real_model
 def test_real_needle_answer_and_ranking(smollm):
     ctx = needle_context()
-    res = smollm.answer(ctx, QUESTION, method="qgpm", max_new_tokens=16)
+    res = smollm.answer(ctx, QUESTION, method="qgpm", max_new_tokens=32)
     assert "tangerine" in res.text.lower()
     top = res.top_sentences(1)[0]
     assert top.text == NEEDLE
