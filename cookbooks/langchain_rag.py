@@ -1,0 +1,167 @@
+"""RAG with LangChain and QGPM: one retriever, four ways to answer.
+
+A real vector store (``langchain_core.vectorstores.InMemoryVectorStore``) indexes the
+bundled corpus (``cookbooks/data/corpus/*.md``, split into paragraphs) with the bundled
+all-MiniLM-L6-v2 embeddings. Each question of ``cookbooks/data/questions.json`` is then
+answered by the embedded SmolLM2-135M-Instruct, side by side, with
+
+* ``vanilla`` -- the retrieved paragraphs as they come, standard RoPE;
+* ``qgpm``    -- the same paragraphs, positions modulated by the model's own relevance
+  heads (the script prints which sentences QGPM promoted);
+* ``topk``    -- a ``ContextualCompressionRetriever`` with ``QGPMTopKCompressor``
+  (keeps the best paragraphs in their original order), standard RoPE;
+* ``reorder`` -- a ``ContextualCompressionRetriever`` with ``QGPMReorder`` (best
+  paragraph last, next to the question), standard RoPE.
+
+Everything runs offline on CPU. Every chain is a plain LCEL chain::
+
+    {"context": retriever | format_documents, "question": RunnablePassthrough()}
+        | qgpm_prompt() | QGPMChatModel(method=...) | StrOutputParser()
+
+Run:  python cookbooks/langchain_rag.py [--limit 2] [--k 6] [--max-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from langchain_core.documents import Document  # noqa: E402
+from langchain_core.output_parsers import StrOutputParser  # noqa: E402
+from langchain_core.runnables import RunnablePassthrough  # noqa: E402
+from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
+
+from qgpm_integrations.langchain import (  # noqa: E402
+    MiniLMEmbeddings,
+    QGPMChatModel,
+    QGPMReorder,
+    QGPMTopKCompressor,
+    format_documents,
+    qgpm_prompt,
+)
+
+DATA = Path(__file__).resolve().parent / "data"
+METHODS = ("vanilla", "qgpm", "topk", "reorder")
+
+
+def load_corpus(folder: Path = DATA / "corpus") -> list[Document]:
+    """Every paragraph of every corpus file as a Document (metadata: source, title)."""
+    docs: list[Document] = []
+    for path in sorted(folder.glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        title = ""
+        for i, para in enumerate(p.strip() for p in re.split(r"\n\s*\n", text)):
+            if not para:
+                continue
+            if para.startswith("#"):
+                title = para.lstrip("#").strip()
+                continue
+            docs.append(Document(page_content=para, metadata={"source": path.name, "title": title, "paragraph": i}))
+    return docs
+
+
+def build_vector_store(docs: Sequence[Document] | None = None, embeddings: Any = None) -> InMemoryVectorStore:
+    """An in-memory vector store over the corpus paragraphs (bundled MiniLM embeddings)."""
+    store = InMemoryVectorStore(embeddings or MiniLMEmbeddings())
+    store.add_documents(list(docs if docs is not None else load_corpus()))
+    return store
+
+
+def build_chains(retriever: Any, *, max_tokens: int = 32, heads: Any = None, reranker: str = "minilm", top_k: int = 3) -> dict[str, Any]:
+    """The four side-by-side chains. All chat models share one loaded model."""
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+
+    prompt = qgpm_prompt()
+    qgpm_llm = QGPMChatModel(method="qgpm", max_tokens=max_tokens, heads=heads)
+    plain_llm = QGPMChatModel(method="vanilla", max_tokens=max_tokens, heads=heads)
+    topk = ContextualCompressionRetriever(base_compressor=QGPMTopKCompressor(reranker=reranker, k=top_k), base_retriever=retriever)
+    reorder = ContextualCompressionRetriever(base_compressor=QGPMReorder(reranker=reranker), base_retriever=retriever)
+
+    def chain(ret: Any, llm: QGPMChatModel) -> Any:
+        # StrOutputParser is left off so the script can show response_metadata;
+        # append `| StrOutputParser()` in your own chains.
+        return {"context": ret | format_documents, "question": RunnablePassthrough()} | prompt | llm
+
+    return {
+        "vanilla": chain(retriever, plain_llm),
+        "qgpm": chain(retriever, qgpm_llm),
+        "topk": chain(topk, plain_llm),
+        "reorder": chain(reorder, plain_llm),
+    }
+
+
+def text_chain(retriever: Any, llm: QGPMChatModel) -> Any:
+    """The canonical form: question in, answer string out."""
+    return {"context": retriever | format_documents, "question": RunnablePassthrough()} | qgpm_prompt() | llm | StrOutputParser()
+
+
+def run(questions: Sequence[dict], chains: dict[str, Any], methods: Sequence[str] = METHODS, show: int = 3, out=None) -> list[dict]:
+    """Answer every question with every method; print a side-by-side report."""
+    out = out or sys.stdout
+    rows = []
+    for n, q in enumerate(questions, 1):
+        print(f"\n[{n}] {q['question']}   (expected: {q['answer']})", file=out)
+        row = {"question": q["question"], "answer": q["answer"]}
+        for m in methods:
+            t = time.perf_counter()
+            msg = chains[m].invoke(q["question"])
+            dt = time.perf_counter() - t
+            ok = q["answer"].lower() in msg.content.lower()
+            row[m] = {"text": msg.content, "correct": ok, "seconds": round(dt, 2)}
+            print(f"  {m:<8} {'OK ' if ok else '-- '} {msg.content!r}  ({dt:.1f}s)", file=out)
+            if m == "qgpm":
+                info = msg.response_metadata["qgpm"]
+                print(f"           QGPM promoted (of {info.get('documents')} retrieved paragraphs):", file=out)
+                for s in info.get("top_sentences", [])[:show]:
+                    star = "*" if q.get("evidence") and s["text"].strip() in q["evidence"] else " "
+                    print(f"           {star}#{s['rank'] + 1} z={s['z']:+.2f} doc={s['doc']}  {s['text'][:100]}", file=out)
+        rows.append(row)
+    print("\naccuracy: " + "  ".join(f"{m}={sum(r[m]['correct'] for r in rows)}/{len(rows)}" for m in methods), file=out)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None, *, heads: Any = None) -> list[dict]:
+    """Command-line entry point; ``heads`` (a list of (layer, head)) overrides ``--heads``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--limit", type=int, default=None, help="answer only the first N questions")
+    ap.add_argument("--k", type=int, default=6, help="paragraphs retrieved per question")
+    ap.add_argument("--top-k", type=int, default=3, help="paragraphs kept by the Top-K compressor")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--reranker", default="minilm", help="qgpm.rerank spec for Top-K / Reorder (bm25, minilm, judge, ...)")
+    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
+    ap.add_argument("--heads", default=None, help="head-set JSON for QGPM (default: the stored set)")
+    ap.add_argument("--json", default=None, help="write the answers to this JSON file")
+    args = ap.parse_args(argv)
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        ap.error(f"unknown methods {bad}; choose from {METHODS}")
+    questions = json.loads((DATA / "questions.json").read_text(encoding="utf-8"))[: args.limit]
+
+    t = time.perf_counter()
+    store = build_vector_store()
+    retriever = store.as_retriever(search_kwargs={"k": args.k})
+    chains = build_chains(retriever, max_tokens=args.max_tokens, heads=heads if heads is not None else args.heads, reranker=args.reranker, top_k=args.top_k)
+    print(f"indexed {len(store.store)} paragraphs in {time.perf_counter() - t:.1f}s; retrieving {args.k} per question")
+    t = time.perf_counter()
+    QGPMChatModel(heads=heads if heads is not None else args.heads).get_engine()  # load once, before timing answers
+    print(f"model ready in {time.perf_counter() - t:.1f}s")
+    rows = run(questions, chains, methods)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""LangChain integration for QGPM.
+
+* :class:`QGPMChatModel` -- a ``BaseChatModel`` answering with QGPM (or the vanilla /
+  oracle / topk / reorder baselines) over a local model; a plain chat model when no
+  context is given.
+* :func:`qgpm_prompt`, :class:`QGPMPromptTemplate`, :func:`format_documents` -- mark the
+  context and question of an ordinary LCEL RAG chain for QGPM.
+* :class:`QGPMTopKCompressor`, :class:`QGPMReorder` -- reranker-based document
+  compressors for ``ContextualCompressionRetriever`` / ``DocumentCompressorPipeline``.
+* :class:`MiniLMEmbeddings` -- offline embeddings (bundled all-MiniLM-L6-v2).
+
+Needs ``langchain-core`` (``pip install qgpm[langchain]``).
+"""
+
+from .chat_models import QGPM_METHODS, QGPMChatModel, clear_engine_cache
+from .compressors import QGPMReorder, QGPMTopKCompressor, score_documents
+from .embeddings import MiniLMEmbeddings
+from .prompts import (
+    CONTEXT_ROLE,
+    QGPM_ROLE_KEY,
+    QUESTION_ROLE,
+    QGPMDocuments,
+    QGPMPromptTemplate,
+    context_block,
+    document_texts,
+    format_documents,
+    qgpm_prompt,
+    question_block,
+)
+
+__all__ = [
+    "QGPMChatModel",
+    "QGPM_METHODS",
+    "clear_engine_cache",
+    "QGPMTopKCompressor",
+    "QGPMReorder",
+    "score_documents",
+    "MiniLMEmbeddings",
+    "qgpm_prompt",
+    "QGPMPromptTemplate",
+    "QGPMDocuments",
+    "format_documents",
+    "document_texts",
+    "context_block",
+    "question_block",
+    "QGPM_ROLE_KEY",
+    "CONTEXT_ROLE",
+    "QUESTION_ROLE",
+]

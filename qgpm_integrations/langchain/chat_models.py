@@ -1,0 +1,546 @@
+"""``QGPMChatModel``: a LangChain chat model that answers with QGPM over a local model.
+
+How the context reaches the model (two ways, usable in any LCEL chain):
+
+1. **Marked prompt** -- the human message holds text content blocks with an extra key
+   ``"qgpm_role"``: ``"context"`` (one block per document) and ``"question"``. Build it
+   with :func:`~qgpm_integrations.langchain.qgpm_prompt`; unmarked text blocks of that
+   message become the instruction, system messages the system prompt.
+2. **Keyword arguments** -- ``llm.invoke(messages, context=docs, question=...)`` or
+   ``llm.bind(context=docs)``: ``context`` is a string, a ``Document`` or a list of
+   strings / ``Document`` objects; ``question`` defaults to the text of the last human
+   message.
+
+Without any context the model is an ordinary local chat model (standard RoPE over the
+model's chat template) and says so: ``response_metadata["qgpm"]["mode"] == "plain"``.
+With context, ``response_metadata["qgpm"]`` holds ``mode == "context"``, the method,
+the top sentences of the relevance ranking with their scores, and timings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterator, Literal, Sequence
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    FunctionMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables.config import run_in_executor
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+
+from .prompts import CONTEXT_ROLE, QGPM_ROLE_KEY, QUESTION_ROLE, document_texts
+
+__all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache"]
+
+QGPM_METHODS: tuple[str, ...] = ("qgpm", "vanilla", "oracle", "topk", "reorder")
+_DEFAULT_NAMES = {"smollm2", "smollm2-135m-instruct"}
+_DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+# Keyword arguments a call may pass (invoke(..., **kw) / bind(**kw)).
+_CALL_KWARGS = frozenset(
+    {
+        "context", "question", "method", "evidence", "system", "instruction", "answer_prefix",
+        "reranker", "k", "qgpm_config", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed",
+        "explain_k", "model", "timeout", "stream",
+    }
+)
+
+# --------------------------------------------------------------------------- engine cache
+
+_ENGINES: dict[tuple, Any] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def _heads_key(heads: Any) -> Any:
+    if heads is None or isinstance(heads, (str, os.PathLike)):
+        return None if heads is None else str(heads)
+    try:
+        return tuple(tuple(int(x) for x in h) for h in heads)
+    except TypeError:
+        return ("object", id(heads))
+
+
+def _model_key(model: str | None) -> str:
+    return "smollm2" if model is None or str(model).lower() in _DEFAULT_NAMES else str(model)
+
+
+def _get_engine(model: str | None, heads: Any) -> Any:
+    """One ``QGPM`` engine per (model, heads) per process (the weights are cached by qgpm)."""
+    key = (_model_key(model), _heads_key(heads))
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            from qgpm import QGPM
+
+            engine = QGPM.from_pretrained(None if key[0] == "smollm2" else key[0], heads=heads)
+            _ENGINES[key] = engine
+        return engine
+
+
+def clear_engine_cache() -> None:
+    """Forget the engines built by chat models (the model weights stay cached by qgpm)."""
+    with _ENGINES_LOCK:
+        _ENGINES.clear()
+
+
+# --------------------------------------------------------------------------- message parsing
+
+
+def _block_text(block: Any) -> str | None:
+    """Text of a content block (None for non-text blocks we may skip)."""
+    if isinstance(block, str):
+        return block
+    if isinstance(block, dict):
+        kind = block.get("type")
+        if kind in (None, "text", "text-plain") and isinstance(block.get("text"), str):
+            return block["text"]
+        if kind in ("reasoning", "thinking"):
+            return None
+        raise ValueError(
+            f"QGPMChatModel reads text only; got a content block of type {kind!r} "
+            "(images, audio, files and tool blocks are not supported)"
+        )
+    raise ValueError(f"unsupported message content item: {type(block).__name__}")
+
+
+def _message_text(msg: BaseMessage) -> str:
+    content = msg.content
+    if isinstance(content, str):
+        return content
+    parts = [t for t in (_block_text(b) for b in content) if t]
+    return "\n".join(parts)
+
+
+def _is_marked(msg: BaseMessage) -> bool:
+    return isinstance(msg.content, list) and any(
+        isinstance(b, dict) and b.get(QGPM_ROLE_KEY) in (CONTEXT_ROLE, QUESTION_ROLE) for b in msg.content
+    )
+
+
+def _role(msg: BaseMessage) -> str:
+    if isinstance(msg, SystemMessage):
+        return "system"
+    if isinstance(msg, HumanMessage):
+        return "user"
+    if isinstance(msg, AIMessage):
+        return "assistant"
+    if isinstance(msg, ChatMessage):
+        return msg.role if msg.role in ("system", "user", "assistant") else "user"
+    if isinstance(msg, (ToolMessage, FunctionMessage)):
+        return "user"
+    return "user"
+
+
+def _plain_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+    out = []
+    for m in messages:
+        text = _message_text(m)
+        if isinstance(m, (ToolMessage, FunctionMessage)):
+            text = f"Tool result: {text}"
+        out.append({"role": _role(m), "content": text})
+    return out
+
+
+def _history_text(messages: Sequence[BaseMessage]) -> str:
+    lines = []
+    for m in messages:
+        text = _message_text(m).strip()
+        if text:
+            lines.append(f"{_role(m).capitalize()}: {text}")
+    return "Conversation so far:\n" + "\n".join(lines) if lines else ""
+
+
+@dataclass
+class _Request:
+    """What one call asks of the engine."""
+
+    mode: Literal["plain", "context"]
+    messages: list[dict[str, str]] = field(default_factory=list)  # plain mode
+    context: list[str] = field(default_factory=list)
+    question: str = ""
+    instruction: str | None = None
+    system: str | None = None
+    source: str = ""  # "prompt" (marked blocks) or "kwargs"
+    reason: str = ""  # why plain mode was chosen
+
+
+def _join(parts: Sequence[str]) -> str | None:
+    text = "\n\n".join(p.strip() for p in parts if p and p.strip())
+    return text or None
+
+
+def _build_request(messages: Sequence[BaseMessage], kw: dict[str, Any]) -> _Request:
+    """Split the messages into context, question, instruction, system and history."""
+    if not messages:
+        raise ValueError("no messages: pass at least one message")
+    systems = [_message_text(m) for m in messages if _role(m) == "system"]
+    marked_idx = next((i for i in range(len(messages) - 1, -1, -1) if _is_marked(messages[i])), None)
+    has_ctx_kw = kw.get("context") is not None
+    question_kw = kw.get("question")
+
+    if has_ctx_kw:
+        context = document_texts(kw["context"])
+        human_idx = next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "user"), None)
+        pivot = marked_idx if marked_idx is not None else human_idx
+        if question_kw is not None:
+            question = str(question_kw)
+        elif marked_idx is not None:
+            question = _marked_parts(messages[marked_idx])[1]
+        elif human_idx is not None:
+            question = _message_text(messages[human_idx])
+        else:
+            question = ""
+        instruction = _marked_parts(messages[marked_idx])[2] if marked_idx is not None else None
+        source = "kwargs"
+    elif marked_idx is not None:
+        ctx, question, instruction = _marked_parts(messages[marked_idx])
+        context = ctx
+        if question_kw is not None:
+            question = str(question_kw)
+        pivot = marked_idx
+        source = "prompt"
+    else:
+        plain = _plain_messages(messages)
+        if question_kw is not None and str(question_kw).strip():
+            plain.append({"role": "user", "content": str(question_kw)})
+        return _Request(mode="plain", messages=plain, reason="no context was marked in the prompt or passed as context=")
+
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError(
+            "question is empty: QGPMChatModel needs a question to rank the context against. Put it in the "
+            "{'qgpm_role': 'question'} block of the prompt (see qgpm_prompt()), pass question=..., or send it as "
+            "the last human message when you pass context=..."
+        )
+    if not context:
+        plain = _plain_messages([m for m in messages if _role(m) == "system"])
+        plain.append({"role": "user", "content": question.strip()})
+        return _Request(mode="plain", messages=plain, question=question.strip(), source=source,
+                        reason="the marked context is empty (no documents)")
+    # Other turns (usually earlier ones) go into the instruction as conversation text.
+    history = [m for i, m in enumerate(messages) if i != pivot and _role(m) != "system"]
+    hist = _history_text(history)
+    instruction = _join([hist, instruction or ""]) if hist else instruction
+    return _Request(mode="context", context=context, question=question.strip(), instruction=instruction,
+                    system=_join(systems), source=source)
+
+
+def _marked_parts(msg: BaseMessage) -> tuple[list[str], str, str | None]:
+    """(context documents, question, instruction) of a marked message.
+
+    Without a question block, the unmarked text is the question (and there is no
+    instruction); with one, the unmarked text is the instruction.
+    """
+    ctx: list[str] = []
+    q: list[str] = []
+    other: list[str] = []
+    for b in msg.content if isinstance(msg.content, list) else [msg.content]:
+        text = _block_text(b)
+        if text is None:
+            continue
+        role = b.get(QGPM_ROLE_KEY) if isinstance(b, dict) else None
+        if role == CONTEXT_ROLE:
+            if text.strip():
+                ctx.append(text)
+        elif role == QUESTION_ROLE:
+            q.append(text)
+        else:
+            other.append(text)
+    if q:
+        return ctx, "\n".join(t.strip() for t in q if t.strip()), _join(other)
+    return ctx, "\n".join(t.strip() for t in other if t.strip()), None
+
+
+# --------------------------------------------------------------------------- the chat model
+
+
+class QGPMChatModel(BaseChatModel):
+    """A local chat model that answers over long contexts with QGPM.
+
+    Build it from a model id/path (``model=``, default the embedded
+    SmolLM2-135M-Instruct) or from an existing engine (``engine=QGPM(...)``; many chat
+    models may share one). Weights load lazily on the first call and are cached per
+    process, so instantiation is cheap.
+
+    Context and question reach QGPM through a marked prompt (:func:`qgpm_prompt`) or
+    ``context=`` / ``question=`` call keyword arguments (``invoke(..., context=docs)``,
+    ``bind(context=docs)``). Other per-call keywords: ``method``, ``evidence`` (oracle),
+    ``reranker`` / ``k`` (topk, reorder), ``system``, ``instruction``,
+    ``answer_prefix``, ``qgpm_config``, ``max_tokens``, ``temperature``, ``top_p``,
+    ``seed``, ``explain_k``, ``model``, ``timeout``. Without context it is a plain chat
+    model.
+
+    Example:
+        >>> llm = QGPMChatModel(method="qgpm", max_tokens=48)
+        >>> chain = ({"context": retriever | format_documents, "question": RunnablePassthrough()}
+        ...          | qgpm_prompt() | llm | StrOutputParser())
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True, protected_namespaces=())
+
+    model: str | None = Field(default=None, description="HF id, local folder or .gguf path; None = embedded SmolLM2-135M-Instruct.")
+    engine: Any = Field(default=None, exclude=True, repr=False, description="An existing qgpm.QGPM engine to use instead of loading `model`.")
+    method: Literal["qgpm", "vanilla", "oracle", "topk", "reorder"] = "qgpm"
+    heads: Any = Field(default=None, description="Head set for pass 1 (see QGPM.from_pretrained); None = the stored set.")
+    qgpm_config: Any = Field(default=None, description="A qgpm.QGPMConfig overriding the engine's settings.")
+    max_tokens: int = Field(default=64, ge=1, alias="max_new_tokens")
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    seed: int | None = None
+    timeout: float | None = Field(default=None, description="Seconds after which generation stops (transformers max_time).")
+    system: str | None = Field(default=None, description="System prompt used in context mode when the messages carry none.")
+    instruction: str | None = Field(default=None, description="Instruction before the context (None = qgpm's default).")
+    answer_prefix: str | None = None
+    reranker: Any = Field(default="bm25", description="Reranker spec or instance for method topk/reorder.")
+    k: int = Field(default=5, ge=1, description="Chunks kept by method='topk'.")
+    explain_k: int = Field(default=5, ge=0, description="Top sentences reported in response_metadata['qgpm'].")
+    streaming: bool = False
+
+    _engine: Any = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_remote_only(cls, values: Any) -> Any:
+        # api_key / max_retries belong to hosted models; this one runs locally, so they are
+        # accepted (the standard tests and drop-in code pass them) and ignored.
+        if isinstance(values, dict):
+            values = {k: v for k, v in values.items() if k not in ("api_key", "max_retries")}
+        return values
+
+    @model_validator(mode="after")
+    def _check(self) -> "QGPMChatModel":
+        if self.engine is not None and (self.model is not None or self.heads is not None):
+            raise ValueError("pass either engine= or model=/heads=, not both")
+        return self
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def _llm_type(self) -> str:
+        return "qgpm-chat"
+
+    @property
+    def model_name(self) -> str:
+        """Name of the model (without loading it)."""
+        if self.engine is not None:
+            return str(self.engine.name)
+        if self.model is None or str(self.model).lower() in _DEFAULT_NAMES:
+            return _DEFAULT_MODEL_NAME
+        return str(self.model)
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "method": self.method,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": self.stop,
+            "heads": _heads_key(self.heads),
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="qgpm",
+            ls_model_name=str(kwargs["model"]) if isinstance(kwargs.get("model"), str) else self.model_name,
+            ls_model_type="chat",
+            ls_temperature=float(kwargs.get("temperature", self.temperature)),
+            ls_max_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
+        )
+        stops = stop or self.stop
+        if stops:
+            params["ls_stop"] = list(stops)
+        return params
+
+    # ------------------------------------------------------------------ engine
+    def get_engine(self, model: str | None = None) -> Any:
+        """The ``qgpm.QGPM`` engine (loaded on first use, shared per process)."""
+        if model is not None and _model_key(model) != _model_key(self.model if self.engine is None else self.engine.name):
+            return _get_engine(model, None)
+        if self.engine is not None:
+            return self.engine
+        if self._engine is None:
+            self._engine = _get_engine(self.model, self.heads)
+        return self._engine
+
+    # ------------------------------------------------------------------ call plumbing
+    def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, _Request, dict[str, Any], dict[str, Any]]:
+        unknown = set(kwargs) - _CALL_KWARGS
+        if unknown:
+            raise TypeError(f"QGPMChatModel got unexpected keyword arguments {sorted(unknown)}; allowed: {sorted(_CALL_KWARGS)}")
+        req = _build_request(messages, kwargs)
+        engine = self.get_engine(kwargs.get("model"))
+        max_tokens = int(kwargs.get("max_tokens", kwargs.get("max_new_tokens", self.max_tokens)))
+        stops = [s for s in (stop if stop is not None else []) if s] + [s for s in (self.stop or []) if s]
+        gen: dict[str, Any] = dict(
+            max_new_tokens=max_tokens,
+            temperature=float(kwargs.get("temperature", self.temperature)),
+            top_p=float(kwargs.get("top_p", self.top_p)),
+            stop=list(dict.fromkeys(stops)) or None,
+            seed=kwargs.get("seed", self.seed),
+        )
+        timeout = kwargs.get("timeout", self.timeout)
+        if timeout:
+            gen["max_time"] = float(timeout)
+        call: dict[str, Any] = {}
+        if req.mode == "context":
+            method = kwargs.get("method", self.method)
+            if method not in QGPM_METHODS:
+                raise ValueError(f"unknown method {method!r}; choose one of {', '.join(QGPM_METHODS)}")
+            call = dict(
+                method=method,
+                system=kwargs.get("system") or req.system or self.system,
+                instruction=kwargs.get("instruction") or req.instruction or self.instruction,
+                answer_prefix=kwargs.get("answer_prefix", self.answer_prefix),
+                config=kwargs.get("qgpm_config", self.qgpm_config),
+            )
+            if method == "oracle":
+                call["evidence"] = kwargs.get("evidence")
+            elif kwargs.get("evidence") is not None:
+                raise ValueError("evidence= is only used with method='oracle'")
+            if method in ("topk", "reorder"):
+                call.update(reranker=kwargs.get("reranker", self.reranker), k=int(kwargs.get("k", self.k)))
+        return engine, req, gen, call
+
+    def _metadata(self, engine: Any, req: _Request, result: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], UsageMetadata]:
+        k = int(kwargs.get("explain_k", self.explain_k))
+        info: dict[str, Any] = {"mode": req.mode}
+        if req.mode == "plain":
+            info["reason"] = req.reason
+        else:
+            info.update(
+                method=result.method,
+                source=req.source,
+                documents=len(req.context),
+                question=req.question,
+                top_sentences=[
+                    {
+                        "rank": s.rank, "text": s.text, "doc": s.doc, "z": s.z,
+                        "broad": round(s.broad, 4), "sharp": round(s.sharp, 4),
+                    }
+                    for s in result.top_sentences(k)
+                ] if k else [],
+                explanation=result.explain(k) if k else "",
+            )
+            if result.edit is not None:
+                info["edit"] = {
+                    "mode": getattr(result.edit, "mode", result.method),
+                    "kept": list(getattr(result.edit, "kept", [])),
+                    "chunks": len(getattr(result.edit, "chunks", [])),
+                }
+            if result.details:
+                info["details"] = dict(result.details)
+        t = result.timings
+        info["timings"] = {
+            "total_s": round(t.total_s, 4), "first_token_s": round(t.first_token_s, 4),
+            "pass1_s": round(t.pass1_s, 4), "edit_s": round(t.edit_s, 4), "decode_s": round(t.decode_s, 4),
+        }
+        meta = {
+            "model_name": str(engine.name),
+            "method": result.method,
+            "finish_reason": result.finish_reason,
+            "qgpm": info,
+        }
+        usage = UsageMetadata(
+            input_tokens=int(result.usage.prompt_tokens),
+            output_tokens=int(result.usage.answer_tokens),
+            total_tokens=int(result.usage.prompt_tokens + result.usage.answer_tokens),
+        )
+        return meta, usage
+
+    # ------------------------------------------------------------------ generation
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        engine, req, gen, call = self._plan(messages, stop, kwargs)
+        if req.mode == "plain":
+            result = engine.chat(req.messages, **gen)
+        else:
+            result = engine.answer(req.context, req.question, **call, **gen)
+        meta, usage = self._metadata(engine, req, result, kwargs)
+        message = AIMessage(content=result.text, response_metadata=meta, usage_metadata=usage)
+        return ChatResult(generations=[ChatGeneration(message=message, generation_info={"finish_reason": result.finish_reason})])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        engine, req, gen, call = self._plan(messages, stop, kwargs)
+        if req.mode == "plain":
+            stream = engine.stream_chat(req.messages, **gen)
+        else:
+            stream = engine.stream(req.context, req.question, **call, **gen)
+        try:
+            for piece in stream:
+                if piece:
+                    yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+        finally:
+            stream.close()
+        result = stream.result
+        meta, usage = self._metadata(engine, req, result, kwargs)
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", response_metadata=meta, usage_metadata=usage, chunk_position="last"),
+            generation_info={"finish_reason": result.finish_reason},
+        )
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        # Generation is CPU/GPU-bound torch work: run it in a worker thread so the event
+        # loop stays free (calls on one model are serialized by qgpm itself).
+        return await run_in_executor(None, self._generate, messages, stop, None, **kwargs)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        # The sync stream runs piece by piece in a worker thread; the event loop only awaits.
+        iterator = self._stream(messages, stop, None, **kwargs)
+        done = object()
+        guard = threading.Lock()  # close() must wait for an in-flight next() (cancellation)
+
+        def step() -> Any:
+            with guard:
+                return next(iterator, done)
+
+        def close() -> None:
+            with guard:
+                iterator.close()
+
+        try:
+            while True:
+                item = await run_in_executor(None, step)
+                if item is done:
+                    break
+                yield item  # type: ignore[misc]
+        finally:
+            # Closing stops generation and joins the worker thread: do it off the loop too.
+            await asyncio.shield(run_in_executor(None, close))
