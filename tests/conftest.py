@@ -11,8 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-# Preliminary heads used only when the shipped head set is absent (never in CI).
-FALLBACK_HEADS = [(14, 3), (15, 6), (18, 6), (18, 7), (23, 7), (7, 7), (17, 4), (18, 8)]
+from qgpm_testing import FALLBACK_HEADS, FAMILIES, tiny_config, tiny_model  # noqa: F401  (re-exported)
 
 
 @pytest.fixture(scope="session")
@@ -36,39 +35,3 @@ def smollm():
     return QGPM.from_pretrained()
 
 
-def tiny_config(family: str, vocab_size: int, **overrides):
-    """A tiny random config of ``family`` (GQA everywhere; Qwen3 has q/k norms)."""
-    import transformers as tf
-
-    common = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        rope_theta=10000.0, tie_word_embeddings=False,
-    )
-    common.update(overrides)
-    cls = {
-        "llama": tf.LlamaConfig,
-        "mistral": tf.MistralConfig,
-        "qwen2": tf.Qwen2Config,
-        "qwen3": tf.Qwen3Config,
-        "granite": tf.GraniteConfig,
-    }[family]
-    if family == "qwen3":
-        common.setdefault("head_dim", 16)
-    if family == "granite":
-        common.update(attention_multiplier=0.3, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=2.0)
-    if family == "mistral":
-        common.setdefault("sliding_window", None)
-    return cls(**common)
-
-
-def tiny_model(family: str, vocab_size: int, seed: int = 0, attn_implementation: str = "eager", **overrides):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = tiny_config(family, vocab_size, **overrides)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn_implementation)
-    return model.eval()
-
-
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "granite"]

@@ -8,7 +8,7 @@ import torch
 from qgpm import QGPM, QGPMConfig
 from qgpm.runtime import apply_plan, decoder_layers
 
-from conftest import FAMILIES, tiny_model
+from qgpm_testing import FAMILIES, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -10,7 +10,7 @@ import torch
 from qgpm import QGPM, ContextTooLongError, PromptError, QGPMConfig, UnsupportedModelError
 from qgpm.runtime import decoder_layers
 
-from conftest import tiny_model
+from qgpm_testing import tiny_model
 
 FILLER = [
     "The morning market opened early and the stalls filled with fresh bread.",

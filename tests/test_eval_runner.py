@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import FALLBACK_HEADS, tiny_model
+from qgpm_testing import FALLBACK_HEADS, tiny_model
 
 from qgpm import QGPM
 from qgpm.config import QGPMConfig

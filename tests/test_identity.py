@@ -8,7 +8,7 @@ import torch
 from qgpm import QGPM, QGPMConfig
 from qgpm.runtime import apply_plan, decoder_layers
 
-from conftest import FAMILIES, tiny_model
+from qgpm_testing import FAMILIES, tiny_model
 
 IDENTITY = QGPMConfig(s_low=1.0)
 STRONG = QGPMConfig(s_low=0.05, eps=0.05)

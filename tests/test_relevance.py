@@ -13,7 +13,7 @@ from qgpm.relevance import Pass1Stats, head_token_logits, sentence_logits
 from qgpm.runtime import decoder_layers
 from qgpm.shaping import fuse_heads
 
-from conftest import tiny_model
+from qgpm_testing import tiny_model
 
 CONTEXT = " ".join(f"Line {i} mentions the number {i * 37 % 101} in passing." for i in range(20)) + " The vault code is 4417."
 QUESTION = "What is the vault code?"
