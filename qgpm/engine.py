@@ -30,7 +30,9 @@ from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .runtime import apply_plan, check_supported, decoder_layers, model_lock, rotary_info
 from .shaping import fuse_heads
 
-__all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream"]
+_PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
+
+__all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream", "PreparedCall"]
 
 Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder"]
 METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder")
@@ -123,8 +125,17 @@ class QGPMResult:
 
 
 @dataclass
-class _Call:
-    """Everything decided before generation: the prompt, the plan (None = standard RoPE)."""
+class PreparedCall:
+    """Everything decided before generation (what :meth:`QGPM.prepare` returns).
+
+    ``prompt``: the tokenized prompt with its role spans and sentences; ``plan``: the
+    position plan (``None`` = standard RoPE: vanilla, topk, reorder); ``relevance``: the
+    per-sentence ranks and map scores; ``edit``: the Top-K / Reorder edit, if any;
+    ``z``: QGPM's fused head relevance per sentence (qgpm only), kept so that
+    :meth:`QGPM.replan` can try other shaping settings without rerunning pass 1;
+    ``config``: the settings the plan was built with. Run it with
+    :meth:`QGPM.generate_prepared`.
+    """
 
     prompt: Prompt | None
     method: str
@@ -134,6 +145,9 @@ class _Call:
     edit: Any
     details: dict[str, Any]
     input_ids: torch.Tensor | None = None
+    z: torch.Tensor | None = None
+    config: QGPMConfig | None = None
+    units: Any = None
 
     def __post_init__(self) -> None:
         if self.input_ids is None:
@@ -142,6 +156,7 @@ class _Call:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[1])
+
 
 
 class _TimingStreamer:
@@ -311,16 +326,92 @@ class QGPM:
         call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens)
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
 
-    def _run_call(self, call: _Call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs) -> QGPMResult:
+    def generate_prepared(
+        self,
+        call: PreparedCall,
+        *,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        seed: int | None = None,
+        score: str | None = None,
+        **generate_kwargs: Any,
+    ) -> QGPMResult:
+        """Generate the answer for a call from :meth:`prepare` (or :meth:`replan`).
+
+        ``score``: a continuation (e.g. the gold answer) whose teacher-forced
+        log-probability under the call's positions is computed in the *same* prefill
+        as the answer (the prompt and ``score`` go through the model once; the cache is
+        cut back to the prompt and generation goes on from it). It lands in
+        ``result.details["score_logprob"]`` (summed over ``score``'s tokens) and
+        ``result.details["score_tokens"]``.
+        """
+        if not isinstance(call, PreparedCall):
+            raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
+        return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score=score)
+
+    def replan(self, call: PreparedCall, config: QGPMConfig) -> PreparedCall:
+        """The same qgpm / oracle call with its position plan rebuilt under ``config``.
+
+        Pass 1 is not rerun: the stored relevance ``z`` (or the oracle's evidence units)
+        is shaped again, so trying many shaping settings (K, T, s_low, eps, c, tau,
+        split layer) costs one pass 1 per prompt. Settings that change pass 1 itself
+        (``max_sentence_chars``, ``query_tail``, ``exclude_newline_tokens``,
+        ``max_heads``) need a new :meth:`prepare`.
+        """
+        if call.method not in ("qgpm", "oracle") or call.z is None or call.prompt is None:
+            raise ValueError(f"replan needs a qgpm or oracle call from QGPM.prepare(), got method={call.method!r}")
+        old = call.config or self.config
+        changed = [f for f in _PASS1_FIELDS if getattr(old, f) != getattr(config, f)]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} change pass 1 or the prompt: call prepare() again with config= instead of replan()")
+        t = time.perf_counter()
+        prompt = call.prompt
+        if call.method == "qgpm":
+            mr = build_plan(prompt.token_sentence, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers)
+            relevance = self._relevance(prompt, mr, call.z)
+        else:
+            mr = build_plan(call.units, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, dense=True)
+            relevance = self._relevance(prompt, mr, None, call.units)
+        plan = mr.plan
+        plan.capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
+        timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
+        details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length)
+        return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
+
+    def _run_call(self, call: PreparedCall, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score: str | None = None) -> QGPMResult:
         streamer = _TimingStreamer()
         gen = self._generate_kwargs(call.input_ids, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
+        ids = call.input_ids.to(self.device)
+        extra: dict[str, Any] = {}
+        if score is not None:
+            score_ids = self.tokenizer(score, add_special_tokens=False)["input_ids"]
+            if not score_ids:
+                raise ValueError("score is empty: pass the continuation to score, e.g. the gold answer")
         t0 = time.perf_counter()
         with apply_plan(self.model, call.plan), torch.inference_mode():
-            out = self.model.generate(call.input_ids.to(self.device), streamer=streamer, **gen)
+            if score is not None:
+                from transformers import DynamicCache
+
+                cache = DynamicCache(config=self.model.config)
+                full = torch.cat([ids, torch.tensor([score_ids], device=ids.device)], dim=1)
+                keep = len(score_ids) + 1  # the last prompt row and the score rows (no N x vocab logits)
+                logits = self.model(input_ids=full, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(self.model.forward): cache}).logits[0, -keep:]
+                logp = torch.log_softmax(logits[:-1].float(), dim=-1)
+                extra["score_logprob"] = float(logp.gather(1, torch.tensor(score_ids, device=logp.device).unsqueeze(1)).sum())
+                extra["score_tokens"] = len(score_ids)
+                extra["score_s"] = time.perf_counter() - t0
+                cache.crop(-keep)  # back to the prompt minus its last token, which generation recomputes
+                gen[_cache_kwarg(self.model.forward)] = cache  # generate takes the name forward takes
+            out = self.model.generate(ids, streamer=streamer, **gen)
         t1 = time.perf_counter()
         new = out[0, call.num_tokens :].tolist()
         text, reason = self._finish_text(new, stop, max_new_tokens)
-        return self._result(call, text, reason, len(new), t0, streamer.first_token_at, t1)
+        res = self._result(call, text, reason, len(new), t0, streamer.first_token_at, t1)
+        if extra:
+            res.details = dict(res.details, **extra)
+        return res
 
     def chat(
         self,
@@ -346,7 +437,7 @@ class QGPM:
         call = self._plain_call(messages, kwargs.get("max_new_tokens", 64))
         return AnswerStream(self, None, None, kwargs, call=call)
 
-    def _plain_call(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> _Call:
+    def _plain_call(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> PreparedCall:
         msgs = [dict(role=str(m["role"]), content=str(m["content"])) for m in messages]
         if not msgs or not any(m["content"].strip() for m in msgs):
             raise ValueError("messages are empty: pass at least one message with text")
@@ -362,7 +453,7 @@ class QGPM:
                 f"the prompt is {ids.shape[1]} tokens and max_new_tokens is {max_new_tokens}: more than the model "
                 f"window of {window} tokens. Shorten the messages or lower max_new_tokens."
             )
-        return _Call(None, "plain", None, [], Timings(), None, {}, input_ids=ids)
+        return PreparedCall(None, "plain", None, [], Timings(), None, {}, input_ids=ids)
 
     def stream(self, context: str | Sequence[str], question: str, **kwargs: Any) -> "AnswerStream":
         """Like :meth:`answer`, but yields the answer text piece by piece.
@@ -373,7 +464,7 @@ class QGPM:
         """
         return AnswerStream(self, context, question, kwargs)
 
-    def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> _Call:
+    def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
         """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
         keys = ("method", "evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "max_new_tokens")
         defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, 5, None, 0)
@@ -405,7 +496,7 @@ class QGPM:
         if method == "qgpm" and self.head_set is None:
             raise self._head_error or HeadSetMissingError("no head set")
 
-    def _prepare(self, context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens) -> _Call:
+    def _prepare(self, context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens) -> PreparedCall:
         self._check_ready(method)
         cfg = config or self.config
         timings = Timings()
@@ -446,6 +537,7 @@ class QGPM:
             plan.capacity = capacity
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads))
+            return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg)
         elif method == "oracle":
             if not evidence:
                 raise ValueError("method='oracle' needs evidence=[exact substrings of the context]")
@@ -458,7 +550,8 @@ class QGPM:
             plan.capacity = capacity
             relevance = self._relevance(prompt, mr, None, units)
             details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length)
-        return _Call(prompt, method, plan, relevance, timings, edit, details)
+            return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=rel, config=cfg, units=units)
+        return PreparedCall(prompt, method, plan, relevance, timings, edit, details, config=cfg)
 
     def _check_length(self, prompt: Prompt, max_new_tokens: int) -> None:
         window = self.max_length
@@ -542,7 +635,7 @@ class QGPM:
         text, hit = _cut_at_stop(text, [s for s in stop or [] if s])
         return text.strip(), "stop" if hit else reason
 
-    def _result(self, call: _Call, text: str, reason: str, n_new: int, t0: float, first: float | None, t1: float) -> QGPMResult:
+    def _result(self, call: PreparedCall, text: str, reason: str, n_new: int, t0: float, first: float | None, t1: float) -> QGPMResult:
         tm = call.timings
         first = first if first is not None else t1
         tm.prefill_s = first - t0
@@ -552,6 +645,17 @@ class QGPM:
             text=text, method=call.method, relevance=call.relevance,
             usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=call.details,
         )
+
+
+def _cache_kwarg(fn) -> str:
+    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (older), whichever ``fn`` takes."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
@@ -567,7 +671,7 @@ class AnswerStream:
     exception there is re-raised here. Closing the stream early stops generation.
     """
 
-    def __init__(self, engine: QGPM, context, question, kwargs: dict[str, Any], call: _Call | None = None) -> None:
+    def __init__(self, engine: QGPM, context, question, kwargs: dict[str, Any], call: PreparedCall | None = None) -> None:
         self.engine = engine
         self._args = (context, question, kwargs)
         self._call = call

@@ -234,3 +234,48 @@ def test_topk_and_reorder_through_the_engine(tiny):
     assert sorted(ro.edit.order) == list(range(len(ro.edit.chunks)))
     assert ro.edit.order[-1] == best  # the best chunk ends right before the question
     assert ro.edit.text.rstrip().endswith(ro.edit.chunks[best].text)
+
+
+# ----------------------------------------------------------------------------- prepared calls
+@pytest.mark.parametrize("method", ["vanilla", "qgpm", "oracle"])
+def test_generate_prepared_scores_in_the_same_prefill(tiny, method):
+    """One prefill gives both the answer and the gold log-prob: equal to answer() and answer_logprob()."""
+    ctx = needle_context()
+    kw = dict(method=method, evidence=[NEEDLE] if method == "oracle" else None)
+    call = tiny.prepare(ctx, QUESTION, max_new_tokens=8, **kw)
+    res = tiny.generate_prepared(call, max_new_tokens=8, score=" tangerine")
+    ref = tiny.answer(ctx, QUESTION, max_new_tokens=8, **kw)
+    lp = tiny.answer_logprob(ctx, QUESTION, " tangerine", **kw)
+    assert res.text == ref.text and res.usage.answer_tokens == ref.usage.answer_tokens
+    assert res.details["score_logprob"] == pytest.approx(lp, abs=1e-4)
+    assert res.details["score_tokens"] == len(tiny.tokenizer(" tangerine", add_special_tokens=False)["input_ids"])
+    assert no_hooks(tiny.model)
+
+
+def test_generate_prepared_rejects_bad_input(tiny):
+    call = tiny.prepare(needle_context(), QUESTION, method="vanilla")
+    with pytest.raises(ValueError, match="score is empty"):
+        tiny.generate_prepared(call, max_new_tokens=4, score="")
+    with pytest.raises(TypeError, match="PreparedCall"):
+        tiny.generate_prepared("not a call", max_new_tokens=4)
+
+
+def test_replan_equals_prepare_with_that_config(tiny):
+    """replan() reshapes the stored pass-1 relevance: same plan as a fresh prepare(config=...)."""
+    ctx = needle_context()
+    cfg = QGPMConfig(s_low=0.4, k_sharp=1.0, anchor_ratio=0.5)
+    for method, ev in (("qgpm", None), ("oracle", [NEEDLE])):
+        base = tiny.prepare(ctx, QUESTION, method=method, evidence=ev, max_new_tokens=8)
+        again = tiny.replan(base, cfg)
+        fresh = tiny.prepare(ctx, QUESTION, method=method, evidence=ev, max_new_tokens=8, config=cfg)
+        assert again.config == cfg and [r.rank for r in again.relevance] == [r.rank for r in fresh.relevance]
+        a = tiny.generate_prepared(again, max_new_tokens=6, score=" tangerine")
+        b = tiny.generate_prepared(fresh, max_new_tokens=6, score=" tangerine")
+        assert a.text == b.text and a.details["score_logprob"] == pytest.approx(b.details["score_logprob"], abs=1e-5)
+        assert again.plan.layer_map == fresh.plan.layer_map
+        assert all(torch.equal(x, y) for x, y in zip(again.plan.positions, fresh.plan.positions))
+    vanilla = tiny.prepare(ctx, QUESTION, method="vanilla")
+    with pytest.raises(ValueError, match="qgpm or oracle"):
+        tiny.replan(vanilla, cfg)
+    with pytest.raises(ValueError, match="max_heads"):
+        tiny.replan(tiny.prepare(ctx, QUESTION, method="qgpm"), QGPMConfig(s_low=0.1, max_heads=1))

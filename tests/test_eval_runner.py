@@ -308,35 +308,38 @@ def test_merge_dedupes_and_prefers_successful_rows(tmp_path):
 
 def test_tune_caches_pass1_and_writes_summary(tiny_engine, tmp_path, monkeypatch):
     from qgpm.eval import tune as tune_mod
-    from qgpm.eval.tune import Pass1Cache, load_config, qgpm_call, tune
+    from qgpm.eval.tune import Pass1Cache, load_config, tune
 
     grid = {"k_sharp": [1.0, 2.0], "s_low": [0.1, 0.3]}
     base = QGPMConfig(**HARD)
     summary = tune(tiny_engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0, 1.0], n=1, out_dir=tmp_path,
-                   grid=grid, base_config=base, max_new_tokens=NEW, progress=False, command="test")
+                   grid=grid, base_config=base, max_new_tokens=NEW, progress=False, command="test", oracle=True)
     assert summary["trials"] == 4  # base (k_sharp=2, s_low=0.1) + 3 others
     assert summary["pass1_runs"] == 2  # once per sample, not per trial
     assert summary["split"] == "dev" and summary["seeds"] == [split_seed("dev", 0)] * 2
     trials = [json.loads(x) for x in (tmp_path / "trials.jsonl").read_text().splitlines()]
     assert len(trials) == 4 and trials[0]["changes"] == {}
+    assert all(t["oracle"]["n"] == 2 and t["oracle"]["mean_logprob"] is not None for t in trials)
     assert all(t["n"] == 2 and t["errors"] == 0 and t["mean_logprob"] is not None for t in trials)
     md = (tmp_path / "tune_summary.md").read_text()
-    assert "dev" in md and "provenance=" in md and "command: `test`" in md
+    assert "dev" in md and "provenance=" in md and "command: `test`" in md and "oracle acc %" in md
     best = load_config(tmp_path / "best_config.json")
     assert "tuned on the dev split" in best.provenance
     rows = [json.loads(x) for x in (tmp_path / "tune_rows.jsonl").read_text().splitlines()]
-    assert len(rows) == 2 * (4 + 1) and all(r["split"] == "dev" for r in rows)
+    assert len(rows) == 2 * (4 + 4 + 1) and all(r["split"] == "dev" for r in rows)
 
     # resume: nothing recomputed
     monkeypatch.setattr(tune_mod, "_answer_cached", lambda *a, **k: pytest.fail("recomputed a done trial"))
     tune(tiny_engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0, 1.0], n=1, out_dir=tmp_path,
-         grid=grid, base_config=base, max_new_tokens=NEW, progress=False)
+         grid=grid, base_config=base, max_new_tokens=NEW, progress=False, oracle=True)
 
     # the cached plan is the engine's plan
     s = generate("niah_multikey_1", n=1, length=LENGTH, tokenizer=tiny_engine.tokenizer, seed=split_seed("dev", 0), depths=[0.5], max_new_tokens=NEW)[0]
     cfg = QGPMConfig(k_sharp=1.0, s_low=0.3, **HARD)
-    prompt, z, _ = Pass1Cache(tiny_engine).get(s, cfg)
-    mine = qgpm_call(tiny_engine, prompt, z, cfg).plan
+    cache = Pass1Cache(tiny_engine)
+    cache.call(s, QGPMConfig(**HARD), "qgpm")  # cached under another shaping config: replanned below
+    mine = cache.call(s, cfg, "qgpm").plan
+    assert cache.misses == 1
     ref = tiny_engine.prepare(s.context, s.question, method="qgpm", instruction=s.instruction, template=s.template,
                               answer_prefix=s.answer_prefix, config=cfg).plan
     assert mine.layer_map == ref.layer_map

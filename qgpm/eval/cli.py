@@ -108,7 +108,7 @@ def register(subparsers) -> None:
     p.add_argument("--k", type=int, default=5, help="chunks kept by topk (default 5)")
     _config_args(p)
     p.add_argument("--out", required=True, help="output folder (resumed if it holds rows)")
-    p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob pass (one forward less per answer)")
+    p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob (scored in the answer's own prefill; saves little)")
     p.add_argument("--no-resume", dest="resume", action="store_false", help="start afresh (deletes the folder's rows)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.add_argument("--shard", default=None, help="manual sharding i/N (separate jobs); accelerate launch shards by itself")
@@ -127,6 +127,7 @@ def register(subparsers) -> None:
     p.add_argument("--objective", choices=["accuracy", "logprob", "guarded"], default="accuracy",
                    help="accuracy (tie-break: gold log-prob), logprob, or guarded (no task below vanilla first)")
     p.add_argument("--guard", type=float, default=0.0, help="tolerated per-task accuracy drop vs vanilla for --objective guarded (fraction)")
+    p.add_argument("--oracle", action="store_true", help="also answer every trial with the Oracle (evidence labels in place of the heads)")
     p.add_argument("--out", required=True)
     p.add_argument("--no-logprob", dest="logprob", action="store_false")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -204,7 +205,7 @@ def main_tune(args) -> int:
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, out_dir=args.out,
         grid=parse_grid(args.grid) if args.grid else None, trials=args.trials, search_seed=args.search_seed, base_config=base,
         split=args.split, objective=args.objective, guard=args.guard, logprob=args.logprob, progress=args.progress,
-        haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=_command(args),
+        haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=_command(args), oracle=args.oracle,
     )
     b, v = summary["best"], summary["vanilla"]
     print(f"best trial #{b['trial']}: acc {100 * (b['acc'] or 0):.1f}% (vanilla {100 * (v['acc'] or 0):.1f}%), changes {b['changes']}")

@@ -74,6 +74,7 @@ __all__ = [
     "load_engine",
     "parse_heads",
     "gold_continuation",
+    "prepare_kwargs",
     "answer_sample",
     "ROWS_FILE",
     "MANIFEST_FILE",
@@ -271,32 +272,6 @@ def prepare_kwargs(sample: EvalSample, method: str, *, config=None, reranker: An
     return kw
 
 
-def run_prepared(engine, call, max_new_tokens: int):
-    """Greedy generation for a prepared call (what ``engine.answer`` does after ``_prepare``)."""
-    return engine._run_call(call, max_new_tokens, 0.0, 1.0, None, None, {})
-
-
-@torch.inference_mode()
-def prepared_logprob(engine, call, answer: str) -> float:
-    """Teacher-forced log-prob of ``answer`` after a prepared call's prompt, under its plan
-    (what ``engine.answer_logprob`` computes, without redoing the edit and pass 1)."""
-    from qgpm.runtime import apply_plan
-
-    ans = engine.tokenizer(answer, add_special_tokens=False)["input_ids"]
-    if not ans:
-        raise ValueError("answer is empty")
-    ids = torch.cat([call.input_ids, torch.tensor([ans])], dim=1).to(engine.device)
-    keep = len(ans) + 1  # logits of the last prompt token and the answer tokens only (no N x vocab matrix)
-    with apply_plan(engine.model, call.plan):
-        try:
-            logits = engine.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[0]
-        except TypeError:  # a model class without logits_to_keep
-            logits = engine.model(input_ids=ids, use_cache=False).logits[0]
-    logits = logits[-keep:]
-    logp = torch.log_softmax(logits[:-1].float(), dim=-1)  # rows n-1 .. n+len-2 predict the answer
-    return float(logp.gather(1, torch.tensor(ans, device=logp.device).unsqueeze(1)).sum())
-
-
 def _evidence_rank(call, sample: EvalSample) -> int | None:
     """Best (0-based) QGPM rank of a sentence holding evidence, or None."""
     if not call.relevance or call.prompt is None:
@@ -311,33 +286,34 @@ def _evidence_rank(call, sample: EvalSample) -> int | None:
     return min((ranks[g] for g in gold if g in ranks), default=None)
 
 
-def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5, logprob: bool = True) -> dict:
+def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5, logprob: bool = True, call=None) -> dict:
     """Answer one sample with one method; the measured part of a row.
 
-    One ``engine.prepare`` (edit, pass 1, plan) serves both the generated answer and the
-    gold log-prob, so pass 1 and the reranker run once per (sample, method).
+    One :meth:`QGPM.prepare` (edit, pass 1, plan) and one prefill serve both the
+    generated answer and the gold log-prob (:meth:`QGPM.generate_prepared` with
+    ``score=``). ``call``: an already prepared call for this sample (e.g. from
+    :meth:`QGPM.replan`), used instead of preparing one.
     """
     t0 = time.perf_counter()
-    call = engine.prepare(sample.context, sample.question, **prepare_kwargs(sample, method, config=config, reranker=reranker, k=k))
-    res = run_prepared(engine, call, sample.max_new_tokens)
-    lp, lp_s = None, 0.0
-    if logprob:
-        t = time.perf_counter()
-        lp = prepared_logprob(engine, call, gold_continuation(sample))
-        lp_s = time.perf_counter() - t
+    if call is None:
+        call = engine.prepare(sample.context, sample.question, **prepare_kwargs(sample, method, config=config, reranker=reranker, k=k))
+    t_run = time.perf_counter()
+    res = engine.generate_prepared(call, max_new_tokens=sample.max_new_tokens, score=gold_continuation(sample) if logprob else None)
     tm = res.timings
     out = {
         "answer": res.text,
         "correct": bool(is_correct(sample.metric, res.text, sample.answers)),
         "score": float(score(sample.metric, res.text, sample.answers)),
-        "logprob_gold": lp,
+        "logprob_gold": res.details.get("score_logprob"),
         "prompt_tokens": res.usage.prompt_tokens,
         "answer_tokens": res.usage.answer_tokens,
         "finish_reason": res.finish_reason,
+        # prefill_s includes the gold tokens scored in the same forward (logprob_s of it)
         "timings": {
             "edit_s": round(tm.edit_s, 4), "pass1_s": round(tm.pass1_s, 4), "plan_s": round(tm.plan_s, 4),
             "prefill_s": round(tm.prefill_s, 4), "decode_s": round(tm.decode_s, 4), "answer_s": round(tm.total_s, 4),
-            "logprob_s": round(lp_s, 4), "wall_s": round(time.perf_counter() - t0, 4),
+            "logprob_s": round(res.details.get("score_s", 0.0), 4), "run_s": round(time.perf_counter() - t_run, 4),
+            "wall_s": round(time.perf_counter() - t0, 4),
         },
     }
     if method == "qgpm":

@@ -48,11 +48,9 @@ from qgpm.eval.runner import (
     _norm_depth,
     answer_sample,
     config_hash,
-    gold_continuation,
     method_fingerprint,
-    prepared_logprob,
     row_key,
-    run_prepared,
+    prepare_kwargs,
     work_items,
 )
 from qgpm.eval.scoring import is_correct, score
@@ -66,7 +64,6 @@ __all__ = [
     "expand_grid",
     "parse_grid",
     "Pass1Cache",
-    "qgpm_call",
     "load_config",
 ]
 
@@ -180,76 +177,40 @@ def _changes(cfg: QGPMConfig, base: QGPMConfig) -> dict:
 
 
 class Pass1Cache:
-    """Prompt and fused head relevance ``z`` per (sample, pass-1 settings).
+    """One prepared call per (sample, method, pass-1 settings); trials only :meth:`QGPM.replan` it.
 
-    Mirrors the qgpm branch of ``QGPM._prepare``: ``build_prompt`` -> ``head_token_logits``
-    -> ``sentence_logits`` -> ``fuse_heads``; only the plan is rebuilt per config.
+    For ``qgpm`` the cached call holds the prompt and the fused head relevance ``z``
+    (pass 1 ran once); for ``oracle`` the evidence units. Changing a pass-1 field
+    (``max_sentence_chars``, ``query_tail``, ``exclude_newline_tokens``, ``max_heads``)
+    makes a new entry; ``misses`` counts the qgpm pass-1 runs.
     """
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self._cache: dict[tuple, tuple[Any, torch.Tensor, float]] = {}
+        self._cache: dict[tuple, Any] = {}
         self.misses = 0
 
     @staticmethod
-    def _key(sample: EvalSample, cfg: QGPMConfig) -> tuple:
-        return (sample.task, sample.length, _norm_depth(sample.depth), sample.seed, sample.index) + tuple(getattr(cfg, f) for f in PASS1_FIELDS)
+    def _key(sample: EvalSample, cfg: QGPMConfig, method: str) -> tuple:
+        return (method, sample.task, sample.length, _norm_depth(sample.depth), sample.seed, sample.index) + tuple(getattr(cfg, f) for f in PASS1_FIELDS)
 
-    def get(self, sample: EvalSample, cfg: QGPMConfig):
-        key = self._key(sample, cfg)
+    def call(self, sample: EvalSample, cfg: QGPMConfig, method: str = "qgpm"):
+        """The prepared ``method`` call for ``sample`` with its plan built under ``cfg``."""
+        key = self._key(sample, cfg, method)
         hit = self._cache.get(key)
         if hit is None:
-            from qgpm.prompt import PromptSpec, build_prompt
-            from qgpm.relevance import head_token_logits, sentence_logits
-            from qgpm.shaping import fuse_heads
-
-            eng = self.engine
-            eng._check_ready("qgpm")
-            t = time.perf_counter()
-            spec = PromptSpec(context=sample.context, question=sample.question, instruction=sample.instruction, system=None,
-                              answer_prefix=sample.answer_prefix, template=sample.template)
-            prompt = build_prompt(eng.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail)
-            eng._check_length(prompt, sample.max_new_tokens)
-            heads = eng.head_set.top(cfg.max_heads).heads
-            tl = head_token_logits(eng.model, prompt.input_ids, heads, prompt.query_rows)
-            sl = sentence_logits(tl, prompt.token_sentence, len(prompt.sentences), prompt.newline_tokens if cfg.exclude_newline_tokens else None)
-            z = fuse_heads(sl)
-            hit = (prompt, z, time.perf_counter() - t)
+            hit = self.engine.prepare(sample.context, sample.question, **prepare_kwargs(sample, method, config=cfg))
             self._cache[key] = hit
-            self.misses += 1
-        return hit
+            self.misses += int(method == "qgpm")
+            return hit
+        return hit if hit.config == cfg else self.engine.replan(hit, cfg)
 
 
-def qgpm_call(engine, prompt, z: torch.Tensor, cfg: QGPMConfig, pass1_s: float = 0.0):
-    """A prepared qgpm call (the engine's ``_Call``) from a cached prompt and ``z``."""
-    from qgpm.engine import Timings, _Call
-    from qgpm.plan import build_plan
-
-    t = time.perf_counter()
-    mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=engine.rotary, n_layers=engine.n_layers)
-    tm = Timings(pass1_s=pass1_s, plan_s=time.perf_counter() - t)
-    relevance = engine._relevance(prompt, mr, z)
-    return _Call(prompt, "qgpm", mr.plan, relevance, tm, None, {})
-
-
-def _answer_cached(engine, cache: Pass1Cache, sample: EvalSample, cfg: QGPMConfig, logprob: bool) -> dict:
-    t0 = time.perf_counter()
-    prompt, z, p1 = cache.get(sample, cfg)
-    call = qgpm_call(engine, prompt, z, cfg, p1)
-    res = run_prepared(engine, call, sample.max_new_tokens)
-    lp = prepared_logprob(engine, call, gold_continuation(sample)) if logprob else None
-    from qgpm.eval.runner import _evidence_rank
-
-    return {
-        "answer": res.text,
-        "correct": bool(is_correct(sample.metric, res.text, sample.answers)),
-        "score": float(score(sample.metric, res.text, sample.answers)),
-        "logprob_gold": lp,
-        "prompt_tokens": res.usage.prompt_tokens,
-        "answer_tokens": res.usage.answer_tokens,
-        "evidence_rank": _evidence_rank(call, sample),
-        "timings": {"pass1_s": round(p1, 4), "wall_s": round(time.perf_counter() - t0, 4)},
-    }
+def _answer_cached(engine, cache: Pass1Cache, sample: EvalSample, cfg: QGPMConfig, logprob: bool, method: str = "qgpm") -> dict:
+    call = cache.call(sample, cfg, method)
+    row = answer_sample(engine, sample, method, config=cfg, logprob=logprob, call=call)
+    row["timings"]["wall_s"] = round(row["timings"]["wall_s"] + call.timings.pass1_s + call.timings.plan_s, 4)
+    return row
 
 
 # ----------------------------------------------------------------------------- summaries
@@ -328,13 +289,17 @@ def tune(
     haystack: Any = None,
     max_new_tokens: int | None = None,
     command: str | None = None,
+    oracle: bool = False,
 ) -> dict:
     """Search QGPM configs on dev samples; returns the summary (also written to ``out_dir``).
 
     ``grid`` maps config fields to candidate values (default :data:`DEFAULT_GRID`); with
     ``trials`` set, that many grid points are drawn at random (``search_seed``), the base
     config always being trial 0. ``split`` must be ``"dev"``: tuning on test samples would
-    leak into the reported numbers.
+    leak into the reported numbers. ``oracle=True`` also answers every trial with the
+    Oracle (the same shaping with the generator's evidence labels in place of the
+    heads' ranking): the gap between the two separates head-signal errors from what
+    the position remapping itself can give on this model.
     """
     if split != "dev":
         raise ValueError(f"tuning runs on the dev split only (got split={split!r}); test samples must stay unseen")
@@ -364,6 +329,7 @@ def tune(
     fp = lambda m, c=None: method_fingerprint(engine, m, config=c, max_new_tokens=max_new_tokens, haystack=haystack)  # noqa: E731
     van_hash = config_hash(fp("vanilla"))
     hashes = [config_hash(fp("qgpm", c)) for c in configs]
+    o_hashes = [config_hash(fp("oracle", c)) for c in configs] if oracle else []
     rows_path = out / TUNE_ROWS
     existing: dict[tuple, dict] = {}
     if rows_path.is_file():
@@ -375,7 +341,7 @@ def tune(
             if not r.get("error"):
                 existing[row_key(r)] = r
 
-    todo = sum(1 for s in samples for m, h in [("vanilla", van_hash)] + [("qgpm", h) for h in hashes]
+    todo = sum(1 for s in samples for m, h in [("vanilla", van_hash)] + [("qgpm", h) for h in hashes] + [("oracle", h) for h in o_hashes]
                if (s.task, s.length, _norm_depth(s.depth), s.seed, m, h) not in existing)
     bar = None
     if progress:
@@ -415,6 +381,10 @@ def tune(
         for t_i, (cfg, h) in enumerate(zip(configs, hashes)):
             rows = [run_one(s, "qgpm", h, lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob)) for s in samples]
             summ = _trial_summary(rows, van)
+            if oracle:
+                o_rows = [run_one(s, "oracle", o_hashes[t_i], lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob, "oracle")) for s in samples]
+                o = _trial_summary(o_rows, van)
+                summ["oracle"] = {k: o[k] for k in ("n", "acc", "mean_logprob", "logprob_vs_vanilla", "delta_vs_vanilla", "b", "c", "mcnemar_p", "groups")}
             summ.update(trial=t_i, config_hash=h, changes=_changes(cfg, base), config=_cfg_fields(cfg))
             results.append(summ)
             if bar is not None:
@@ -441,7 +411,7 @@ def tune(
         "model": engine.name, "dtype": _engine_dtype(engine), "heads": [list(h) for h in engine.heads],
         "split": split, "tasks": list(tasks), "lengths": list(lengths), "depths": depths, "n": n,
         "samples": len(samples), "seeds": [seeds[0], seeds[-1]], "objective": objective, "guard": guard,
-        "grid": grid, "trials": len(configs), "invalid_grid_points": len(invalid), "search_seed": search_seed,
+        "grid": grid, "trials": len(configs), "oracle": oracle, "invalid_grid_points": len(invalid), "search_seed": search_seed,
         "vanilla": {"acc": van_acc, "mean_logprob": van_lp, "config_hash": van_hash},
         "best": best, "best_config": dataclasses.asdict(best_cfg), "base_config": _cfg_fields(base),
         "sensitivity": {"acc_min": min(acc_values) if acc_values else None, "acc_max": max(acc_values) if acc_values else None},
@@ -485,14 +455,18 @@ def _summary_md(summary: dict, ranked: list[dict], base: QGPMConfig) -> str:
         "Evaluate it on the test split: `qgpm eval ... --config best_config.json` (this folder).",
         "",
         "## All trials (best first)", "",
-        "| # | hash | changes vs base | acc % | Δ vanilla | worst task Δ | b/c | mean logp | Δlogp | evid. MRR | " + " | ".join(groups) + " |",
-        "|" + "---|" * (10 + len(groups)),
+        "| # | hash | changes vs base | acc % | Δ vanilla | worst task Δ | b/c | mean logp | Δlogp | evid. MRR | " + " | ".join(groups)
+        + (" | oracle acc % | oracle Δlogp" if summary.get("oracle") else "") + " |",
+        "|" + "---|" * (10 + len(groups) + (2 if summary.get("oracle") else 0)),
     ]
     for t in ranked:
         cells = [str(t["trial"]), f"`{t['config_hash'][:8]}`", f"`{json.dumps(t['changes'])}`", _fmt(t["acc"], pct=True),
                  _fmt(t["delta_vs_vanilla"], pct=True, signed=True), _fmt(t["worst_group_delta"], pct=True, signed=True),
                  f"{t['b']}/{t['c']}", _fmt(t["mean_logprob"]), _fmt(t["logprob_vs_vanilla"]), _fmt(t["evidence_mrr"])]
         cells += [_fmt(t["groups"].get(g, {}).get("acc"), pct=True) for g in groups]
+        if summary.get("oracle"):
+            o = t.get("oracle") or {}
+            cells += [_fmt(o.get("acc"), pct=True), _fmt(o.get("logprob_vs_vanilla"))]
         md.append("| " + " | ".join(cells) + " |")
     md += ["", f"Base config: `{json.dumps(summary['base_config'])}`", ""]
     return "\n".join(md)
