@@ -469,3 +469,34 @@ def test_real_model_smoke_every_task(tmp_path):
     # a 1K prompt is easy for SmolLM2 on some tasks: a harness bug that scores nothing fails here
     assert sum(r["correct"] for r in rows) >= 2
     assert "## Accuracy" in (out / "report.md").read_text()
+
+
+def test_targets_and_diagnosis_on_hand_made_rows(tmp_path):
+    from qgpm.eval.targets import check_targets, diagnose
+
+    rows = _hand_rows()
+    for r in rows:
+        if r["method"] == "qgpm":
+            r["evidence_rank"] = 0 if r["seed"] < 10 else 3
+    rows += [dict(r, method="oracle", config_hash="o0", correct=True, score=1.0) for r in rows if r["method"] == "vanilla"]
+    for i in range(4):  # a guard task where qgpm equals vanilla
+        base = dict(task="qa_1", length=1024, depth=0.5, seed=100 + i, index=i, split="test", score=1.0, correct=i % 2 == 0, logprob_gold=-1.0)
+        rows += [dict(base, method=m, config_hash=m[0] + "0") for m in ("vanilla", "qgpm", "oracle")]
+    checks = {(c.task, c.target.split(":")[0] if ":" in c.target else c.target, c.threshold): c for c in check_targets(rows, n_boot=2000)}
+    gain = checks[("niah_multikey_1", "retrieval", "≥ +10")]
+    assert gain.pairs == 20 and gain.value == pytest.approx(40.0) and gain.met
+    mid = checks[("niah_multikey_1", "retrieval", "McNemar p < 0.05, b > c")]
+    assert mid.pairs == 10 and "b/c = 4/1" in mid.detail and mid.met is False  # odd seeds are the 0.5-depth samples
+    assert checks[("niah_multikey_1", "qgpm − oracle ≥ −2 pts", "≥ −2")].value == pytest.approx(-25.0)
+    assert checks[("niah_multikey_1", "qgpm − oracle ≥ −2 pts", "≥ −2")].met is False
+    guard = checks[("qa_1", "guard", "≥ −1")]
+    assert guard.value == 0.0 and guard.met
+    d = {x["task"]: x for x in diagnose(rows, n_boot=2000)}["niah_multikey_1"]
+    assert d["evidence_top1"] == 0.5 and d["evidence_mrr"] == pytest.approx((10 * 1 + 10 * 0.25) / 20)
+    assert d["oracle_delta"] == pytest.approx(65.0)
+    # seeds 0-9: 6 both right, 4 qgpm only -> +40; seeds 10-19: 5 qgpm only, 1 vanilla only, 4 both wrong -> +40
+    assert d["n_top1"] == 10 and d["qgpm_delta_top1"] == pytest.approx(40.0) and d["qgpm_delta_rest"] == pytest.approx(40.0)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report(tmp_path, plots=False).read_text()
+    assert "## Targets" in text and "## Diagnosis: head signal vs position remapping" in text
+    assert json.loads((tmp_path / "stats.json").read_text())["targets"]

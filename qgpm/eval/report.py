@@ -8,7 +8,8 @@ run's settings), so it can be rerun at any time, e.g. after a resumed run.
 Files written in ``out_dir``: ``report.md`` (tables: task x length x method accuracy with
 Wilson 95 % CI; all tasks pooled; paired differences vs vanilla with bootstrap CI and
 exact McNemar p; per-depth accuracy and paired tables; gold log-prob; QGPM/Top-K
-diagnostics; timings), ``stats.json`` (the same numbers) and ``plots/depth_<task>_<length>.png``.
+diagnostics; the issue's targets and the head-signal vs remapping diagnosis
+(:mod:`qgpm.eval.targets`); timings), ``stats.json`` (the same numbers) and ``plots/depth_<task>_<length>.png``.
 """
 
 from __future__ import annotations
@@ -242,6 +243,13 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
                "qgpm: MRR and top-1 rate of the evidence sentence under the head relevance ranking; "
                "topk: share of samples whose evidence survived the edit.", ""]
         md += _table(["task", "length", "method", "n", "evidence MRR", "evidence top-1 %", "evidence kept %"], diag) + [""]
+
+    from qgpm.eval.targets import check_targets, diagnose, targets_markdown
+
+    md += targets_markdown(rows, baseline=baseline, n_boot=n_boot, seed=seed)
+    summary["targets"] = [c.to_dict() for c in check_targets(rows, baseline=baseline, n_boot=n_boot, seed=seed)]
+    summary["diagnosis"] = diagnose(rows, baseline=baseline, n_boot=n_boot, seed=seed)
+    (out / STATS_FILE).write_text(json.dumps(summary, indent=1, default=str) + "\n")
 
     md += ["## Cost (means per answer)", ""]
     body = []
