@@ -30,13 +30,9 @@ LENGTHS=${LENGTHS:-2048,4096,8192}
 DEPTHS=${DEPTHS:-0,0.25,0.5,0.75,1}
 N=${N:-10}
 METHODS=${METHODS:-vanilla,qgpm,oracle,topk,reorder}
-RERANKER=${RERANKER:-bm25}
+RERANKER=${RERANKER:-minilm}                # the engine default (benchmarks/results/rerank_mrr.md)
 
-if command -v qgpm >/dev/null 2>&1 && qgpm eval --help >/dev/null 2>&1; then
-  QGPM=(qgpm)
-else
-  QGPM=(python -m qgpm.eval.cli)      # before the subcommands are wired into the qgpm CLI
-fi
+QGPM=(python -m qgpm.eval.cli)        # the same subcommands as `qgpm calibrate|tune|eval`
 COMMON=(--model "$MODEL" --device "$DEVICE" --dtype "$DTYPE")
 HEAD_ARGS=()
 [[ -n "$HEADS" ]] && HEAD_ARGS=(--heads "$HEADS")
