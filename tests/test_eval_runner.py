@@ -499,4 +499,5 @@ def test_targets_and_diagnosis_on_hand_made_rows(tmp_path):
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = report(tmp_path, plots=False).read_text()
     assert "## Targets" in text and "## Diagnosis: head signal vs position remapping" in text
+    assert "| 0.5 | 43 (14) |" in text  # all tasks by depth: vanilla at 0.5 = 4/10 multikey + 2/4 qa
     assert json.loads((tmp_path / "stats.json").read_text())["targets"]

@@ -214,6 +214,26 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
                         body.append([t, L, _depth(d), lab, p.n, f"{100 * p.diff:+.0f} [{100 * p.lo:+.0f}, {100 * p.hi:+.0f}]", p.b, p.c, _p(p.p)])
             md += _table(["task", "length", "depth", "method", "pairs", "Δ [95% CI]", "b", "c", "McNemar p"], body) + [""]
 
+    if depth_rows and multi_task:
+        acc_pd = group_accuracy(depth_rows, ("*", "*", "depth"), **kw)
+        par_pd = group_paired(depth_rows, ("*", "*", "depth"), **pk)
+        depths = sorted({float(r["depth"]) for r in depth_rows})
+        md += ["## All tasks and lengths by depth", "",
+               f"Accuracy % (n) per depth, pooled over tasks and lengths; then Δ vs {baseline} in points "
+               "[paired bootstrap 95 % CI] and McNemar p.", ""]
+        body = []
+        for d in depths:
+            cells = []
+            for lab in order:
+                a = acc_pd.get(("all", "all", d, lab))
+                cell = "–" if a is None or a.n == 0 else f"{_pct(a.acc, 0)} ({a.n})"
+                p = par_pd.get(("all", "all", d, lab))
+                if p is not None and p.n:
+                    cell += f"; {100 * p.diff:+.0f} [{100 * p.lo:+.0f}, {100 * p.hi:+.0f}] p={_p(p.p)}"
+                cells.append(cell)
+            body.append([_depth(d), *cells])
+        md += _table(["depth", *order], body) + [""]
+
     lp_groups: dict[tuple, list[float]] = {}
     for r in rows:
         if not r.get("error") and r.get("logprob_gold") is not None:
