@@ -476,6 +476,7 @@ def test_targets_and_diagnosis_on_hand_made_rows(tmp_path):
 
     rows = _hand_rows()
     for r in rows:
+        r["answer"] = f"answer {r['correct']}"
         if r["method"] == "qgpm":
             r["evidence_rank"] = 0 if r["seed"] < 10 else 3
     rows += [dict(r, method="oracle", config_hash="o0", correct=True, score=1.0) for r in rows if r["method"] == "vanilla"]
@@ -493,7 +494,7 @@ def test_targets_and_diagnosis_on_hand_made_rows(tmp_path):
     assert guard.value == 0.0 and guard.met
     d = {x["task"]: x for x in diagnose(rows, n_boot=2000)}["niah_multikey_1"]
     assert d["evidence_top1"] == 0.5 and d["evidence_mrr"] == pytest.approx((10 * 1 + 10 * 0.25) / 20)
-    assert d["oracle_delta"] == pytest.approx(65.0)
+    assert d["oracle_delta"] == pytest.approx(65.0) and d["same_answer"] == pytest.approx(0.5)  # same text iff same outcome here
     # seeds 0-9: 6 both right, 4 qgpm only -> +40; seeds 10-19: 5 qgpm only, 1 vanilla only, 4 both wrong -> +40
     assert d["n_top1"] == 10 and d["qgpm_delta_top1"] == pytest.approx(40.0) and d["qgpm_delta_rest"] == pytest.approx(40.0)
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -119,6 +119,9 @@ def diagnose(rows: Sequence[dict], *, method: str = "qgpm", baseline: str = "van
         if v:
             pq = paired(mt, _task(v, t), n_boot=n_boot, seed=seed)
             d.update(qgpm_delta=100 * pq.diff, qgpm_lo=100 * pq.lo, qgpm_hi=100 * pq.hi, qgpm_logprob=pq.logprob_diff)
+            same = [r["answer"].strip() == vt[_key(r)]["answer"].strip() for r in mt
+                    if _key(r) in vt and isinstance(r.get("answer"), str) and isinstance(vt[_key(r)].get("answer"), str)]
+            d["same_answer"] = sum(same) / len(same) if same else None
             for name, sub in (("top1", top1), ("rest", rest)):
                 pairs = [(r, vt[_key(r)]) for r in sub if _key(r) in vt]
                 d[f"qgpm_delta_{name}"] = (100 * (_acc([a for a, _ in pairs]) - _acc([b for _, b in pairs]))) if pairs else None
@@ -152,15 +155,16 @@ def targets_markdown(rows: Sequence[dict], **kw: Any) -> list[str]:
     md += ["", "## Diagnosis: head signal vs position remapping", "",
            "evidence top-1 / top-3 / MRR: where the heads rank the evidence sentence (qgpm rows). "
            "oracle Δ: what the remapping gives with perfect relevance. qgpm Δ | top-1: QGPM's gain on the samples "
-           "where the heads ranked the evidence first; | rest: on the others. Δlogp: mean paired gold log-prob difference (nats).", "",
-           "| task | n | evidence top-1 % | top-3 % | MRR | oracle Δ [CI] | oracle Δlogp | qgpm Δ [CI] | qgpm Δlogp | qgpm Δ \\| top-1 (n) | qgpm Δ \\| rest (n) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "where the heads ranked the evidence first; | rest: on the others. Δlogp: mean paired gold log-prob difference (nats). "
+           "same answer %: qgpm's answer text equals the baseline's.", "",
+           "| task | n | evidence top-1 % | top-3 % | MRR | oracle Δ [CI] | oracle Δlogp | qgpm Δ [CI] | qgpm Δlogp | same answer % | qgpm Δ \\| top-1 (n) | qgpm Δ \\| rest (n) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for d in diag:
         pct = lambda x: "–" if x is None else f"{100 * x:.0f}"  # noqa: E731
         o = f"{fmt(d.get('oracle_delta'))} [{fmt(d.get('oracle_lo'))}, {fmt(d.get('oracle_hi'))}]" if "oracle_delta" in d else "–"
         q = f"{fmt(d.get('qgpm_delta'))} [{fmt(d.get('qgpm_lo'))}, {fmt(d.get('qgpm_hi'))}]" if "qgpm_delta" in d else "–"
         md.append(f"| {d['task']} | {d['n']} | {pct(d['evidence_top1'])} | {pct(d['evidence_top3'])} | {fmt(d['evidence_mrr'], '.2f')} | {o} | "
-                  f"{fmt(d.get('oracle_logprob'), '+.2f')} | {q} | {fmt(d.get('qgpm_logprob'), '+.2f')} | "
+                  f"{fmt(d.get('oracle_logprob'), '+.2f')} | {q} | {fmt(d.get('qgpm_logprob'), '+.2f')} | {pct(d.get('same_answer'))} | "
                   f"{fmt(d.get('qgpm_delta_top1'))} ({d.get('n_top1', 0)}) | {fmt(d.get('qgpm_delta_rest'))} ({d.get('n_rest', 0)}) |")
     md.append("")
     return md
