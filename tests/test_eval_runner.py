@@ -327,6 +327,19 @@ def test_tune_caches_pass1_and_writes_summary(tiny_engine, tmp_path, monkeypatch
     assert "tuned on the dev split" in best.provenance
     rows = [json.loads(x) for x in (tmp_path / "tune_rows.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * (4 + 4 + 1) and all(r["split"] == "dev" for r in rows)
+    # the oracle rows are the Oracle's answers under each trial's config (evidence labels, not heads)
+    from qgpm.eval.runner import gold_continuation, prepare_kwargs
+
+    s0 = generate("niah_multikey_1", n=1, length=LENGTH, tokenizer=tiny_engine.tokenizer, seed=split_seed("dev", 0), depths=[1.0], max_new_tokens=NEW)[0]
+    refs = {}
+    for m in ("oracle", "qgpm"):
+        ref = tiny_engine.generate_prepared(tiny_engine.prepare(s0.context, s0.question, **prepare_kwargs(s0, m, config=base)),
+                                            max_new_tokens=s0.max_new_tokens, score=gold_continuation(s0))
+        h = trials[0]["oracle"]["config_hash"] if m == "oracle" else trials[0]["config_hash"]
+        row = next(r for r in rows if r["method"] == m and r["depth"] == 1.0 and r["config_hash"] == h)
+        assert row["logprob_gold"] == pytest.approx(ref.details["score_logprob"], abs=1e-4) and row["answer"] == ref.text
+        refs[m] = ref.details["score_logprob"]
+    assert abs(refs["oracle"] - refs["qgpm"]) > 5e-4  # the two differ on this sample, so the check above tells them apart
 
     # resume: nothing recomputed
     monkeypatch.setattr(tune_mod, "_answer_cached", lambda *a, **k: pytest.fail("recomputed a done trial"))

@@ -385,6 +385,7 @@ def tune(
                 o_rows = [run_one(s, "oracle", o_hashes[t_i], lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob, "oracle")) for s in samples]
                 o = _trial_summary(o_rows, van)
                 summ["oracle"] = {k: o[k] for k in ("n", "acc", "mean_logprob", "logprob_vs_vanilla", "delta_vs_vanilla", "b", "c", "mcnemar_p", "groups")}
+                summ["oracle"]["config_hash"] = o_hashes[t_i]
             summ.update(trial=t_i, config_hash=h, changes=_changes(cfg, base), config=_cfg_fields(cfg))
             results.append(summ)
             if bar is not None:
