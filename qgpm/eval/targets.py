@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from qgpm.eval.stats import paired, series_labels
+from qgpm.eval.stats import _pair_key as _key, paired, series_labels
 
 __all__ = ["TargetCheck", "check_targets", "diagnose", "RETRIEVAL_TASKS", "GUARD_TASKS", "MID_DEPTHS"]
 
@@ -131,11 +131,6 @@ def diagnose(rows: Sequence[dict], *, method: str = "qgpm", baseline: str = "van
                 d.update(oracle_delta=100 * po.diff, oracle_lo=100 * po.lo, oracle_hi=100 * po.hi, oracle_logprob=po.logprob_diff)
         out.append(d)
     return out
-
-
-def _key(r: dict) -> tuple:
-    dep = r.get("depth")
-    return (r["task"], int(r["length"]), None if dep is None else round(float(dep), 6), int(r["seed"]))
 
 
 def targets_markdown(rows: Sequence[dict], **kw: Any) -> list[str]:
