@@ -30,6 +30,13 @@ class QGPMConfig:
         below ``L_a`` are modulated, slower planes keep unit stride.
     tau:
         Width of the frequency gate in plane-index units.
+    local_window:
+        Band gate (0 = off): planes whose wavelength is below this many tokens keep unit
+        stride too, so only the band ``local_window <= lambda < L_a`` is modulated. The
+        fastest planes carry local word order; a long distance is aliased on them anyway.
+    unmodulated_layers:
+        The first this many decoder layers keep standard positions (0 = every layer is
+        modulated).
     split_layer:
         First layer that uses the sharp map; ``None`` = ``floor(n_layers / 2)``.
     query_tail:
@@ -52,6 +59,8 @@ class QGPMConfig:
     eps: float = 0.05
     anchor_ratio: float = 1.0
     tau: float = 1.0
+    local_window: float = 0.0
+    unmodulated_layers: int = 0
     split_layer: int | None = None
     query_tail: int | None = None
     exclude_newline_tokens: bool = True
@@ -72,6 +81,10 @@ class QGPMConfig:
             raise ValueError(f"anchor_ratio must be positive, got {self.anchor_ratio}")
         if self.tau < 0:
             raise ValueError(f"tau must be >= 0, got {self.tau}")
+        if not self.local_window >= 0:
+            raise ValueError(f"local_window must be >= 0 tokens (0 = off), got {self.local_window}")
+        if self.unmodulated_layers < 0:
+            raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.max_heads is not None and self.max_heads < 1:
             raise ValueError(f"max_heads must be >= 1, got {self.max_heads}")
 

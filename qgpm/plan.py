@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import QGPMConfig
-from .positions import boundary_plane, cumulative_positions, frequency_gate, strides
+from .positions import boundary_plane, cumulative_positions, frequency_gate, protect_fast_planes, strides
 from .runtime import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, rank_sentences, rank_shape, sentence_scores, token_scores
 
@@ -60,6 +60,8 @@ def build_plan(
     anchor = max(config.anchor_ratio * max(context_len, 1), 1e-6)
     m_star = boundary_plane(anchor, rotary.inv_freq)
     gate = frequency_gate(rotary.inv_freq.numel(), m_star, config.tau)
+    if config.local_window > 0:
+        gate = protect_fast_planes(gate, boundary_plane(config.local_window, rotary.inv_freq), config.tau)
     unit_scores, tok_scores, positions = [], [], []
     for params in (config.broad, config.sharp):
         f = rank_shape(ranks, params) if n_units else torch.zeros(0, dtype=torch.float64)
@@ -69,7 +71,11 @@ def build_plan(
         tok_scores.append(t)
         positions.append(cumulative_positions(strides(t, gate, config.eps)))
     ls = split_layer(n_layers, config)
-    plan = PositionPlan(positions=positions, layer_map=[0] * ls + [1] * (n_layers - ls), rotary=rotary)
+    if config.unmodulated_layers > n_layers:
+        raise ValueError(f"unmodulated_layers={config.unmodulated_layers} exceeds the model's {n_layers} layers")
+    layer_map: list[int | None] = [0] * ls + [1] * (n_layers - ls)
+    layer_map[: config.unmodulated_layers] = [None] * config.unmodulated_layers
+    plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary)
     return MapResult(ranks, unit_scores, tok_scores, m_star, anchor, plan)
 
 

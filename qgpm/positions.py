@@ -21,6 +21,7 @@ __all__ = [
     "boundary_plane",
     "boundary_plane_plain",
     "frequency_gate",
+    "protect_fast_planes",
     "strides",
     "cumulative_positions",
     "continuation_positions",
@@ -85,6 +86,26 @@ def frequency_gate(num_planes: int, m_star: float, tau: float) -> torch.Tensor:
     if tau == 0:
         return (m >= m_star).to(torch.float64)
     return torch.sigmoid((m - m_star) / tau)
+
+
+def protect_fast_planes(gate: torch.Tensor, m_local: float, tau: float) -> torch.Tensor:
+    """Band gate: planes faster than ``m_local`` also keep unit stride.
+
+    ``g'_m = max(g_m, 1 - sigmoid((m - m_local) / tau))`` (a hard step for ``tau = 0``).
+    A plane whose wavelength is far below the evidence-to-question distance sees that
+    distance aliased many times over, so compressing it barely moves the evidence
+    "closer"; but those planes carry local word order, and compressing them scrambles
+    the text the model has to read (measured in ``docs/tuning/smollm2_dev_4k.md``).
+    ``m_local`` is :func:`boundary_plane` of the local window in tokens.
+    """
+    m = torch.arange(gate.numel(), dtype=torch.float64)
+    if tau < 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    if tau == 0:
+        fast = (m < m_local).to(torch.float64)
+    else:
+        fast = 1 - torch.sigmoid((m - m_local) / tau)
+    return torch.maximum(gate.to(torch.float64), fast)
 
 
 def strides(scores: torch.Tensor, gate: torch.Tensor, eps: float) -> torch.Tensor:

@@ -114,11 +114,12 @@ class PositionPlan:
     """Per-plane positions of each map for one prompt, and which layer uses which map.
 
     ``positions[k]`` is ``[d/2, N]`` (float64) for map ``k``; ``layer_map[l]`` is the map
-    index used by decoder layer ``l``.
+    index used by decoder layer ``l``, or ``None`` for a layer that keeps the model's
+    standard positions (no hook).
     """
 
     positions: list[torch.Tensor]
-    layer_map: list[int]
+    layer_map: list[int | None]
     rotary: RotaryInfo
     capacity: int = 0  # token indices to build tables for up front (prompt + generation budget)
     _tables: dict = field(default_factory=dict, repr=False)
@@ -189,9 +190,12 @@ def apply_plan(model: torch.nn.Module, plan: PositionPlan | None) -> Iterator[No
 
             return hook
 
+        first_hooked = next((i for i, m in enumerate(plan.layer_map) if m is not None), None)
         try:
             for i, (layer, map_index) in enumerate(zip(layers, plan.layer_map)):
-                handles.append(layer.register_forward_pre_hook(make_hook(map_index, i == 0), with_kwargs=True))
+                if map_index is None:
+                    continue
+                handles.append(layer.register_forward_pre_hook(make_hook(map_index, i == first_hooked), with_kwargs=True))
             yield
         finally:
             for h in handles:

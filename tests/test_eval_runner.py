@@ -360,6 +360,33 @@ def test_tune_caches_pass1_and_writes_summary(tiny_engine, tmp_path, monkeypatch
         assert torch.equal(a, b)
 
 
+def test_tune_oracle_only_in_shards_merges_to_the_unsharded_summary(tiny_engine, tmp_path, monkeypatch):
+    from qgpm.eval import tune as tune_mod
+    from qgpm.eval.tune import tune
+
+    kw = dict(tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0, 0.5, 1.0], n=1, grid={"s_low": [0.1, 0.3]},
+              base_config=QGPMConfig(**HARD), max_new_tokens=NEW, progress=False, command="test", methods=["oracle"])
+    parts = [tune(tiny_engine, out_dir=tmp_path / f"s{i}", shard=(i, 2), **kw) for i in range(2)]
+    assert [p["samples"] for p in parts] == [2, 1] and parts[0]["methods"] == ["oracle"]
+    rows = []
+    for i in range(2):
+        rows += (tmp_path / f"s{i}" / "tune_rows.jsonl").read_text().splitlines()
+    parsed = [json.loads(r) for r in rows]
+    assert {r["method"] for r in parsed} == {"vanilla", "oracle"}  # no qgpm answers: the heads are not used
+    assert len(parsed) == 3 * (1 + 2)
+    (tmp_path / "all").mkdir()
+    (tmp_path / "all" / "tune_rows.jsonl").write_text("\n".join(rows) + "\n")
+    monkeypatch.setattr(tune_mod, "_answer_cached", lambda *a, **k: pytest.fail("recomputed a sharded answer"))
+    monkeypatch.setattr(tune_mod, "answer_sample", lambda *a, **k: pytest.fail("recomputed a sharded answer"))
+    full = tune(tiny_engine, out_dir=tmp_path / "all", **kw)
+    assert full["samples"] == 3 and full["best"]["n"] == 3 and "oracle" not in full["best"]
+    assert "trials answered by: oracle" in (tmp_path / "all" / "tune_summary.md").read_text()
+    with pytest.raises(ValueError, match="qgpm and/or oracle"):
+        tune(tiny_engine, out_dir=tmp_path / "x", **{**kw, "methods": ["topk"]})
+    with pytest.raises(ValueError, match="shard"):
+        tune(tiny_engine, out_dir=tmp_path / "x", shard=(2, 2), **kw)
+
+
 def test_tune_refuses_the_test_split(tiny_engine, tmp_path):
     from qgpm.eval.tune import tune
 

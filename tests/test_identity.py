@@ -87,3 +87,38 @@ def test_identity_real_smollm2_1k_tokens(smollm):
     seq_got, steps_got = greedy_logits(smollm.model, ids, 5, call.plan)
     assert torch.equal(seq_got, seq_ref)
     torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-4)
+
+
+def test_unmodulated_layers_keep_vanilla_rotation(tokenizer):
+    """``unmodulated_layers = n_layers`` is exactly vanilla whatever the scores; fewer changes the logits,
+    and the hidden state entering the first modulated layer is still vanilla's."""
+    model = tiny_model("llama", len(tokenizer))
+    n = len(decoder_layers(model))
+    engine = QGPM(model, tokenizer, heads=[(1, 0)], config=STRONG)
+    ids = engine.prepare(CONTEXT, QUESTION, method="qgpm").prompt.input_ids
+    ref = prefill_logits(model, ids)
+    off = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=STRONG.with_(unmodulated_layers=n))
+    assert off.plan.layer_map == [None] * n
+    torch.testing.assert_close(prefill_logits(model, ids, off.plan), ref, rtol=0, atol=1e-5)
+    seq_ref, steps_ref = greedy_logits(model, ids, 4)
+    seq_got, steps_got = greedy_logits(model, ids, 4, off.plan)
+    assert torch.equal(seq_got, seq_ref)
+    torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-5)
+    part = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=STRONG.with_(unmodulated_layers=1))
+    assert part.plan.layer_map[0] is None and part.plan.layer_map[1:] == [0] * (n // 2 - 1) + [1] * (n - n // 2)
+    seen = {}
+
+    def grab(module, args, kwargs):
+        seen.setdefault("h", (args[0] if args else kwargs["hidden_states"]).clone())
+
+    handle = decoder_layers(model)[1].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        prefill_logits(model, ids)
+        h_ref = seen.pop("h")
+        got = prefill_logits(model, ids, part.plan)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(seen["h"], h_ref, rtol=0, atol=0)  # layer 0 ran with vanilla positions
+    assert (got - ref).abs().max() > 1e-4
+    for layer in decoder_layers(model):
+        assert not layer._forward_pre_hooks

@@ -160,3 +160,47 @@ def test_build_plan_layers_and_oracle_units():
     assert mr.plan.layer_map == [0, 0, 0, 1, 1, 1]
     for t in mr.token_scores:  # evidence 1, everything else s_low, except protected prefix
         assert t.tolist() == pytest.approx([1, 1, 1, 1, 1, 0.1, 0.1, 1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(m_star=st.floats(min_value=-2, max_value=40), m_local=st.floats(min_value=-2, max_value=40), tau=st.sampled_from([0.0, 0.5, 1.0, 3.0]))
+def test_band_gate_keeps_fast_and_slow_planes(m_star, m_local, tau):
+    from qgpm.positions import protect_fast_planes
+
+    g = frequency_gate(32, m_star, tau)
+    band = protect_fast_planes(g, m_local, tau)
+    assert band.shape == g.shape and bool((band >= g).all()) and bool((band <= 1).all())
+    m = torch.arange(32, dtype=torch.float64)
+    if tau == 0:
+        assert bool((band[m < m_local] == 1).all())  # fast planes: unit stride
+        assert torch.equal(band[m >= m_local], g[m >= m_local])
+    # no band (m_local far below plane 0): the plain gate
+    assert torch.allclose(protect_fast_planes(g, -1e6, tau), g) if tau > 0 else True
+
+
+def test_local_window_plan_leaves_fast_planes_at_unit_stride():
+    inv = plain_inv_freq(64, 1e5)
+    rot = RotaryInfo(inv, 1.0, "default", 64)
+    ts = torch.tensor([-1] + [i // 10 for i in range(400)] + [-1])
+    rel = torch.zeros(40, dtype=torch.float64)
+    rel[20] = 1.0
+    cfg = QGPMConfig(s_low=0.2, anchor_ratio=2.0, tau=0.0)
+    plain = build_plan(ts, rel, config=cfg, rotary=rot, n_layers=4, dense=True)
+    band = build_plan(ts, rel, config=cfg.with_(local_window=64), rotary=rot, n_layers=4, dense=True)
+    m_local = boundary_plane(64, inv)
+    lam = 2 * math.pi / inv.double()
+    ar = torch.arange(ts.numel(), dtype=torch.float64)
+    for p_plain, p_band in zip(plain.plan.positions, band.plan.positions):
+        for m in range(32):
+            if lam[m] < 64:  # band: unit stride on the fastest planes; plain gate compresses them
+                assert m < m_local and torch.equal(p_band[m], ar) and not torch.equal(p_plain[m], ar)
+            elif lam[m] < 2 * 400:  # inside the band: the same compression as the plain gate
+                assert torch.equal(p_band[m], p_plain[m]) and p_band[m][-1] < ts.numel() - 1
+            else:
+                assert torch.equal(p_band[m], ar)
+    with pytest.raises(ValueError, match="local_window"):
+        QGPMConfig(local_window=-1)
+    with pytest.raises(ValueError, match="unmodulated_layers"):
+        QGPMConfig(unmodulated_layers=-1)
+    with pytest.raises(ValueError, match="exceeds"):
+        build_plan(ts, rel, config=cfg.with_(unmodulated_layers=5), rotary=rot, n_layers=4, dense=True)

@@ -128,6 +128,9 @@ def register(subparsers) -> None:
                    help="accuracy (tie-break: gold log-prob), logprob, or guarded (no task below vanilla first)")
     p.add_argument("--guard", type=float, default=0.0, help="tolerated per-task accuracy drop vs vanilla for --objective guarded (fraction)")
     p.add_argument("--oracle", action="store_true", help="also answer every trial with the Oracle (evidence labels in place of the heads)")
+    p.add_argument("--methods", type=_csv, default=None,
+                   help="what answers each trial: qgpm (default), qgpm,oracle (= --oracle) or oracle (the remapping's ceiling alone); the first ranks trials")
+    p.add_argument("--shard", default=None, help="answer only samples i, i+N, ... (i/N); merge the shards' tune_rows.jsonl and rerun without it for the summary")
     p.add_argument("--out", required=True)
     p.add_argument("--no-logprob", dest="logprob", action="store_false")
     p.add_argument("--no-progress", dest="progress", action="store_false")
@@ -206,6 +209,7 @@ def main_tune(args) -> int:
         grid=parse_grid(args.grid) if args.grid else None, trials=args.trials, search_seed=args.search_seed, base_config=base,
         split=args.split, objective=args.objective, guard=args.guard, logprob=args.logprob, progress=args.progress,
         haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=_command(args), oracle=args.oracle,
+        methods=args.methods, shard=_shard(args.shard),
     )
     b, v = summary["best"], summary["vanilla"]
     print(f"best trial #{b['trial']}: acc {100 * (b['acc'] or 0):.1f}% (vanilla {100 * (v['acc'] or 0):.1f}%), changes {b['changes']}")

@@ -145,9 +145,17 @@ def _reranker_name(reranker: Any) -> str:
     return str(getattr(reranker, "name", reranker))
 
 
+# Config fields added after rows were first committed: hashed only when they are not at
+# their "off" value, so rows made before they existed keep their config_hash.
+_HASHED_WHEN_SET = {"local_window": 0.0, "unmodulated_layers": 0}
+
+
 def _config_dict(config) -> dict:
     d = dataclasses.asdict(config)
     d.pop("provenance", None)
+    for name, off in _HASHED_WHEN_SET.items():
+        if d.get(name) == off:
+            d.pop(name, None)
     return d
 
 

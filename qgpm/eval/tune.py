@@ -67,7 +67,7 @@ __all__ = [
     "load_config",
 ]
 
-SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "split_layer")
+SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window", "unmodulated_layers", "split_layer")
 PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
 
 DEFAULT_GRID: dict[str, list] = {
@@ -290,6 +290,8 @@ def tune(
     max_new_tokens: int | None = None,
     command: str | None = None,
     oracle: bool = False,
+    methods: Sequence[str] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> dict:
     """Search QGPM configs on dev samples; returns the summary (also written to ``out_dir``).
 
@@ -299,8 +301,24 @@ def tune(
     leak into the reported numbers. ``oracle=True`` also answers every trial with the
     Oracle (the same shaping with the generator's evidence labels in place of the
     heads' ranking): the gap between the two separates head-signal errors from what
-    the position remapping itself can give on this model.
+    the position remapping itself can give on this model. ``methods`` picks what answers
+    each trial: ``["qgpm"]`` (default), ``["qgpm", "oracle"]`` (same as ``oracle=True``) or
+    ``["oracle"]`` alone, to map the remapping's ceiling without the heads. The first
+    method ranks the trials. ``shard=(i, N)`` answers only samples ``i, i+N, ...`` (run N
+    processes into separate folders, concatenate their ``tune_rows.jsonl`` into one folder
+    and run once more without ``shard``: every answer is then reused and the summary
+    covers all samples).
     """
+    if methods is None:
+        methods = ["qgpm", "oracle"] if oracle else ["qgpm"]
+    methods = list(dict.fromkeys(methods))
+    if not methods or any(m not in ("qgpm", "oracle") for m in methods):
+        raise ValueError(f"tune methods must be qgpm and/or oracle, got {methods}")
+    if oracle and "oracle" not in methods:
+        raise ValueError("oracle=True conflicts with methods that leave out 'oracle'")
+    oracle = "oracle" in methods
+    if shard is not None and not (0 <= shard[0] < shard[1]):
+        raise ValueError(f"shard must be (i, N) with 0 <= i < N, got {shard}")
     if split != "dev":
         raise ValueError(f"tuning runs on the dev split only (got split={split!r}); test samples must stay unseen")
     if objective not in ("accuracy", "logprob", "guarded"):
@@ -318,6 +336,8 @@ def tune(
 
     started = time.time()
     items = work_items(tasks, lengths, depths, n, split)
+    if shard is not None:
+        items = items[shard[0]:: shard[1]]
     samples: list[EvalSample] = []
     for it in items:
         s = _make_sample(engine.tokenizer, it, haystack, max_new_tokens)
@@ -328,8 +348,9 @@ def tune(
 
     fp = lambda m, c=None: method_fingerprint(engine, m, config=c, max_new_tokens=max_new_tokens, haystack=haystack)  # noqa: E731
     van_hash = config_hash(fp("vanilla"))
-    hashes = [config_hash(fp("qgpm", c)) for c in configs]
-    o_hashes = [config_hash(fp("oracle", c)) for c in configs] if oracle else []
+    primary = methods[0]
+    hashes = [config_hash(fp(primary, c)) for c in configs]
+    o_hashes = [config_hash(fp("oracle", c)) for c in configs] if (oracle and primary != "oracle") else []
     rows_path = out / TUNE_ROWS
     existing: dict[tuple, dict] = {}
     if rows_path.is_file():
@@ -341,7 +362,7 @@ def tune(
             if not r.get("error"):
                 existing[row_key(r)] = r
 
-    todo = sum(1 for s in samples for m, h in [("vanilla", van_hash)] + [("qgpm", h) for h in hashes] + [("oracle", h) for h in o_hashes]
+    todo = sum(1 for s in samples for m, h in [("vanilla", van_hash)] + [(primary, h) for h in hashes] + [("oracle", h) for h in o_hashes]
                if (s.task, s.length, _norm_depth(s.depth), s.seed, m, h) not in existing)
     bar = None
     if progress:
@@ -379,9 +400,9 @@ def tune(
                 van[(r["task"], r["length"], r["depth"], r["seed"])] = r
         results = []
         for t_i, (cfg, h) in enumerate(zip(configs, hashes)):
-            rows = [run_one(s, "qgpm", h, lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob)) for s in samples]
+            rows = [run_one(s, primary, h, lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob, primary)) for s in samples]
             summ = _trial_summary(rows, van)
-            if oracle:
+            if o_hashes:
                 o_rows = [run_one(s, "oracle", o_hashes[t_i], lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob, "oracle")) for s in samples]
                 o = _trial_summary(o_rows, van)
                 summ["oracle"] = {k: o[k] for k in ("n", "acc", "mean_logprob", "logprob_vs_vanilla", "delta_vs_vanilla", "b", "c", "mcnemar_p", "groups")}
@@ -412,7 +433,7 @@ def tune(
         "model": engine.name, "dtype": _engine_dtype(engine), "heads": [list(h) for h in engine.heads],
         "split": split, "tasks": list(tasks), "lengths": list(lengths), "depths": depths, "n": n,
         "samples": len(samples), "seeds": [seeds[0], seeds[-1]], "objective": objective, "guard": guard,
-        "grid": grid, "trials": len(configs), "oracle": oracle, "invalid_grid_points": len(invalid), "search_seed": search_seed,
+        "grid": grid, "trials": len(configs), "oracle": bool(o_hashes), "methods": methods, "shard": list(shard) if shard else None, "invalid_grid_points": len(invalid), "search_seed": search_seed,
         "vanilla": {"acc": van_acc, "mean_logprob": van_lp, "config_hash": van_hash},
         "best": best, "best_config": dataclasses.asdict(best_cfg), "base_config": _cfg_fields(base),
         "sensitivity": {"acc_min": min(acc_values) if acc_values else None, "acc_max": max(acc_values) if acc_values else None},
@@ -437,6 +458,8 @@ def _summary_md(summary: dict, ranked: list[dict], base: QGPMConfig) -> str:
         f"lengths: {summary['lengths']}; depths: {summary['depths']}; n = {summary['n']} per (task, length, depth) = {summary['samples']} samples",
         f"- objective: {summary['objective']} (tie-breaker: mean gold log-prob); trials: {summary['trials']} "
         f"(grid {json.dumps(summary['grid'])}, search seed {summary['search_seed']}; {summary['invalid_grid_points']} grid points violate the config constraints)",
+        f"- trials answered by: {', '.join(summary.get('methods') or ['qgpm'])} (the first ranks the trials)"
+        + (f"; shard {summary['shard'][0]}/{summary['shard'][1]} of the samples" if summary.get("shard") else ""),
         f"- command: `{summary['command']}`",
         f"- wall time: {summary['wall_s']} s; pass-1 runs: {summary['pass1_runs']} (cached across trials); finished {summary['finished']}",
         "",
