@@ -28,6 +28,10 @@ class QGPMConfig:
     anchor_ratio:
         ``c`` in ``L_a = c * L`` (L = context length in tokens); planes whose wavelength is
         below ``L_a`` are modulated, slower planes keep unit stride.
+    anchor_basis:
+        What ``L`` in ``L_a = c * L`` is: ``"context"`` (the context length, the paper's
+        choice) or ``"relevant"`` (per call: tokens from the first relevant sentence to the
+        end of the prompt, the span that gets compressed).
     tau:
         Width of the frequency gate in plane-index units.
     local_window:
@@ -59,6 +63,7 @@ class QGPMConfig:
     eps: float = 0.05
     anchor_ratio: float = 1.0
     tau: float = 1.0
+    anchor_basis: str = "context"
     local_window: float = 0.0
     unmodulated_layers: int = 0
     split_layer: int | None = None
@@ -81,6 +86,8 @@ class QGPMConfig:
             raise ValueError(f"anchor_ratio must be positive, got {self.anchor_ratio}")
         if self.tau < 0:
             raise ValueError(f"tau must be >= 0, got {self.tau}")
+        if self.anchor_basis not in ("context", "relevant"):
+            raise ValueError(f"anchor_basis must be 'context' or 'relevant', got {self.anchor_basis!r}")
         if not self.local_window >= 0:
             raise ValueError(f"local_window must be >= 0 tokens (0 = off), got {self.local_window}")
         if self.unmodulated_layers < 0:

@@ -14,9 +14,9 @@ import torch
 from .config import QGPMConfig
 from .positions import boundary_plane, cumulative_positions, frequency_gate, protect_fast_planes, strides
 from .runtime import PositionPlan, RotaryInfo
-from .shaping import dense_ranks, rank_sentences, rank_shape, sentence_scores, token_scores
+from .shaping import dense_ranks, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores
 
-__all__ = ["MapResult", "build_plan", "split_layer", "oracle_units"]
+__all__ = ["MapResult", "build_plan", "anchor_basis_length", "split_layer", "oracle_units"]
 
 
 @dataclass
@@ -39,6 +39,25 @@ def split_layer(n_layers: int, config: QGPMConfig) -> int:
     return ls
 
 
+def anchor_basis_length(token_unit: torch.Tensor, unit_scores: torch.Tensor, config: QGPMConfig) -> int:
+    """The length ``L`` in ``L_a = c * L`` (Eq. 3's anchor), in tokens.
+
+    ``anchor_basis="context"`` (the paper): the number of context tokens.
+    ``anchor_basis="relevant"`` (per-call rule): the distance from the first relevant unit
+    (the end of the protected prefix, under the broad map's scores ``unit_scores``) to the
+    end of the prompt, i.e. the span the remapping can compress. Far evidence opens the gate
+    to slower planes; evidence next to the question leaves only fast planes modulated.
+    """
+    context_len = int((token_unit >= 0).sum())
+    if config.anchor_basis == "context" or unit_scores.numel() == 0:
+        return context_len
+    first = protected_prefix_end(unit_scores, config.s_low)
+    where = (token_unit >= first).nonzero()
+    if where.numel() == 0:
+        return context_len
+    return int(token_unit.numel() - int(where[0]))
+
+
 def build_plan(
     token_unit: torch.Tensor,
     unit_relevance: torch.Tensor,
@@ -56,18 +75,18 @@ def build_plan(
     """
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
-    context_len = int((token_unit >= 0).sum())
-    anchor = max(config.anchor_ratio * max(context_len, 1), 1e-6)
+    unit_scores = []
+    for params in (config.broad, config.sharp):
+        f = rank_shape(ranks, params) if n_units else torch.zeros(0, dtype=torch.float64)
+        unit_scores.append(sentence_scores(f, config.s_low))
+    anchor = max(config.anchor_ratio * max(anchor_basis_length(token_unit, unit_scores[0], config), 1), 1e-6)
     m_star = boundary_plane(anchor, rotary.inv_freq)
     gate = frequency_gate(rotary.inv_freq.numel(), m_star, config.tau)
     if config.local_window > 0:
         gate = protect_fast_planes(gate, boundary_plane(config.local_window, rotary.inv_freq), config.tau)
-    unit_scores, tok_scores, positions = [], [], []
-    for params in (config.broad, config.sharp):
-        f = rank_shape(ranks, params) if n_units else torch.zeros(0, dtype=torch.float64)
-        s = sentence_scores(f, config.s_low)
+    tok_scores, positions = [], []
+    for s in unit_scores:
         t = token_scores(token_unit, s, config.s_low)
-        unit_scores.append(s)
         tok_scores.append(t)
         positions.append(cumulative_positions(strides(t, gate, config.eps)))
     ls = split_layer(n_layers, config)

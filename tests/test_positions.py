@@ -204,3 +204,24 @@ def test_local_window_plan_leaves_fast_planes_at_unit_stride():
         QGPMConfig(unmodulated_layers=-1)
     with pytest.raises(ValueError, match="exceeds"):
         build_plan(ts, rel, config=cfg.with_(unmodulated_layers=5), rotary=rot, n_layers=4, dense=True)
+
+
+def test_relevant_anchor_follows_the_first_relevant_sentence():
+    inv = plain_inv_freq(64, 1e5)
+    rot = RotaryInfo(inv, 1.0, "default", 64)
+    n_sent, per = 40, 10
+    ts = torch.tensor([-1] * 5 + [i // per for i in range(n_sent * per)] + [-1] * 15)  # 5 prefix, 15 question tokens
+    cfg = QGPMConfig(s_low=0.3, anchor_ratio=1.0, tau=0.0)
+    lengths = {}
+    for where in (5, 35):
+        rel = torch.zeros(n_sent, dtype=torch.float64)
+        rel[where] = 1.0
+        ctx = build_plan(ts, rel, config=cfg, rotary=rot, n_layers=4, dense=True)
+        mine = build_plan(ts, rel, config=cfg.with_(anchor_basis="relevant"), rotary=rot, n_layers=4, dense=True)
+        assert ctx.anchor_length == n_sent * per  # the paper's L: context tokens
+        assert mine.anchor_length == ts.numel() - (5 + where * per)  # first relevant token to the prompt's end
+        assert mine.boundary_plane == pytest.approx(boundary_plane(mine.anchor_length, inv))
+        lengths[where] = mine.anchor_length
+    assert lengths[35] < lengths[5]  # near evidence: fewer planes modulated
+    with pytest.raises(ValueError, match="anchor_basis"):
+        QGPMConfig(anchor_basis="question")

@@ -147,7 +147,7 @@ def _reranker_name(reranker: Any) -> str:
 
 # Config fields added after rows were first committed: hashed only when they are not at
 # their "off" value, so rows made before they existed keep their config_hash.
-_HASHED_WHEN_SET = {"local_window": 0.0, "unmodulated_layers": 0}
+_HASHED_WHEN_SET = {"local_window": 0.0, "unmodulated_layers": 0, "anchor_basis": "context"}
 
 
 def _config_dict(config) -> dict:
@@ -328,6 +328,9 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         out["top_sentences"] = [s.text for s in res.top_sentences(3)]
         out["evidence_rank"] = _evidence_rank(call, sample)
         out["num_sentences"] = len(res.relevance)
+        out["top_z"] = [None if s.z is None else round(float(s.z), 3) for s in res.top_sentences(3)]
+    if method in ("qgpm", "oracle"):
+        out["anchor_length"] = call.details.get("anchor_length")
     if method in ("topk", "reorder") and res.edit is not None:
         out["chunks"] = len(getattr(res.edit, "chunks", []) or [])
         out["kept_chunks"] = len(getattr(res.edit, "kept", []) or [])
