@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -41,6 +42,10 @@ class QGPMConfig:
     unmodulated_layers:
         The first this many decoder layers keep standard positions (0 = every layer is
         modulated).
+    min_top_z:
+        Confidence rule (``None`` = off): when the top sentence's fused relevance z
+        (Eq. 5) is below this, the call keeps vanilla positions (every score 1) and the
+        engine logs a warning; ``result.details["flat_relevance"]`` says so.
     split_layer:
         First layer that uses the sharp map; ``None`` = ``floor(n_layers / 2)``.
     query_tail:
@@ -66,6 +71,7 @@ class QGPMConfig:
     anchor_basis: str = "context"
     local_window: float = 0.0
     unmodulated_layers: int = 0
+    min_top_z: float | None = None
     split_layer: int | None = None
     query_tail: int | None = None
     exclude_newline_tokens: bool = True
@@ -90,6 +96,8 @@ class QGPMConfig:
             raise ValueError(f"anchor_basis must be 'context' or 'relevant', got {self.anchor_basis!r}")
         if not self.local_window >= 0:
             raise ValueError(f"local_window must be >= 0 tokens (0 = off), got {self.local_window}")
+        if self.min_top_z is not None and not math.isfinite(self.min_top_z):
+            raise ValueError(f"min_top_z must be a finite z-score or None, got {self.min_top_z}")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.max_heads is not None and self.max_heads < 1:

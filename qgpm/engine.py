@@ -12,6 +12,7 @@ Methods: ``vanilla`` (standard RoPE), ``qgpm`` (head relevance -> modulated posi
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -29,6 +30,8 @@ from .prompt import Prompt, PromptSpec, build_prompt, DEFAULT_TEMPLATE
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .runtime import apply_plan, check_supported, decoder_layers, model_lock, rotary_info
 from .shaping import fuse_heads
+
+logger = logging.getLogger("qgpm")
 
 _PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
 
@@ -94,6 +97,16 @@ class Timings:
     @property
     def first_token_s(self) -> float:
         return self.edit_s + self.pass1_s + self.plan_s + self.prefill_s
+
+
+def _note_flat(mr: MapResult, config: QGPMConfig) -> None:
+    """Log the confidence rule's fallback (config.min_top_z): this call keeps vanilla positions."""
+    if mr.flat:
+        logger.warning(
+            "qgpm: the head relevance is flat (top sentence z below min_top_z=%s), so this call keeps vanilla "
+            "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None) to always modulate.",
+            config.min_top_z,
+        )
 
 
 @dataclass
@@ -370,6 +383,7 @@ class QGPM:
         prompt = call.prompt
         if call.method == "qgpm":
             mr = build_plan(prompt.token_sentence, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers)
+            _note_flat(mr, config)
             relevance = self._relevance(prompt, mr, call.z)
         else:
             mr = build_plan(call.units, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, dense=True)
@@ -377,7 +391,7 @@ class QGPM:
         plan = mr.plan
         plan.capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
         timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
-        details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length)
+        details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat)
         return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
 
     def _run_call(self, call: PreparedCall, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score: str | None = None) -> QGPMResult:
@@ -532,11 +546,13 @@ class QGPM:
             timings.pass1_s = time.perf_counter() - t
             t = time.perf_counter()
             mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers)
+            _note_flat(mr, cfg)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
             plan.capacity = capacity
             relevance = self._relevance(prompt, mr, z)
-            details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads))
+            details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
+                           flat_relevance=mr.flat)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg)
         elif method == "oracle":
             if not evidence:

@@ -16,7 +16,7 @@ from .positions import boundary_plane, cumulative_positions, frequency_gate, pro
 from .runtime import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores
 
-__all__ = ["MapResult", "build_plan", "anchor_basis_length", "split_layer", "oracle_units"]
+__all__ = ["MapResult", "build_plan", "is_flat", "anchor_basis_length", "split_layer", "oracle_units"]
 
 
 @dataclass
@@ -29,6 +29,7 @@ class MapResult:
     boundary_plane: float
     anchor_length: float
     plan: PositionPlan
+    flat: bool = False  # relevance too flat (top z below config.min_top_z): every score 1, vanilla positions
 
 
 def split_layer(n_layers: int, config: QGPMConfig) -> int:
@@ -37,6 +38,16 @@ def split_layer(n_layers: int, config: QGPMConfig) -> int:
     if not 0 <= ls <= n_layers:
         raise ValueError(f"split_layer must be in [0, {n_layers}], got {ls}")
     return ls
+
+
+def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
+    """Confidence rule: the head signal is too flat to act on when the top sentence's fused
+    z-score (Eq. 5; standard deviations above the mean sentence) is below
+    ``config.min_top_z``. ``None`` (default) never falls back."""
+    if config.min_top_z is None or z.numel() == 0:
+        return False
+    finite = z[torch.isfinite(z)]
+    return finite.numel() == 0 or float(finite.max()) < config.min_top_z
 
 
 def anchor_basis_length(token_unit: torch.Tensor, unit_scores: torch.Tensor, config: QGPMConfig) -> int:
@@ -75,10 +86,11 @@ def build_plan(
     """
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
+    flat = is_flat(unit_relevance, config) if not dense else False
     unit_scores = []
     for params in (config.broad, config.sharp):
         f = rank_shape(ranks, params) if n_units else torch.zeros(0, dtype=torch.float64)
-        unit_scores.append(sentence_scores(f, config.s_low))
+        unit_scores.append(torch.ones(n_units, dtype=torch.float64) if flat else sentence_scores(f, config.s_low))
     anchor = max(config.anchor_ratio * max(anchor_basis_length(token_unit, unit_scores[0], config), 1), 1e-6)
     m_star = boundary_plane(anchor, rotary.inv_freq)
     gate = frequency_gate(rotary.inv_freq.numel(), m_star, config.tau)
@@ -95,7 +107,7 @@ def build_plan(
     layer_map: list[int | None] = [0] * ls + [1] * (n_layers - ls)
     layer_map[: config.unmodulated_layers] = [None] * config.unmodulated_layers
     plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary)
-    return MapResult(ranks, unit_scores, tok_scores, m_star, anchor, plan)
+    return MapResult(ranks, unit_scores, tok_scores, m_star, anchor, plan, flat)
 
 
 def oracle_units(token_sentence: torch.Tensor, evidence_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -279,3 +279,20 @@ def test_replan_equals_prepare_with_that_config(tiny):
         tiny.replan(vanilla, cfg)
     with pytest.raises(ValueError, match="max_heads"):
         tiny.replan(tiny.prepare(ctx, QUESTION, method="qgpm"), QGPMConfig(s_low=0.1, max_heads=1))
+
+
+def test_flat_relevance_fallback_is_logged_and_vanilla(tiny, caplog):
+    import logging
+
+    ctx = needle_context(12, 6)
+    strict = tiny.config.with_(min_top_z=1e6)  # no head signal is that peaked: always falls back
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        res = tiny.answer(ctx, QUESTION, method="qgpm", config=strict, max_new_tokens=6)
+    assert res.details["flat_relevance"] is True
+    assert any("flat" in r.getMessage() and r.name == "qgpm" for r in caplog.records)
+    van = tiny.answer(ctx, QUESTION, method="vanilla", max_new_tokens=6)
+    assert res.text == van.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        normal = tiny.answer(ctx, QUESTION, method="qgpm", max_new_tokens=6)
+    assert normal.details["flat_relevance"] is False and not any("flat" in r.getMessage() for r in caplog.records)

@@ -225,3 +225,24 @@ def test_relevant_anchor_follows_the_first_relevant_sentence():
     assert lengths[35] < lengths[5]  # near evidence: fewer planes modulated
     with pytest.raises(ValueError, match="anchor_basis"):
         QGPMConfig(anchor_basis="question")
+
+
+def test_min_top_z_falls_back_to_vanilla_positions_on_flat_relevance():
+    inv = plain_inv_freq(32, 1e4)
+    rot = RotaryInfo(inv, 1.0, "default", 32)
+    ts = torch.tensor([-1] + [i // 5 for i in range(50)] + [-1])
+    peaked = torch.zeros(10, dtype=torch.float64)
+    peaked[4] = 3.0  # fused z of the top sentence
+    cfg = QGPMConfig(s_low=0.2, anchor_ratio=1.0, min_top_z=2.5)
+    mr = build_plan(ts, peaked, config=cfg, rotary=rot, n_layers=2)
+    assert not mr.flat and mr.token_scores[1].min() < 1
+    low = build_plan(ts, peaked * 0.5, config=cfg, rotary=rot, n_layers=2)  # top z 1.5 < 2.5
+    assert low.flat
+    ar = torch.arange(ts.numel(), dtype=torch.float64)
+    for t, p in zip(low.token_scores, low.plan.positions):
+        assert bool((t == 1).all()) and all(torch.equal(p[m], ar) for m in range(p.shape[0]))
+    assert not build_plan(ts, peaked * 0.5, config=cfg.with_(min_top_z=None), rotary=rot, n_layers=2).flat
+    # the Oracle's labels are not a head signal: never flat
+    assert not build_plan(ts, (peaked > 0).double(), config=cfg.with_(min_top_z=5.0), rotary=rot, n_layers=2, dense=True).flat
+    with pytest.raises(ValueError, match="min_top_z"):
+        QGPMConfig(min_top_z=float("nan"))

@@ -67,7 +67,7 @@ __all__ = [
     "load_config",
 ]
 
-SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "anchor_basis", "tau", "local_window", "unmodulated_layers", "split_layer")
+SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "anchor_basis", "tau", "local_window", "unmodulated_layers", "min_top_z", "split_layer")
 PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
 
 DEFAULT_GRID: dict[str, list] = {
