@@ -121,6 +121,20 @@ class QGPMResult:
     finish_reason: str = "stop"
     edit: Any = None  # EditedContext for topk / reorder
     details: dict[str, Any] = field(default_factory=dict)
+    context: str | None = None  # the context as the prompt held it (relevance spans index into it)
+    question: str | None = None
+
+    def to_html(self, *, top: int = 10) -> str:
+        """A self-contained HTML page showing why this answer came out (see :mod:`qgpm.explain`)."""
+        from .explain import render_html
+
+        return render_html(self, top=top)
+
+    def plot(self, *, evidence: Sequence[str] | None = None, ax: Any = None):
+        """A matplotlib figure of sentence relevance against position in the context."""
+        from .explain import plot_relevance
+
+        return plot_relevance(self, evidence=evidence, ax=ax)
 
     def top_sentences(self, k: int = 5) -> list[SentenceRelevance]:
         """The ``k`` sentences ranked most relevant (best first)."""
@@ -660,6 +674,8 @@ class QGPM:
         return QGPMResult(
             text=text, method=call.method, relevance=call.relevance,
             usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=call.details,
+            context=call.prompt.context_text if call.prompt is not None else None,
+            question=call.prompt.question_text if call.prompt is not None else None,
         )
 
 

@@ -64,6 +64,12 @@ class Prompt:
         return int(self.input_ids.shape[1])
 
     @property
+    def question_text(self) -> str | None:
+        """The question as it appears in the prompt (``None`` if the prompt has no question span)."""
+        span = self.role_spans.get("question")
+        return self.text[span[0]:span[1]] if span else None
+
+    @property
     def context_tokens(self) -> int:
         return int((self.token_sentence >= 0).sum())
 

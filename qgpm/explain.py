@@ -1,0 +1,157 @@
+"""Seeing why QGPM answered as it did: an HTML view and a relevance plot of one result.
+
+    result = engine.answer(context, question, method="qgpm")
+    Path("why.html").write_text(result.to_html())    # self-contained page, no network
+    result.plot().savefig("relevance.png")            # score against position in the context
+
+Both read only the result: the context as the prompt held it, the question, the answer and
+every sentence's rank, fused head relevance ``z`` and map scores (``broad`` in the lower
+layers, ``sharp`` in the upper ones; 1 = the sentence kept a full stride, lower = it was
+compressed on the fast planes). All text is escaped: nothing from the context can become
+markup or script.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import QGPMResult
+
+__all__ = ["render_html", "plot_relevance", "sentence_rows"]
+
+_CSS = """
+body{font:15px/1.55 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:980px;color:#1d232b;padding:0 1em}
+h1{font-size:1.35em;margin:.2em 0}h2{font-size:1.1em;margin:1.4em 0 .4em}
+.box{border:1px solid #d5dae1;border-radius:8px;padding:.8em 1em;margin:.6em 0;background:#fafbfc}
+.answer{background:#eef7ee;border-color:#9ccc9c}.meta{color:#5b6572;font-size:.9em}
+.ctx{white-space:pre-wrap}.s{border-radius:3px;padding:1px 0}
+.full{outline:2px solid #1f6fd1;outline-offset:1px}
+table{border-collapse:collapse;font-size:.92em;width:100%}td,th{border-bottom:1px solid #e3e7ec;padding:.3em .5em;text-align:left;vertical-align:top}
+th{background:#f1f3f6}.legend span{display:inline-block;padding:0 .5em;margin-right:.4em;border-radius:3px}
+"""
+
+
+def _shade(score: float) -> str:
+    """Background for a sentence: white (least relevant) to amber (most), as an rgba string."""
+    a = max(0.0, min(1.0, score))
+    return f"rgba(255,176,0,{0.08 + 0.62 * a:.3f})"
+
+
+def sentence_rows(result: "QGPMResult") -> list[dict[str, Any]]:
+    """One dict per context sentence: text, char span, depth in the context (0..1), rank,
+    z, broad/sharp scores, whether it kept a full stride in the upper layers, and the
+    0..1 intensity used for shading (1 = top-ranked)."""
+    rel = sorted(result.relevance, key=lambda s: s.start)
+    n = len(rel)
+    total = max(len(result.context or ""), 1)
+    zs = [s.z for s in rel if s.z is not None and s.z == s.z and abs(s.z) != float("inf")]
+    lo, hi = (min(zs), max(zs)) if zs else (0.0, 0.0)
+    out = []
+    for s in rel:
+        if s.z is not None and zs and hi > lo and abs(s.z) != float("inf"):
+            level = (s.z - lo) / (hi - lo)
+        else:  # Oracle (no z) or a single sentence: shade by rank
+            level = 1.0 - s.rank / max(n - 1, 1)
+        out.append({
+            "index": s.index, "text": s.text, "start": s.start, "end": s.end, "depth": s.start / total,
+            "rank": s.rank, "z": s.z, "broad": s.broad, "sharp": s.sharp, "full_stride": s.sharp >= 1.0 - 1e-9,
+            "level": max(0.0, min(1.0, level)),
+        })
+    return out
+
+
+def render_html(result: "QGPMResult", *, top: int = 10, title: str = "QGPM: why this answer") -> str:
+    """A self-contained HTML page (inline CSS, no script, no network) for ``result``.
+
+    The context is shown with each sentence shaded by its relevance (fused head z for
+    qgpm, rank for oracle) and outlined when it kept a full stride in the upper layers;
+    then the question, the answer, and a table of the ``top`` best-ranked sentences with
+    rank, z, broad/sharp scores and depth in the context.
+    """
+    esc = html.escape
+    rows = sentence_rows(result)
+    ctx = result.context or ""
+    parts: list[str] = []
+    pos = 0
+    for r in rows:
+        if r["start"] > pos:
+            parts.append(esc(ctx[pos:r["start"]]))
+        tip = f"rank {r['rank'] + 1}" + (f", z {r['z']:+.2f}" if r["z"] is not None else "") + f", broad {r['broad']:.2f}, sharp {r['sharp']:.2f}"
+        cls = "s full" if r["full_stride"] else "s"
+        parts.append(f'<span class="{cls}" style="background:{_shade(r["level"])}" title="{esc(tip)}">{esc(ctx[r["start"]:r["end"]])}</span>')
+        pos = max(pos, r["end"])
+    parts.append(esc(ctx[pos:]))
+    best = sorted(rows, key=lambda r: r["rank"])[:top]
+    def _z(v: float | None) -> str:
+        return "" if v is None else f"{v:+.2f}"
+
+    table = "".join(
+        f"<tr><td>{r['rank'] + 1}</td><td>{_z(r['z'])}</td><td>{r['broad']:.2f}</td>"
+        f"<td>{r['sharp']:.2f}</td><td>{100 * r['depth']:.0f} %</td><td>{esc(r['text'])}</td></tr>"
+        for r in best
+    )
+    d = result.details or {}
+    meta = [f"method <b>{esc(result.method)}</b>", f"{result.usage.prompt_tokens} prompt tokens", f"{result.usage.answer_tokens} answer tokens",
+            f"{result.timings.total_s:.2f} s"]
+    if d.get("anchor_length") is not None:
+        meta.append(f"frequency gate at wavelength {float(d['anchor_length']):.0f} tokens")
+    if d.get("flat_relevance"):
+        meta.append("relevance flat: vanilla positions kept")
+    no_rank = "" if rows else '<p class="meta">This method has no relevance ranking (standard positions).</p>'
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{esc(title)}</h1><p class=\"meta\">{' · '.join(meta)}</p>"
+        f"<h2>Question</h2><div class=\"box\">{esc(result.question or '')}</div>"
+        f"<h2>Answer</h2><div class=\"box answer\">{esc(result.text)}</div>"
+        f"<h2>Top sentences</h2>{no_rank}"
+        + (f"<table><tr><th>rank</th><th>z</th><th>broad</th><th>sharp</th><th>depth</th><th>sentence</th></tr>{table}</table>" if rows else "")
+        + "<h2>Context</h2><p class=\"legend meta\"><span style=\"background:" + _shade(1.0) + "\">most relevant</span>"
+        "<span style=\"background:" + _shade(0.0) + "\">least relevant</span><span class=\"full\">kept a full stride (upper layers)</span></p>"
+        f"<div class=\"box ctx\">{''.join(parts)}</div></body></html>\n"
+    )
+
+
+def plot_relevance(result: "QGPMResult", *, evidence: Sequence[str] | None = None, ax: Any = None):
+    """Sentence relevance against position in the context (matplotlib ``Figure``).
+
+    x: depth of each sentence in the context (0 = start, 1 = end, where the question
+    follows); y: fused head z (qgpm) or map score (oracle). Sentences that kept a full
+    stride are drawn filled; sentences containing an ``evidence`` string are marked with
+    a star; the question is the dashed line at depth 1.
+    """
+    import matplotlib
+
+    if ax is None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    rows = sentence_rows(result)
+    if not rows:
+        raise ValueError(f"method={result.method!r} has no relevance ranking to plot; use method='qgpm' or 'oracle'")
+    use_z = any(r["z"] is not None for r in rows)
+    ys = [(r["z"] if use_z else r["sharp"]) for r in rows]
+    xs = [r["depth"] for r in rows]
+    fig = ax.figure if ax is not None else plt.figure(figsize=(9, 3.4))
+    ax = ax or fig.add_subplot(111)
+    full = [i for i, r in enumerate(rows) if r["full_stride"]]
+    rest = [i for i, r in enumerate(rows) if not r["full_stride"]]
+    ax.plot(xs, ys, color="#9aa5b1", lw=0.8, zorder=1)
+    ax.scatter([xs[i] for i in rest], [ys[i] for i in rest], s=14, facecolors="white", edgecolors="#5b6572", label="compressed", zorder=2)
+    ax.scatter([xs[i] for i in full], [ys[i] for i in full], s=22, color="#1f6fd1", label="full stride", zorder=3)
+    if evidence:
+        ev = [i for i, r in enumerate(rows) if any(e.strip() and (e.strip() in r["text"] or r["text"].strip() in e) for e in evidence)]
+        if ev:
+            ax.scatter([xs[i] for i in ev], [ys[i] for i in ev], marker="*", s=160, color="#d1341f", label="evidence", zorder=4)
+    ax.axvline(1.0, ls="--", color="#333", lw=1)
+    ax.text(1.0, ax.get_ylim()[1], " question", va="top", ha="left", fontsize=9)
+    ax.set_xlim(-0.02, 1.1)
+    ax.set_xlabel("position in the context (0 = start, 1 = end)")
+    ax.set_ylabel("head relevance z" if use_z else "sharp-map score")
+    ax.set_title(f"QGPM relevance ({result.method}, {len(rows)} sentences)")
+    ax.legend(loc="best", fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
