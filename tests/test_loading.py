@@ -1,0 +1,64 @@
+"""The GGUF de-quantization cache: same model and tokenizer as the GGUF, built once, rebuilt when broken."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from qgpm import loading
+
+
+@pytest.mark.real_model
+def test_gguf_cache_equals_direct_load_and_rebuilds_broken_entries(tmp_path, monkeypatch, caplog):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("QGPM_HOME", str(tmp_path))
+    monkeypatch.setattr(loading, "_CACHE", {})  # a fresh process's view
+    source = loading.default_model_source()
+    folder = loading._cached_gguf_folder(source)
+    assert folder is not None and folder.parent == tmp_path / "models" and loading._entry_complete(folder)
+    manifest = json.loads((folder / loading._MANIFEST).read_text())
+    assert any(name.endswith(".safetensors") for name in manifest["files"])
+
+    direct = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file).eval()
+    direct_tok = AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file)
+    model = loading.load_model(source)
+    tok = loading.load_tokenizer(source)
+    text = "<|im_start|>user\nThe harbour master's log, 1912: tides at 4.2 m.<|im_end|>\n"
+    assert tok(text)["input_ids"] == direct_tok(text)["input_ids"]
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
+        direct_tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    ids = torch.tensor([direct_tok(text)["input_ids"]])
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, direct(ids).logits, rtol=0, atol=0)
+
+    # a second "process" reads the cache, never the GGUF
+    monkeypatch.setattr(loading, "_CACHE", {})
+    monkeypatch.setattr(loading, "_build_gguf_entry", lambda *a, **k: pytest.fail("rebuilt a complete entry"))
+    assert loading._cached_gguf_folder(source) == folder
+    monkeypatch.undo()
+    monkeypatch.setenv("QGPM_HOME", str(tmp_path))
+
+    # a truncated weights file is detected and the entry rebuilt
+    weights = next(folder / n for n in manifest["files"] if n.endswith(".safetensors"))
+    with open(weights, "r+b") as fh:
+        fh.truncate(1000)
+    assert not loading._entry_complete(folder)
+    with caplog.at_level("WARNING", logger="qgpm"):
+        again = loading._cached_gguf_folder(source)
+    assert again == folder and loading._entry_complete(folder)
+    assert any("incomplete or corrupt" in r.getMessage() for r in caplog.records)
+    # a missing manifest (a crash before the last write) is an incomplete entry too
+    (folder / loading._MANIFEST).unlink()
+    assert not loading._entry_complete(folder)
+
+
+def test_gguf_cache_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("QGPM_GGUF_CACHE", "0")
+    src = loading.ModelSource(path="/nowhere", gguf_file="x.gguf", name="x")
+    assert loading._cached_gguf_folder(src) is None
+    assert loading._load_path(src) == ("/nowhere", {"gguf_file": "x.gguf"})
+    plain = loading.ModelSource(path="some/hf-id")
+    assert loading._load_path(plain) == ("some/hf-id", {})
