@@ -37,11 +37,21 @@ def read_rows(folder: Path) -> list[dict]:
     return rows
 
 
-def folder_config(folder: Path) -> dict:
+def folder_configs(folder: Path) -> dict[str, dict]:
+    """``config_hash -> config`` of every trial in a tune folder (``trials.jsonl``; the Oracle's
+    hashes too), or ``{"": config}`` from ``best_config.json`` when only that is there."""
+    out: dict[str, dict] = {}
+    trials = folder / "trials.jsonl"
+    if trials.is_file():
+        for line in trials.read_text().splitlines():
+            t = json.loads(line)
+            out[t["config_hash"]] = t["config"]
+            if isinstance(t.get("oracle"), dict) and t["oracle"].get("config_hash"):
+                out[t["oracle"]["config_hash"]] = t["config"]
     best = folder / "best_config.json"
-    if best.is_file():
-        return json.loads(best.read_text())["config"]
-    return {}
+    if not out and best.is_file():
+        out[""] = json.loads(best.read_text())["config"]
+    return out
 
 
 def _fmt_p(p: float) -> str:
@@ -54,29 +64,32 @@ def build(folders: list[Path]) -> str:
         groups[re.sub(r"\.s\d+$", "", f.name)].append(f)
     vanilla: dict[tuple, dict] = {}
     configs: dict[str, dict] = {}
-    answers: dict[tuple[str, str], dict[tuple, dict]] = defaultdict(dict)
+    answers: dict[tuple[str, str, str], dict[tuple, dict]] = defaultdict(dict)
     for name, fs in groups.items():
         for f in fs:
-            configs.setdefault(name, folder_config(f))
+            configs.update(folder_configs(f))
             for r in read_rows(f):
                 k = tuple(r[x] for x in KEY)
                 if r["method"] == "vanilla":
                     vanilla[k] = r
                 else:
-                    answers[(name, r["method"])][k] = r
+                    answers[(name, r["method"], r["config_hash"])][k] = r
+    covered = {k for rows in answers.values() for k in rows}
+    if covered:  # vanilla on the samples the configs answered (folders may hold more vanilla rows)
+        vanilla = {k: v for k, v in vanilla.items() if k in covered}
     tasks = sorted({k[0] for k in vanilla})
     depths = sorted({k[2] for k in vanilla})
     out = ["| config | method | " + " | ".join(f"{t} acc (Δ)" for t in tasks) + " | all Δ | b/c | McNemar p | "
            + " | ".join(f"{t} Δlogp" for t in tasks) + " | n |",
            "|" + "---|" * (2 + 2 * len(tasks) + 4)]
-    van_line = ["vanilla", "–"]
+    van_line = ["vanilla (same samples)", "–"]
     for t in tasks:
         vs = [v for k, v in vanilla.items() if k[0] == t]
         van_line.append(f"{100 * sum(v['correct'] for v in vs) / max(len(vs), 1):.0f}")
     out.append("| " + " | ".join(van_line + ["–", "–", "–"] + ["–"] * len(tasks) + [str(len(vanilla))]) + " |")
     depth_tables: dict[str, list[str]] = {t: [] for t in tasks}
-    for (name, method), rows in sorted(answers.items()):
-        cfg = configs.get(name, {})
+    for (name, method, h), rows in sorted(answers.items(), key=lambda kv: (kv[0][0], kv[0][1], str(configs.get(kv[0][2], {}).get("k_sharp")), kv[0][2])):
+        cfg = configs.get(h) or configs.get("", {})
         label = name + (" (" + ", ".join(f"{k}={cfg[k]}" for k in SHOWN if k in cfg and cfg[k] not in (None, 0, 0.0)) + ")" if cfg else "")
         cells = [label, method]
         b = c = 0
