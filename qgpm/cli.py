@@ -42,13 +42,20 @@ def _ask(args: argparse.Namespace) -> int:
     if unknown or not methods:
         print(f"error: unknown method(s) {unknown}; choose from {', '.join(choices)}", file=sys.stderr)
         return 2
+    from .baselines import options_from_strings
+
+    try:
+        options = options_from_strings(args.options)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"loading {args.model or 'the embedded SmolLM2-135M-Instruct'} ...", file=sys.stderr)
     engine = QGPM.from_pretrained(args.model, device_map=args.device, dtype=args.dtype)
     print(f"question: {question}")
     if not args.question and not args.context:
         print(f"(bundled example; expected answer: {questions[args.example]['answer']})")
     for method in methods:
-        result = engine.answer(text, question, method=method, max_new_tokens=args.max_new_tokens)
+        result = engine.answer(text, question, method=method, max_new_tokens=args.max_new_tokens, **({"options": options[method]} if method in options else {}))
         print(f"\n[{method}] {result.text}")
         t = result.timings
         print(
@@ -73,7 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("question", nargs="?", help="the question (default: a bundled example question)")
     ask.add_argument("--context", help="text file to answer from ('-' = stdin); default: the bundled report")
     ask.add_argument("--method", "--methods", dest="method", default="qgpm",
-                     help="qgpm | vanilla | topk | reorder | string | ms-poe | self-extend, or several comma-separated")
+                     help="qgpm | vanilla | topk | reorder | string | ms-poe | self-extend | llmlingua-2, or several comma-separated")
+    ask.add_argument("--option", dest="options", action="append", default=[], metavar="METHOD.FIELD=VALUE",
+                     help="a baseline setting, e.g. string.local_window=256 or llmlingua-2.model=PATH (repeatable)")
     ask.add_argument("--model", default=None, help="HF id, local folder or .gguf (default: embedded SmolLM2-135M-Instruct)")
     ask.add_argument("--device", default=None, help="device_map for transformers, e.g. cuda or auto")
     ask.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: the checkpoint's)")

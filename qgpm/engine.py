@@ -8,8 +8,8 @@
 Methods: ``vanilla`` (standard RoPE), ``qgpm`` (head relevance -> modulated positions),
 ``oracle`` (caller-given evidence -> modulated positions), ``topk`` / ``reorder``
 (reranker-based input editing with standard RoPE, paper Sec. 5.3), and the paper's
-query-agnostic RoPE baselines ``string`` / ``ms-poe`` / ``self-extend`` (settings in
-``options=``, see :mod:`qgpm.baselines`).
+query-agnostic baselines: RoPE changes ``string`` / ``ms-poe`` / ``self-extend`` and input
+compression ``llmlingua-2`` (settings in ``options=``, see :mod:`qgpm.baselines`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Iterator, Literal, Sequence
 
 import torch
 
-from .baselines import BASELINE_METHODS, build_baseline_plan, resolve_options
+from .baselines import BASELINE_METHODS, ROPE_BASELINES, build_baseline_plan, resolve_options
 from .config import QGPMConfig
 from .heads import HeadSet, HeadSetMissingError, load_head_set
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
@@ -37,7 +37,7 @@ _PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "
 
 __all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream", "PreparedCall"]
 
-Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend"]
+Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2"]
 METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder", *BASELINE_METHODS)
 DEFAULT_RERANKER = "minilm"
 """Default reranker of ``topk``/``reorder``: best evidence-chunk MRR in
@@ -119,7 +119,7 @@ class QGPMResult:
     def explain(self, k: int = 5) -> str:
         """A short human-readable account of the ranking."""
         if not self.relevance:
-            how = "query-agnostic positions" if self.method in BASELINE_METHODS else "standard positions"
+            how = "query-agnostic positions" if self.method in ROPE_BASELINES else "standard positions"
             return f"method={self.method}: no relevance ranking ({how})"
         lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences"]
         for s in self.top_sentences(k):
@@ -327,9 +327,10 @@ class QGPM:
         ``reranker`` / ``k`` apply to ``topk`` and ``reorder`` (default reranker:
         the bundled all-MiniLM-L6-v2, chosen by measurement, see ``DEFAULT_RERANKER``). ``stop`` strings end the
         answer (and are cut from it). ``config`` overrides the engine's settings for
-        this call. ``options`` sets a RoPE baseline (``string``: :class:`~qgpm.StringOptions`,
-        ``ms-poe``: :class:`~qgpm.MsPoEOptions`, ``self-extend``:
-        :class:`~qgpm.SelfExtendOptions`; ``None`` = the method's defaults).
+        this call. ``options`` sets a query-agnostic baseline (``string``:
+        :class:`~qgpm.StringOptions`, ``ms-poe``: :class:`~qgpm.MsPoEOptions`,
+        ``self-extend``: :class:`~qgpm.SelfExtendOptions`, ``None`` = the method's
+        defaults; ``llmlingua-2``: :class:`~qgpm.LLMLingua2Options` with the compressor's path).
         Greedy decoding unless ``temperature > 0``.
         """
         call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens, options)
@@ -500,7 +501,7 @@ class QGPM:
     def _check_ready(self, method: str) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        if method in ("qgpm", "oracle", *BASELINE_METHODS) and self._support_error is not None:
+        if method in ("qgpm", "oracle", *ROPE_BASELINES) and self._support_error is not None:
             raise self._support_error
         if method == "qgpm" and self.head_set is None:
             raise self._head_error or HeadSetMissingError("no head set")
@@ -524,6 +525,16 @@ class QGPM:
             )
             timings.edit_s = time.perf_counter() - t
             context = edit.text
+        elif method == "llmlingua-2":
+            if evidence is not None:
+                raise ValueError("evidence= is only used by method='oracle'")
+            from .baselines.llmlingua import compress_context
+
+            t = time.perf_counter()
+            edit = compress_context(context, options)
+            timings.edit_s = time.perf_counter() - t
+            details.update(original_tokens=edit.original_tokens, compressed_tokens=edit.compressed_tokens)
+            context = edit.documents
         elif evidence is not None and method != "oracle":
             raise ValueError("evidence= is only used by method='oracle'")
         spec = PromptSpec(context=context, question=question, instruction=instruction, system=system, answer_prefix=answer_prefix, template=template)
@@ -561,7 +572,7 @@ class QGPM:
             relevance = self._relevance(prompt, mr, None, units)
             details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=rel, config=cfg, units=units)
-        elif options is not None:  # a RoPE baseline (qgpm.baselines): positions change inside attention
+        elif method in ROPE_BASELINES:  # positions change inside attention (qgpm.baselines)
             t = time.perf_counter()
             plan, info = build_baseline_plan(method, options, n_tokens=prompt.num_tokens, rotary=self.rotary, n_layers=self.n_layers)
             timings.plan_s = time.perf_counter() - t

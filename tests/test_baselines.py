@@ -14,7 +14,7 @@ from baseline_reference import BruteForce
 from qgpm_testing import FAMILIES, tiny_model
 
 from qgpm import METHODS, QGPM, MsPoEOptions, SelfExtendOptions, StringOptions
-from qgpm.baselines import BASELINE_METHODS, BASELINE_OPTIONS, options_from_strings, resolve_options, rules
+from qgpm.baselines import BASELINE_METHODS, BASELINE_OPTIONS, ROPE_BASELINES, options_from_strings, resolve_options, rules
 from qgpm.baselines import attention as attn_mod
 from qgpm.baselines.attention import ATTENTION_NAME, active_plans, attention_lse, merge_by_lse
 from qgpm.runtime import apply_plan, decoder_layers
@@ -147,7 +147,8 @@ def test_options_are_frozen_and_registered_in_one_place():
         opts.local_window = 3  # type: ignore[misc]
     assert opts.with_(local_window=64).local_window == 64 and opts.local_window == 128
     assert StringOptions().shift_for(3000) == 1000 and StringOptions(shift=700).shift_for(3000) == 700
-    assert tuple(BASELINE_OPTIONS) == BASELINE_METHODS == ("string", "ms-poe", "self-extend")
+    assert tuple(BASELINE_OPTIONS) == BASELINE_METHODS == ("string", "ms-poe", "self-extend", "llmlingua-2")
+    assert ROPE_BASELINES == ("string", "ms-poe", "self-extend")
     assert all(m in METHODS for m in BASELINE_METHODS)
     assert (SelfExtendOptions().group_size, SelfExtendOptions().window) == (8, 1024)
     assert (MsPoEOptions().min_ratio, MsPoEOptions().max_ratio, MsPoEOptions().skip_layers) == (1.2, 1.8, 2)
@@ -313,7 +314,7 @@ class Boom(Exception):
     pass
 
 
-@pytest.mark.parametrize("method", BASELINE_METHODS)
+@pytest.mark.parametrize("method", ROPE_BASELINES)
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_model_is_clean_after_a_call_and_after_a_fault(method, impl, tokenizer):
     from transformers import StoppingCriteria, StoppingCriteriaList

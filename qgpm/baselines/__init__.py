@@ -1,6 +1,8 @@
-"""Query-agnostic RoPE baselines the paper compares QGPM with: STRING, Ms-PoE, Self-Extend.
+"""Query-agnostic baselines the paper compares QGPM with: STRING, Ms-PoE, Self-Extend
+(RoPE changes) and LLMLingua-2 (input compression).
 
-They change positions inside attention without looking at the question, training nothing:
+The RoPE baselines change positions inside attention without looking at the question,
+training nothing:
 
 - ``string`` (:class:`StringOptions`): relative distance ``d`` stays below ``S`` and
   becomes ``d - S + W`` at or beyond it (``S = N/3``, ``W = 128``).
@@ -14,20 +16,28 @@ options=StringOptions(...))``. Each runs as a custom attention function register
 transformers' ``AttentionInterface`` for the duration of the call
 (:mod:`qgpm.baselines.attention`), with eager or sdpa models, ``generate()`` and the KV cache.
 
-This module is the one place that lists them (:data:`BASELINE_METHODS`,
-:data:`BASELINE_OPTIONS`).
+``llmlingua-2`` (:class:`LLMLingua2Options`, :mod:`qgpm.baselines.llmlingua`) compresses
+the context with a token classifier whose weights the user supplies, then answers with
+standard RoPE; it needs the ``llmlingua`` package.
+
+This module is the one place that lists them (:data:`BASELINE_OPTIONS`: method -> options
+class; :data:`ROPE_BASELINES`: those that act inside attention).
 """
 
 from __future__ import annotations
 
+import codecs
+from dataclasses import fields
 from typing import Any
 
-from .options import STRING_RELEASED_SCALE, MsPoEOptions, SelfExtendOptions, StringOptions
+from .options import STRING_RELEASED_SCALE, LLMLingua2Options, MsPoEOptions, SelfExtendOptions, StringOptions
 from .plans import BaselinePlan, build_baseline_plan
 
 __all__ = [
     "BASELINE_METHODS",
     "BASELINE_OPTIONS",
+    "ROPE_BASELINES",
+    "LLMLingua2Options",
     "BaselineOptions",
     "StringOptions",
     "MsPoEOptions",
@@ -39,23 +49,27 @@ __all__ = [
     "options_from_strings",
 ]
 
-BaselineOptions = StringOptions | MsPoEOptions | SelfExtendOptions
+BaselineOptions = StringOptions | MsPoEOptions | SelfExtendOptions | LLMLingua2Options
 
 BASELINE_OPTIONS: dict[str, type] = {
     "string": StringOptions,
     "ms-poe": MsPoEOptions,
     "self-extend": SelfExtendOptions,
+    "llmlingua-2": LLMLingua2Options,
 }
-"""Method name -> its options class: the registration of the RoPE baselines."""
+"""Method name -> its options class: the registration of the query-agnostic baselines."""
 
 BASELINE_METHODS: tuple[str, ...] = tuple(BASELINE_OPTIONS)
+ROPE_BASELINES: tuple[str, ...] = ("string", "ms-poe", "self-extend")
+"""The baselines that change positions inside attention (they need a supported RoPE family)."""
 
 
 def resolve_options(method: str, options: Any) -> BaselineOptions | None:
     """The options a call of ``method`` runs with (``None`` for a method that takes none).
 
-    ``options=None`` gives the method's defaults. Options of another method, or options
-    for a method that takes none, raise rather than being ignored.
+    ``options=None`` gives the method's defaults (``llmlingua-2`` has none: it needs the
+    compressor's path). Options of another method, or options for a method that takes
+    none, raise rather than being ignored.
     """
     cls = BASELINE_OPTIONS.get(method)
     if cls is None:
@@ -103,5 +117,9 @@ def options_from_strings(specs: list[str] | tuple[str, ...]) -> dict[str, Baseli
             raise ValueError(f"bad option {spec!r}: {method!r} is not one of {', '.join(BASELINE_METHODS)}")
         if fld not in cls.field_names():
             raise ValueError(f"bad option {spec!r}: {cls.__name__} has no field {fld!r}; fields: {', '.join(cls.field_names())}")
-        changes.setdefault(method, {})[fld] = _coerce(value)
+        default = {f.name: f.default for f in fields(cls)}[fld]
+        if isinstance(default, tuple):  # e.g. llmlingua-2.force_tokens=\n,?
+            changes.setdefault(method, {})[fld] = tuple(codecs.decode(v, "unicode_escape") for v in value.split(","))
+        else:
+            changes.setdefault(method, {})[fld] = _coerce(value)
     return {m: BASELINE_OPTIONS[m](**kw) for m, kw in changes.items()}

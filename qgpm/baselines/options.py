@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, ClassVar
 
-__all__ = ["StringOptions", "MsPoEOptions", "SelfExtendOptions", "STRING_RELEASED_SCALE"]
+__all__ = ["StringOptions", "MsPoEOptions", "SelfExtendOptions", "LLMLingua2Options", "STRING_RELEASED_SCALE", "LLMLINGUA2_MODEL_KINDS"]
 
 STRING_RELEASED_SCALE: float = 0.1 * math.log(2) + 1
 """The extra factor (~1.0693) the released STRING code multiplies its cos/sin tables by
@@ -161,3 +161,57 @@ class SelfExtendOptions(_Options):
     def __post_init__(self) -> None:
         _check_int("SelfExtendOptions.group_size", self.group_size, 1)
         _check_int("SelfExtendOptions.window", self.window, 1)
+
+
+LLMLINGUA2_MODEL_KINDS: tuple[str, ...] = ("xlm-roberta-large", "bert-base-multilingual-cased")
+"""llmlingua picks its word-boundary rule from the compressor's name: the path must contain one of these."""
+
+
+@dataclass(frozen=True)
+class LLMLingua2Options(_Options):
+    """LLMLingua-2 (Pan et al., 2024): a token classifier keeps the words it scores as
+    informative; the model then answers over the compressed context with standard RoPE.
+
+    Runs with the ``llmlingua`` package and compressor weights you supply (no download at
+    run time), e.g. a local copy of ``microsoft/llmlingua-2-xlm-roberta-large-meetingbank``.
+
+    Attributes
+    ----------
+    model:
+        Local folder (or cached hub id) of the compressor. llmlingua chooses how to join
+        sub-words from the name, so it must contain ``xlm-roberta-large`` or
+        ``bert-base-multilingual-cased`` (keep the released folder names).
+    rate:
+        Share of tokens to keep (LLMLingua-2's examples: 0.33).
+    force_tokens:
+        Tokens always kept (LLMLingua-2's examples: newline and ``?``).
+    device:
+        Where the compressor runs (``"cpu"``, ``"cuda"``).
+    """
+
+    method: ClassVar[str] = "llmlingua-2"
+    model: str = ""
+    rate: float = 0.33
+    force_tokens: tuple[str, ...] = ("\n", "?")
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(
+                "LLMLingua2Options.model is required: the path of the compressor weights, e.g. a local copy of "
+                "microsoft/llmlingua-2-xlm-roberta-large-meetingbank"
+            )
+        if not any(kind in self.model for kind in LLMLINGUA2_MODEL_KINDS):
+            raise ValueError(
+                f"LLMLingua2Options.model={self.model!r}: llmlingua reads the compressor kind from its name, which must "
+                f"contain one of {', '.join(LLMLINGUA2_MODEL_KINDS)} (keep the released folder name)"
+            )
+        rate = _check_float("LLMLingua2Options.rate", self.rate)
+        if not 0 < rate <= 1:
+            raise ValueError(f"LLMLingua2Options.rate must be in (0, 1], got {self.rate}")
+        tokens = tuple(self.force_tokens) if isinstance(self.force_tokens, (list, tuple)) else None
+        if tokens is None or not all(isinstance(t, str) and t for t in tokens):
+            raise TypeError(f"LLMLingua2Options.force_tokens must be a sequence of non-empty strings, got {self.force_tokens!r}")
+        object.__setattr__(self, "force_tokens", tokens)
+        if not isinstance(self.device, str) or not self.device:
+            raise TypeError(f"LLMLingua2Options.device must be a device name such as 'cpu', got {self.device!r}")

@@ -105,12 +105,12 @@ def register(subparsers) -> None:
     _model_args(p)
     _sample_args(p, split_choices=("test", "dev"), default_split="test", default_n=10)
     p.add_argument("--methods", type=_csv, default=["vanilla", "qgpm", "oracle", "topk", "reorder"],
-                   help="comma list (default: vanilla,qgpm,oracle,topk,reorder); the RoPE baselines string, ms-poe, self-extend run when listed")
+                   help="comma list (default: vanilla,qgpm,oracle,topk,reorder); the baselines string, ms-poe, self-extend, llmlingua-2 run when listed")
     p.add_argument("--reranker", default="minilm", help="reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> (default minilm, the engine default)")
     p.add_argument("--k", type=int, default=5, help="chunks kept by topk (default 5)")
     p.add_argument("--option", dest="options", action="append", default=[], metavar="METHOD.FIELD=VALUE",
-                   help="a RoPE baseline setting, e.g. string.local_window=256, self-extend.group_size=4, ms-poe.max_ratio=2 "
-                   "(repeatable; fields of qgpm.StringOptions / SelfExtendOptions / MsPoEOptions)")
+                   help="a baseline setting, e.g. string.local_window=256, self-extend.group_size=4, ms-poe.max_ratio=2, "
+                   "llmlingua-2.model=PATH (repeatable; fields of qgpm.StringOptions / SelfExtendOptions / MsPoEOptions / LLMLingua2Options)")
     _config_args(p)
     p.add_argument("--out", required=True, help="output folder (resumed if it holds rows)")
     p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob (scored in the answer's own prefill; saves little)")

@@ -47,8 +47,8 @@ from .prompts import CONTEXT_ROLE, QGPM_ROLE_KEY, QUESTION_ROLE, document_texts
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache"]
 
 # Kept literal so that importing the adapter does not import torch; equals qgpm.METHODS (tested).
-QGPM_METHODS: tuple[str, ...] = ("qgpm", "vanilla", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend")
-_BASELINE_METHODS = ("string", "ms-poe", "self-extend")  # qgpm.BASELINE_METHODS: settings in options=
+QGPM_METHODS: tuple[str, ...] = ("qgpm", "vanilla", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2")
+_BASELINE_METHODS = ("string", "ms-poe", "self-extend", "llmlingua-2")  # qgpm.BASELINE_METHODS: settings in options=
 _DEFAULT_NAMES = {"smollm2", "smollm2-135m-instruct"}
 _DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -280,8 +280,8 @@ class QGPMChatModel(BaseChatModel):
     Context and question reach QGPM through a marked prompt (:func:`qgpm_prompt`) or
     ``context=`` / ``question=`` call keyword arguments (``invoke(..., context=docs)``,
     ``bind(context=docs)``). Other per-call keywords: ``method``, ``evidence`` (oracle),
-    ``reranker`` / ``k`` (topk, reorder), ``options`` (the RoPE baselines string,
-    ms-poe, self-extend: ``qgpm.StringOptions`` etc.), ``system``, ``instruction``,
+    ``reranker`` / ``k`` (topk, reorder), ``options`` (the baselines string, ms-poe,
+    self-extend, llmlingua-2: ``qgpm.StringOptions`` etc.), ``system``, ``instruction``,
     ``answer_prefix``, ``qgpm_config``, ``max_tokens``, ``temperature``, ``top_p``,
     ``seed``, ``explain_k``, ``model``, ``timeout``. Without context it is a plain chat
     model.
@@ -296,11 +296,11 @@ class QGPMChatModel(BaseChatModel):
 
     model: str | None = Field(default=None, description="HF id, local folder or .gguf path; None = embedded SmolLM2-135M-Instruct.")
     engine: Any = Field(default=None, exclude=True, repr=False, description="An existing qgpm.QGPM engine to use instead of loading `model`.")
-    method: Literal["qgpm", "vanilla", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend"] = "qgpm"
+    method: Literal["qgpm", "vanilla", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2"] = "qgpm"
     heads: Any = Field(default=None, description="Head set for pass 1 (see QGPM.from_pretrained); None = the stored set.")
     qgpm_config: Any = Field(default=None, description="A qgpm.QGPMConfig overriding the engine's settings.")
-    options: Any = Field(default=None, description="Settings of the RoPE baseline given as method (qgpm.StringOptions / MsPoEOptions / "
-                         "SelfExtendOptions); None = that method's defaults.")
+    options: Any = Field(default=None, description="Settings of the baseline given as method (qgpm.StringOptions / MsPoEOptions / "
+                         "SelfExtendOptions / LLMLingua2Options); None = that method's defaults.")
     max_tokens: int = Field(default=64, ge=1, alias="max_new_tokens")
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)

@@ -129,9 +129,9 @@ class QGPMLLM(LLM):
             SmolLM2-135M-Instruct; models are cached per process).
         heads: Head set for ``from_pretrained`` (see :meth:`qgpm.QGPM.from_pretrained`).
         method: ``qgpm`` | ``vanilla`` | ``oracle`` | ``topk`` | ``reorder`` | ``string`` |
-            ``ms-poe`` | ``self-extend``.
-        options: Settings of a RoPE baseline method (``qgpm.StringOptions``,
-            ``MsPoEOptions``, ``SelfExtendOptions``); ``None`` = the method's defaults.
+            ``ms-poe`` | ``self-extend`` | ``llmlingua-2``.
+        options: Settings of a baseline method (``qgpm.StringOptions``, ``MsPoEOptions``,
+            ``SelfExtendOptions``, ``LLMLingua2Options``); ``None`` = the method's defaults.
         max_new_tokens: Answer budget (also ``metadata.num_output``).
         temperature, top_p, seed, stop: Decoding (greedy when ``temperature == 0``).
         instruction: Instruction of first-step prompts (``None`` = QGPM's default).
@@ -146,8 +146,8 @@ class QGPMLLM(LLM):
             (see :func:`set_tokenizer`; an already chosen tokenizer is kept).
     """
 
-    method: str = Field(default="qgpm", description="qgpm | vanilla | oracle | topk | reorder | string | ms-poe | self-extend")
-    options: Any = Field(default=None, description="RoPE baseline settings (qgpm.StringOptions / MsPoEOptions / SelfExtendOptions).")
+    method: str = Field(default="qgpm", description="qgpm | vanilla | oracle | topk | reorder | string | ms-poe | self-extend | llmlingua-2")
+    options: Any = Field(default=None, description="Baseline settings (qgpm.StringOptions / MsPoEOptions / SelfExtendOptions / LLMLingua2Options).")
     max_new_tokens: int = Field(default=64, gt=0, description="Tokens to generate at most.")
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy decoding.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
