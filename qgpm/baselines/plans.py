@@ -33,7 +33,6 @@ class BaselinePlan:
     num_tokens: int
     rotary: RotaryInfo
     n_layers: int
-    capacity: int = 0  # kept for symmetry with PositionPlan (the engine sets it); unused here
     _inv_freq: dict = field(default_factory=dict, repr=False)
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
