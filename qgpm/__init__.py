@@ -9,6 +9,7 @@ on the fast rotary planes. No token is moved or dropped, no weight is trained.
     >>> result = engine.answer(context=text, question="...")
 """
 
+from .baselines import BASELINE_METHODS, STRING_RELEASED_SCALE, LLMLingua2Options, MsPoEOptions, SelfExtendOptions, StringOptions
 from .config import PRESETS, QGPMConfig
 from .engine import METHODS, AnswerStream, ContextTooLongError, QGPM, QGPMResult, SentenceRelevance, Timings, Usage
 from .heads import HeadSet, HeadSetMissingError
@@ -24,6 +25,12 @@ __all__ = [
     "Timings",
     "AnswerStream",
     "METHODS",
+    "BASELINE_METHODS",
+    "StringOptions",
+    "MsPoEOptions",
+    "SelfExtendOptions",
+    "LLMLingua2Options",
+    "STRING_RELEASED_SCALE",
     "PRESETS",
     "HeadSet",
     "HeadSetMissingError",

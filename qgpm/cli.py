@@ -3,6 +3,7 @@
     qgpm ask                                   # bundled report + bundled question, embedded model
     qgpm ask "When does the winter ferry timetable start?"
     qgpm ask --method vanilla "..."            # compare with standard RoPE
+    qgpm ask --methods qgpm,string,self-extend # the paper's RoPE baselines side by side
     qgpm ask --context notes.txt "..."         # your own text (use - for stdin)
 """
 
@@ -26,7 +27,7 @@ def sample_document() -> tuple[str, list[dict]]:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from . import QGPM, METHODS
+    from . import BASELINE_METHODS, METHODS, QGPM
 
     text, questions = sample_document()
     if args.context:
@@ -35,10 +36,18 @@ def _ask(args: argparse.Namespace) -> int:
             print("error: with --context, give a question: qgpm ask --context FILE \"your question\"", file=sys.stderr)
             return 2
     question = args.question or questions[args.example]["question"]
-    methods = [m.strip() for m in args.method.split(",")]
-    unknown = [m for m in methods if m not in METHODS or m == "oracle"]
-    if unknown:
-        print(f"error: unknown method(s) {unknown}; choose from vanilla, qgpm, topk, reorder", file=sys.stderr)
+    methods = [m.strip() for m in args.method.split(",") if m.strip()]
+    choices = [m for m in METHODS if m != "oracle"]  # oracle needs evidence marks
+    unknown = [m for m in methods if m not in choices]
+    if unknown or not methods:
+        print(f"error: unknown method(s) {unknown}; choose from {', '.join(choices)}", file=sys.stderr)
+        return 2
+    from .baselines import options_from_strings
+
+    try:
+        options = options_from_strings(args.options)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"loading {args.model or 'the embedded SmolLM2-135M-Instruct'} ...", file=sys.stderr)
     engine = QGPM.from_pretrained(args.model, device_map=args.device, dtype=args.dtype)
@@ -46,7 +55,7 @@ def _ask(args: argparse.Namespace) -> int:
     if not args.question and not args.context:
         print(f"(bundled example; expected answer: {questions[args.example]['answer']})")
     for method in methods:
-        result = engine.answer(text, question, method=method, max_new_tokens=args.max_new_tokens)
+        result = engine.answer(text, question, method=method, max_new_tokens=args.max_new_tokens, **({"options": options[method]} if method in options else {}))
         print(f"\n[{method}] {result.text}")
         t = result.timings
         print(
@@ -59,6 +68,8 @@ def _ask(args: argparse.Namespace) -> int:
                 print(f"   #{s.rank + 1} z={s.z:+.2f} {s.text[:160]}")
         if result.edit is not None:
             print(f"  {method}: kept chunks {result.edit.kept} of {len(result.edit.chunks)}")
+        if method in BASELINE_METHODS:
+            print(f"  {method} settings: " + ", ".join(f"{k}={v}" for k, v in result.details.items()))
     return 0
 
 
@@ -68,7 +79,10 @@ def _parser() -> argparse.ArgumentParser:
     ask = sub.add_parser("ask", help="answer a question over a long text (default: the bundled sample report)")
     ask.add_argument("question", nargs="?", help="the question (default: a bundled example question)")
     ask.add_argument("--context", help="text file to answer from ('-' = stdin); default: the bundled report")
-    ask.add_argument("--method", default="qgpm", help="qgpm | vanilla | topk | reorder, or several comma-separated")
+    ask.add_argument("--method", "--methods", dest="method", default="qgpm",
+                     help="qgpm | vanilla | topk | reorder | string | ms-poe | self-extend | llmlingua-2, or several comma-separated")
+    ask.add_argument("--option", dest="options", action="append", default=[], metavar="METHOD.FIELD=VALUE",
+                     help="a baseline setting, e.g. string.local_window=256 or llmlingua-2.model=PATH (repeatable)")
     ask.add_argument("--model", default=None, help="HF id, local folder or .gguf (default: embedded SmolLM2-135M-Instruct)")
     ask.add_argument("--device", default=None, help="device_map for transformers, e.g. cuda or auto")
     ask.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: the checkpoint's)")

@@ -7,7 +7,9 @@
 
 Methods: ``vanilla`` (standard RoPE), ``qgpm`` (head relevance -> modulated positions),
 ``oracle`` (caller-given evidence -> modulated positions), ``topk`` / ``reorder``
-(reranker-based input editing with standard RoPE, paper Sec. 5.3).
+(reranker-based input editing with standard RoPE, paper Sec. 5.3), and the paper's
+query-agnostic baselines: RoPE changes ``string`` / ``ms-poe`` / ``self-extend`` and input
+compression ``llmlingua-2`` (settings in ``options=``, see :mod:`qgpm.baselines`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, Iterator, Literal, Sequence
 
 import torch
 
+from .baselines import BASELINE_METHODS, ROPE_BASELINES, build_baseline_plan, resolve_options
 from .config import QGPMConfig
 from .heads import HeadSet, HeadSetMissingError, load_head_set
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
@@ -37,8 +40,8 @@ _PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "
 
 __all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream", "PreparedCall"]
 
-Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder"]
-METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder")
+Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2"]
+METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder", *BASELINE_METHODS)
 DEFAULT_RERANKER = "minilm"
 """Default reranker of ``topk``/``reorder``: best evidence-chunk MRR in
 ``benchmarks/results/rerank_mrr.md`` (ties BM25 overall, clearly ahead on the
@@ -143,7 +146,8 @@ class QGPMResult:
     def explain(self, k: int = 5) -> str:
         """A short human-readable account of the ranking."""
         if not self.relevance:
-            return f"method={self.method}: no relevance ranking (standard positions)"
+            how = "query-agnostic positions" if self.method in ROPE_BASELINES else "standard positions"
+            return f"method={self.method}: no relevance ranking ({how})"
         lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences"]
         for s in self.top_sentences(k):
             z = "" if s.z is None else f" z={s.z:+.2f}"
@@ -156,7 +160,8 @@ class PreparedCall:
     """Everything decided before generation (what :meth:`QGPM.prepare` returns).
 
     ``prompt``: the tokenized prompt with its role spans and sentences; ``plan``: the
-    position plan (``None`` = standard RoPE: vanilla, topk, reorder); ``relevance``: the
+    position plan (``None`` = standard RoPE: vanilla, topk, reorder; an attention-level
+    :class:`~qgpm.baselines.BaselinePlan` for string, ms-poe, self-extend); ``relevance``: the
     per-sentence ranks and map scores; ``edit``: the Top-K / Reorder edit, if any;
     ``z``: QGPM's fused head relevance per sentence (qgpm only), kept so that
     :meth:`QGPM.replan` can try other shaping settings without rerunning pass 1;
@@ -340,6 +345,7 @@ class QGPM:
         k: int = 5,
         config: QGPMConfig | None = None,
         seed: int | None = None,
+        options: Any = None,
         **generate_kwargs: Any,
     ) -> QGPMResult:
         """Answer ``question`` from ``context`` with ``method``.
@@ -348,9 +354,13 @@ class QGPM:
         ``reranker`` / ``k`` apply to ``topk`` and ``reorder`` (default reranker:
         the bundled all-MiniLM-L6-v2, chosen by measurement, see ``DEFAULT_RERANKER``). ``stop`` strings end the
         answer (and are cut from it). ``config`` overrides the engine's settings for
-        this call. Greedy decoding unless ``temperature > 0``.
+        this call. ``options`` sets a query-agnostic baseline (``string``:
+        :class:`~qgpm.StringOptions`, ``ms-poe``: :class:`~qgpm.MsPoEOptions`,
+        ``self-extend``: :class:`~qgpm.SelfExtendOptions`, ``None`` = the method's
+        defaults; ``llmlingua-2``: :class:`~qgpm.LLMLingua2Options` with the compressor's path).
+        Greedy decoding unless ``temperature > 0``.
         """
-        call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens)
+        call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens, options)
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
 
     def generate_prepared(
@@ -494,8 +504,8 @@ class QGPM:
 
     def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
         """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
-        keys = ("method", "evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "max_new_tokens")
-        defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, 5, None, 0)
+        keys = ("method", "evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "max_new_tokens", "options")
+        defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, 5, None, 0, None)
         args = [kwargs.pop(k, d) for k, d in zip(keys, defaults)]
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
@@ -519,13 +529,14 @@ class QGPM:
     def _check_ready(self, method: str) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        if method in ("qgpm", "oracle") and self._support_error is not None:
+        if method in ("qgpm", "oracle", *ROPE_BASELINES) and self._support_error is not None:
             raise self._support_error
         if method == "qgpm" and self.head_set is None:
             raise self._head_error or HeadSetMissingError("no head set")
 
-    def _prepare(self, context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens) -> PreparedCall:
+    def _prepare(self, context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens, options=None) -> PreparedCall:
         self._check_ready(method)
+        options = resolve_options(method, options)  # bad settings fail before any work
         cfg = config or self.config
         timings = Timings()
         edit = None
@@ -542,6 +553,16 @@ class QGPM:
             )
             timings.edit_s = time.perf_counter() - t
             context = edit.text
+        elif method == "llmlingua-2":
+            if evidence is not None:
+                raise ValueError("evidence= is only used by method='oracle'")
+            from .baselines.llmlingua import compress_context
+
+            t = time.perf_counter()
+            edit = compress_context(context, options)
+            timings.edit_s = time.perf_counter() - t
+            details.update(original_tokens=edit.original_tokens, compressed_tokens=edit.compressed_tokens)
+            context = edit.documents
         elif evidence is not None and method != "oracle":
             raise ValueError("evidence= is only used by method='oracle'")
         spec = PromptSpec(context=context, question=question, instruction=instruction, system=system, answer_prefix=answer_prefix, template=template)
@@ -581,6 +602,11 @@ class QGPM:
             relevance = self._relevance(prompt, mr, None, units)
             details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=rel, config=cfg, units=units)
+        elif method in ROPE_BASELINES:  # positions change inside attention (qgpm.baselines)
+            t = time.perf_counter()
+            plan, info = build_baseline_plan(method, options, n_tokens=prompt.num_tokens, rotary=self.rotary, n_layers=self.n_layers)
+            timings.plan_s = time.perf_counter() - t
+            details.update(info)
         return PreparedCall(prompt, method, plan, relevance, timings, edit, details, config=cfg)
 
     def _check_length(self, prompt: Prompt, max_new_tokens: int) -> None:
@@ -728,11 +754,12 @@ class AnswerStream:
         method = kw.pop("method", "qgpm")
         max_new_tokens = kw.pop("max_new_tokens", 64)
         gen_args = {k: kw.pop(k) for k in ("temperature", "top_p", "stop", "seed") if k in kw}
-        prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config")
+        prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "options")
         prep = {k: kw.pop(k) for k in prep_keys if k in kw}
         call = self._call or eng._prepare(
             context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
             prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", 5), prep.get("config"), max_new_tokens,
+            prep.get("options"),
         )
         stop = [s for s in (gen_args.get("stop") or []) if s]
         gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)

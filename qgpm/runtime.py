@@ -19,11 +19,14 @@ import contextlib
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
 from .positions import positions_at, rope_angles, rope_tables
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .baselines.plans import BaselinePlan
 
 __all__ = [
     "SUPPORTED_FAMILIES",
@@ -157,16 +160,22 @@ class PositionPlan:
 
 
 @contextlib.contextmanager
-def apply_plan(model: torch.nn.Module, plan: PositionPlan | None) -> Iterator[None]:
+def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None") -> Iterator[None]:
     """Within the block, every forward of ``model`` uses ``plan``'s positions.
 
     ``plan=None`` only takes the model lock (vanilla behaviour). Hooks are removed on
-    exit, whatever happened inside.
+    exit, whatever happened inside. An attention-level plan of a RoPE baseline
+    (:class:`qgpm.baselines.BaselinePlan`) installs itself through its ``installed``
+    context instead, under the same lock.
     """
     lock = model_lock(model)
     with lock:
         if plan is None:
             yield
+            return
+        if not isinstance(plan, PositionPlan):
+            with plan.installed(model):
+                yield
             return
         layers = decoder_layers(model)
         if len(plan.layer_map) != len(layers):

@@ -10,6 +10,7 @@ Standalone: ``python -m qgpm.eval.cli eval ...``; data-parallel:
         --out runs/x --device cuda --dtype bfloat16
     qgpm tune --model smollm2 --tasks niah_multikey_1,nolima_direct --lengths 2048 --n 8 \\
         --trials 24 --out runs/tune --device cuda --dtype bfloat16
+    qgpm eval --model smollm2 --methods string,ms-poe,self-extend --option string.local_window=256 ...
     qgpm calibrate --model smollm2 --n 36 --holdout 18 --top 8
     qgpm report --out runs/x
 """
@@ -103,9 +104,13 @@ def register(subparsers) -> None:
                               "Data-parallel with `accelerate launch -m qgpm.eval.cli eval ...`.")
     _model_args(p)
     _sample_args(p, split_choices=("test", "dev"), default_split="test", default_n=10)
-    p.add_argument("--methods", type=_csv, default=["vanilla", "qgpm", "oracle", "topk", "reorder"], help="comma list (default: all five)")
+    p.add_argument("--methods", type=_csv, default=["vanilla", "qgpm", "oracle", "topk", "reorder"],
+                   help="comma list (default: vanilla,qgpm,oracle,topk,reorder); the baselines string, ms-poe, self-extend, llmlingua-2 run when listed")
     p.add_argument("--reranker", default="minilm", help="reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> (default minilm, the engine default)")
     p.add_argument("--k", type=int, default=5, help="chunks kept by topk (default 5)")
+    p.add_argument("--option", dest="options", action="append", default=[], metavar="METHOD.FIELD=VALUE",
+                   help="a baseline setting, e.g. string.local_window=256, self-extend.group_size=4, ms-poe.max_ratio=2, "
+                   "llmlingua-2.model=PATH (repeatable; fields of qgpm.StringOptions / SelfExtendOptions / MsPoEOptions / LLMLingua2Options)")
     _config_args(p)
     p.add_argument("--out", required=True, help="output folder (resumed if it holds rows)")
     p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob (scored in the answer's own prefill; saves little)")
@@ -175,10 +180,12 @@ def _engine(args, config=None, heads=None):
 
 
 def main_eval(args) -> int:
+    from qgpm.baselines import options_from_strings
     from qgpm.eval.runner import run_eval
     from qgpm.eval.tune import load_config
 
     _setup_logging()
+    options = options_from_strings(getattr(args, "options", []) or [])  # bad settings fail before the model loads
     config = load_config(args.config, args.overrides)
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
     engine = _engine(args, config)
@@ -187,7 +194,7 @@ def main_eval(args) -> int:
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, out_dir=args.out,
         split=args.split, config=config, reranker=args.reranker, k=args.k, logprob=args.logprob, resume=args.resume,
         progress=args.progress, shard=_shard(args.shard), haystack=args.haystack, max_new_tokens=args.max_new_tokens,
-        on_error="raise" if args.fail_fast else "record", command=_command(args),
+        on_error="raise" if args.fail_fast else "record", command=_command(args), options=options,
     )
     from qgpm.eval.runner import _partial_state
 

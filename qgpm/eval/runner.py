@@ -24,9 +24,10 @@ the gold continuation ``[" "] + answers[0]`` under the method's positions), prom
 tokens, timings, the top-ranked sentences (qgpm: first 3) and the rank of the evidence
 sentence, split, and ``config_hash``. The hash fingerprints what decides a method's
 answer: model, dtype, generation budget and haystack for every method, plus the QGPM
-config (qgpm, oracle), the head set (qgpm), the reranker and ``k`` (topk, reorder). So
-a vanilla row stays valid when only the QGPM config changes. ``manifest.json`` maps
-every hash to its full settings.
+config (qgpm, oracle), the head set (qgpm), the reranker and ``k`` (topk, reorder), the
+method's options (string, ms-poe, self-extend: :mod:`qgpm.baselines`). So a vanilla row
+stays valid when only the QGPM config changes. ``manifest.json`` maps every hash to its
+full settings.
 
 Resuming: rows already present in ``out_dir`` with the same key (task, length, depth,
 seed, method, config_hash) are skipped; a sample whose methods are all done is not even
@@ -58,6 +59,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from qgpm.baselines import BASELINE_METHODS, resolve_options
 from qgpm.eval.base import BudgetError, EvalSample, split_seed
 from qgpm.eval.scoring import is_correct, score
 from qgpm.eval.tasks import TASKS, generate
@@ -86,7 +88,7 @@ log = logging.getLogger("qgpm.eval")
 ROWS_FILE = "rows.jsonl"
 MANIFEST_FILE = "manifest.json"
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-METHOD_ORDER = ("vanilla", "qgpm", "oracle", "topk", "reorder")
+METHOD_ORDER = ("vanilla", "qgpm", "oracle", "topk", "reorder", *BASELINE_METHODS)
 KEY_FIELDS = ("task", "length", "depth", "seed", "method", "config_hash")
 
 
@@ -168,8 +170,12 @@ def method_fingerprint(
     k: int = 5,
     max_new_tokens: int | None = None,
     haystack: Any = None,
+    options: Any = None,
 ) -> dict:
-    """What decides ``method``'s answer on a sample (hashed into ``config_hash``)."""
+    """What decides ``method``'s answer on a sample (hashed into ``config_hash``).
+
+    ``options``: a ``{method: options}`` mapping (or one baseline's options object); a
+    baseline absent from it runs with its defaults. Baseline rows hash every option field."""
     fp: dict[str, Any] = {
         "method": method,
         "model": engine.name,
@@ -185,7 +191,30 @@ def method_fingerprint(
     if method in ("topk", "reorder"):
         fp["reranker"] = _reranker_name(reranker)
         fp["k"] = int(k)
+    if method in BASELINE_METHODS:
+        fp["options"] = resolve_options(method, _options_for(method, options)).to_dict()
     return fp
+
+
+def _options_for(method: str, options: Any) -> Any:
+    """``method``'s entry of a ``{method: options}`` mapping (None: its defaults), or
+    ``options`` itself when it is one method's options object."""
+    if isinstance(options, dict):
+        return options.get(method)
+    return options
+
+
+def check_options(options: Any) -> dict:
+    """Validate a ``{method: options}`` mapping for :func:`run_eval` (each value an options
+    object of that method, or a dict of its fields); returns it with objects as values."""
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise TypeError(f"options must map method names to options, e.g. {{'string': StringOptions(...)}}, got {type(options).__name__}")
+    bad = [m for m in options if m not in BASELINE_METHODS]
+    if bad:
+        raise ValueError(f"options given for {bad}: only {', '.join(BASELINE_METHODS)} take options")
+    return {m: resolve_options(m, o) for m, o in options.items()}
 
 
 def config_hash(fingerprint: dict) -> str:
@@ -264,7 +293,7 @@ def gold_continuation(sample: EvalSample) -> str:
     return ans
 
 
-def prepare_kwargs(sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5) -> dict:
+def prepare_kwargs(sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5, options: Any = None) -> dict:
     """The ``engine.answer`` / ``engine.prepare`` keyword arguments for one sample and method."""
     kw: dict[str, Any] = dict(
         method=method,
@@ -277,6 +306,8 @@ def prepare_kwargs(sample: EvalSample, method: str, *, config=None, reranker: An
     )
     if method in ("topk", "reorder"):
         kw.update(reranker=reranker, k=k)
+    if method in BASELINE_METHODS:
+        kw["options"] = _options_for(method, options)
     return kw
 
 
@@ -294,7 +325,8 @@ def _evidence_rank(call, sample: EvalSample) -> int | None:
     return min((ranks[g] for g in gold if g in ranks), default=None)
 
 
-def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5, logprob: bool = True, call=None) -> dict:
+def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5, logprob: bool = True, call=None,
+                  options: Any = None) -> dict:
     """Answer one sample with one method; the measured part of a row.
 
     One :meth:`QGPM.prepare` (edit, pass 1, plan) and one prefill serve both the
@@ -304,7 +336,7 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
     """
     t0 = time.perf_counter()
     if call is None:
-        call = engine.prepare(sample.context, sample.question, **prepare_kwargs(sample, method, config=config, reranker=reranker, k=k))
+        call = engine.prepare(sample.context, sample.question, **prepare_kwargs(sample, method, config=config, reranker=reranker, k=k, options=options))
     t_run = time.perf_counter()
     res = engine.generate_prepared(call, max_new_tokens=sample.max_new_tokens, score=gold_continuation(sample) if logprob else None)
     tm = res.timings
@@ -331,6 +363,8 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         out["top_z"] = [None if s.z is None else round(float(s.z), 3) for s in res.top_sentences(3)]
     if method in ("qgpm", "oracle"):
         out["anchor_length"] = call.details.get("anchor_length")
+    if method in BASELINE_METHODS:
+        out["baseline"] = dict(call.details)  # e.g. STRING's S and W for this prompt
     if method in ("topk", "reorder") and res.edit is not None:
         out["chunks"] = len(getattr(res.edit, "chunks", []) or [])
         out["kept_chunks"] = len(getattr(res.edit, "kept", []) or [])
@@ -531,6 +565,7 @@ def run_eval(
     device: str | None = None,
     dtype: Any = None,
     heads: Any = None,
+    options: dict[str, Any] | None = None,
 ) -> Path:
     """Run ``methods`` on every sample of ``tasks x lengths x n x depths``; returns ``out_dir``.
 
@@ -538,7 +573,9 @@ def run_eval(
     ``device`` / ``dtype`` / ``heads`` (see :func:`load_engine`; under ``accelerate
     launch`` each process then loads onto its own GPU). ``config`` overrides the
     engine's QGPM config for qgpm / oracle. ``reranker`` / ``k`` configure topk /
-    reorder. ``on_error="record"`` writes a row with ``error`` and goes on (retried on
+    reorder. ``options`` maps a RoPE baseline to its settings, e.g.
+    ``{"string": StringOptions(local_window=256)}`` (absent: the method's defaults).
+    ``on_error="record"`` writes a row with ``error`` and goes on (retried on
     resume); ``"raise"`` stops. ``shard=(r, P)`` overrides the accelerate process split.
     """
     from qgpm.engine import METHODS
@@ -554,6 +591,7 @@ def run_eval(
         raise ValueError(f"n must be >= 1, got {n}")
     if on_error not in ("record", "raise"):
         raise ValueError("on_error must be 'record' or 'raise'")
+    options = check_options(options)
     if depths is not None:
         depths = [float(d) for d in depths]
     out = Path(out_dir)
@@ -581,7 +619,8 @@ def run_eval(
         engine = load_engine(engine if engine is not None else model, device=device, dtype=dtype, heads=heads, config=config, state=state)
     cfg = config or engine.config
 
-    fps = {m: method_fingerprint(engine, m, config=cfg, reranker=reranker, k=k, max_new_tokens=max_new_tokens, haystack=haystack) for m in methods}
+    fps = {m: method_fingerprint(engine, m, config=cfg, reranker=reranker, k=k, max_new_tokens=max_new_tokens, haystack=haystack, options=options)
+           for m in methods}
     hashes = {m: config_hash(fps[m]) for m in methods}
     items = work_items(tasks, lengths, depths, n, split)
     mine = items[rank::world]
@@ -637,7 +676,7 @@ def run_eval(
                 for m in todo:
                     row = dict(base, method=m, config_hash=hashes[m])
                     try:
-                        row.update(answer_sample(engine, sample, m, config=cfg, reranker=reranker, k=k, logprob=logprob))
+                        row.update(answer_sample(engine, sample, m, config=cfg, reranker=reranker, k=k, logprob=logprob, options=options))
                     except Exception as exc:  # noqa: BLE001 - recorded, retried on resume
                         if on_error == "raise":
                             raise
@@ -670,6 +709,7 @@ def run_eval(
             "config": _config_dict(cfg), "config_provenance": getattr(cfg, "provenance", None),
             "tasks": list(tasks), "lengths": [int(x) for x in lengths], "depths": depths, "n": n, "split": split,
             "methods": methods, "config_hashes": hashes, "reranker": _reranker_name(reranker), "k": k,
+            "options": {m: fps[m]["options"] for m in methods if "options" in fps[m]},
             "haystack": fps[methods[0]]["haystack"], "max_new_tokens": max_new_tokens, "logprob": logprob,
             "processes": world, "shard": list(shard) if shard else None, "answers_run_by_main": n_calls,
             "errors_main": errors, "wall_s": round(time.time() - started, 1), "rows": len(rows), "versions": _versions(),

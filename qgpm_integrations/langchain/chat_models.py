@@ -46,7 +46,9 @@ from .prompts import CONTEXT_ROLE, QGPM_ROLE_KEY, QUESTION_ROLE, document_texts
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache"]
 
-QGPM_METHODS: tuple[str, ...] = ("qgpm", "vanilla", "oracle", "topk", "reorder")
+# Kept literal so that importing the adapter does not import torch; equals qgpm.METHODS (tested).
+QGPM_METHODS: tuple[str, ...] = ("qgpm", "vanilla", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2")
+_BASELINE_METHODS = ("string", "ms-poe", "self-extend", "llmlingua-2")  # qgpm.BASELINE_METHODS: settings in options=
 _DEFAULT_NAMES = {"smollm2", "smollm2-135m-instruct"}
 _DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -55,7 +57,7 @@ _CALL_KWARGS = frozenset(
     {
         "context", "question", "method", "evidence", "system", "instruction", "answer_prefix",
         "reranker", "k", "qgpm_config", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed",
-        "explain_k", "model", "timeout", "stream",
+        "explain_k", "model", "timeout", "stream", "options",
     }
 )
 
@@ -278,7 +280,8 @@ class QGPMChatModel(BaseChatModel):
     Context and question reach QGPM through a marked prompt (:func:`qgpm_prompt`) or
     ``context=`` / ``question=`` call keyword arguments (``invoke(..., context=docs)``,
     ``bind(context=docs)``). Other per-call keywords: ``method``, ``evidence`` (oracle),
-    ``reranker`` / ``k`` (topk, reorder), ``system``, ``instruction``,
+    ``reranker`` / ``k`` (topk, reorder), ``options`` (the baselines string, ms-poe,
+    self-extend, llmlingua-2: ``qgpm.StringOptions`` etc.), ``system``, ``instruction``,
     ``answer_prefix``, ``qgpm_config``, ``max_tokens``, ``temperature``, ``top_p``,
     ``seed``, ``explain_k``, ``model``, ``timeout``. Without context it is a plain chat
     model.
@@ -293,9 +296,11 @@ class QGPMChatModel(BaseChatModel):
 
     model: str | None = Field(default=None, description="HF id, local folder or .gguf path; None = embedded SmolLM2-135M-Instruct.")
     engine: Any = Field(default=None, exclude=True, repr=False, description="An existing qgpm.QGPM engine to use instead of loading `model`.")
-    method: Literal["qgpm", "vanilla", "oracle", "topk", "reorder"] = "qgpm"
+    method: Literal["qgpm", "vanilla", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2"] = "qgpm"
     heads: Any = Field(default=None, description="Head set for pass 1 (see QGPM.from_pretrained); None = the stored set.")
     qgpm_config: Any = Field(default=None, description="A qgpm.QGPMConfig overriding the engine's settings.")
+    options: Any = Field(default=None, description="Settings of the baseline given as method (qgpm.StringOptions / MsPoEOptions / "
+                         "SelfExtendOptions / LLMLingua2Options); None = that method's defaults.")
     max_tokens: int = Field(default=64, ge=1, alias="max_new_tokens")
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -325,6 +330,11 @@ class QGPMChatModel(BaseChatModel):
     def _check(self) -> "QGPMChatModel":
         if self.engine is not None and (self.model is not None or self.heads is not None):
             raise ValueError("pass either engine= or model=/heads=, not both")
+        if self.options is not None and getattr(self.options, "method", None) != self.method:
+            raise ValueError(
+                f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "
+                f"baselines ({', '.join(_BASELINE_METHODS)}), e.g. QGPMChatModel(method='string', options=StringOptions(...))"
+            )
         return self
 
     # ------------------------------------------------------------------ identity
@@ -351,6 +361,7 @@ class QGPMChatModel(BaseChatModel):
             "top_p": self.top_p,
             "stop": self.stop,
             "heads": _heads_key(self.heads),
+            "options": None if self.options is None else self.options.to_dict(),
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
@@ -414,6 +425,11 @@ class QGPMChatModel(BaseChatModel):
                 raise ValueError("evidence= is only used with method='oracle'")
             if method in ("topk", "reorder"):
                 call.update(reranker=kwargs.get("reranker", self.reranker), k=int(kwargs.get("k", self.k)))
+            # the model's options belong to its own method; a call's options= go to the engine, which
+            # rejects them for a method that takes none
+            options = kwargs.get("options", self.options if method == self.method else None)
+            if options is not None:
+                call["options"] = options
         return engine, req, gen, call
 
     def _metadata(self, engine: Any, req: _Request, result: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], UsageMetadata]:

@@ -69,7 +69,8 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.base import SelectorPromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
-from qgpm import METHODS, QGPM, QGPMResult
+from qgpm import BASELINE_METHODS, METHODS, QGPM, QGPMResult
+from qgpm.baselines import resolve_options
 
 from . import _tracing
 from ._tracing import QGPMTrace, split_context
@@ -127,7 +128,10 @@ class QGPMLLM(LLM):
         model: Model for ``from_pretrained`` when ``engine`` is None (``None`` = embedded
             SmolLM2-135M-Instruct; models are cached per process).
         heads: Head set for ``from_pretrained`` (see :meth:`qgpm.QGPM.from_pretrained`).
-        method: ``qgpm`` | ``vanilla`` | ``oracle`` | ``topk`` | ``reorder``.
+        method: ``qgpm`` | ``vanilla`` | ``oracle`` | ``topk`` | ``reorder`` | ``string`` |
+            ``ms-poe`` | ``self-extend`` | ``llmlingua-2``.
+        options: Settings of a baseline method (``qgpm.StringOptions``, ``MsPoEOptions``,
+            ``SelfExtendOptions``, ``LLMLingua2Options``); ``None`` = the method's defaults.
         max_new_tokens: Answer budget (also ``metadata.num_output``).
         temperature, top_p, seed, stop: Decoding (greedy when ``temperature == 0``).
         instruction: Instruction of first-step prompts (``None`` = QGPM's default).
@@ -142,7 +146,8 @@ class QGPMLLM(LLM):
             (see :func:`set_tokenizer`; an already chosen tokenizer is kept).
     """
 
-    method: str = Field(default="qgpm", description="qgpm | vanilla | oracle | topk | reorder")
+    method: str = Field(default="qgpm", description="qgpm | vanilla | oracle | topk | reorder | string | ms-poe | self-extend | llmlingua-2")
+    options: Any = Field(default=None, description="Baseline settings (qgpm.StringOptions / MsPoEOptions / SelfExtendOptions / LLMLingua2Options).")
     max_new_tokens: int = Field(default=64, gt=0, description="Tokens to generate at most.")
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy decoding.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -175,6 +180,7 @@ class QGPMLLM(LLM):
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         if method == "oracle" and not kwargs.get("evidence"):
             raise ValueError("method='oracle' needs evidence=[exact substrings of the context]")
+        resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
         super().__init__(**kwargs)
         if engine is None:
             engine = QGPM.from_pretrained(model, heads=heads)
@@ -305,6 +311,8 @@ class QGPMLLM(LLM):
         method = self.method
         if method in ("topk", "reorder"):
             kw.update(reranker=self.reranker, k=self.k)
+        elif method in BASELINE_METHODS:
+            kw["options"] = self.options
         elif method == "oracle":
             joined = "\n\n".join(context) if isinstance(context, list) else context
             present = [e for e in self.evidence or [] if e.strip() and e.strip() in joined]
