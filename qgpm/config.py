@@ -1,13 +1,18 @@
-"""Hyperparameters of QGPM (paper App. C) in one object, with per-backbone presets."""
+"""Hyperparameters of QGPM (paper App. C) in one object, with per-backbone presets.
+
+Presets are keyed by the model's fingerprint key (:mod:`qgpm.fingerprint`), with the
+readable name beside it in :data:`PRESET_NAMES`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from .defaults import DEFAULT_MODEL_NAME
 from .shaping import MapParams
 
-__all__ = ["QGPMConfig", "PRESETS"]
+__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES"]
 
 
 @dataclass(frozen=True)
@@ -104,10 +109,29 @@ class QGPMConfig:
         return asdict(self)
 
     @classmethod
-    def for_model(cls, name: str) -> "QGPMConfig":
-        """The preset for a backbone name (case-insensitive), else the generic defaults."""
-        return PRESETS.get(name.lower(), cls())
+    def for_model(cls, model: Any) -> "QGPMConfig":
+        """The preset for a model, else the generic defaults.
 
+        ``model``: a :class:`~qgpm.fingerprint.ModelFingerprint`, a fingerprint key, or
+        a readable preset name (case-insensitive, e.g. ``"SmolLM2-135M-Instruct"``). The
+        engine looks presets up by fingerprint key, so a model is matched by what it is,
+        not by what its file is called.
+        """
+        key = getattr(model, "key", model)
+        if not isinstance(key, str):
+            raise TypeError(f"for_model takes a fingerprint, its key or a preset name; got {type(model).__name__}")
+        if key in PRESETS:
+            return PRESETS[key]
+        by_name = {n.lower(): k for k, n in PRESET_NAMES.items()}
+        k = by_name.get(key.strip().lower())
+        return PRESETS[k] if k is not None else cls()
+
+
+SMOLLM2_KEY = "96f8dcdd689f9245"
+"""Fingerprint key (:mod:`qgpm.fingerprint`) of SmolLM2-135M-Instruct (the embedded GGUF)."""
+
+PRESET_NAMES: dict[str, str] = {SMOLLM2_KEY: DEFAULT_MODEL_NAME}
+"""Readable model name beside each preset's fingerprint key."""
 
 PRESETS: dict[str, QGPMConfig] = {
     # Dev-split search in three steps, 14 configs on 12 samples at 2K tokens (4 tasks x 3 depths),
@@ -116,7 +140,7 @@ PRESETS: dict[str, QGPMConfig] = {
     # frequency gate (anchor 100 L), ahead by one dev sample; with the gate open the model no
     # longer answers the plain needle test (tests/test_engine.py) that vanilla and the gated
     # config answer, so the preset keeps the gate at 0.25 L (dev: 50.0 % vs vanilla 41.7 %).
-    "smollm2-135m-instruct": QGPMConfig(
+    SMOLLM2_KEY: QGPMConfig(
         k_sharp=4.0,
         s_low=0.6,
         anchor_ratio=0.25,

@@ -12,6 +12,7 @@ Methods: ``vanilla`` (standard RoPE), ``qgpm`` (head relevance -> modulated posi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -22,7 +23,9 @@ from typing import Any, Iterator, Literal, Sequence
 import torch
 
 from .config import QGPMConfig
-from .heads import HeadSet, HeadSetMissingError, load_head_set
+from .defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS, PASS1_FIELDS as _PASS1_FIELDS
+from .fingerprint import ModelFingerprint, model_fingerprint
+from .heads import HeadSet, HeadSetMissingError, check_head_set, find_head_set, known_model_name, missing_head_set_error
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
 from .plan import MapResult, build_plan, oracle_units
 from .prompt import Prompt, PromptSpec, build_prompt, DEFAULT_TEMPLATE
@@ -30,16 +33,9 @@ from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .runtime import apply_plan, check_supported, decoder_layers, model_lock, rotary_info
 from .shaping import fuse_heads
 
-_PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
-
 __all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream", "PreparedCall"]
 
 Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder"]
-METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder")
-DEFAULT_RERANKER = "minilm"
-"""Default reranker of ``topk``/``reorder``: best evidence-chunk MRR in
-``benchmarks/results/rerank_mrr.md`` (ties BM25 overall, clearly ahead on the
-low-overlap NoLiMa-style association task), at ~2 s per 1K tokens on 2 CPU cores."""
 
 
 class ContextTooLongError(ValueError):
@@ -205,9 +201,11 @@ class QGPM:
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
         self.model = model
         self.tokenizer = tokenizer
-        self.name = name or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+        fp = model_fingerprint(model, tokenizer)
+        self.name = name or known_model_name(fp.key) or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+        self.fingerprint: ModelFingerprint = dataclasses.replace(fp, name=self.name)  # head sets, presets: by .key
         self.family = getattr(model.config, "model_type", "?")
-        self.config = config or QGPMConfig.for_model(self.name)
+        self.config = config or QGPMConfig.for_model(self.fingerprint.key)
         self._support_error: Exception | None = None
         try:
             check_supported(model)
@@ -256,20 +254,32 @@ class QGPM:
         return engine
 
     def set_heads(self, heads: HeadSet | Sequence[tuple[int, int]] | str | os.PathLike[str] | None) -> None:
-        """Choose the heads pass 1 reads (see :meth:`from_pretrained` for the forms)."""
+        """Choose the heads pass 1 reads (see :meth:`from_pretrained` for the forms).
+
+        A stored set (``None``), a :class:`HeadSet` or a head-set file made for another
+        model (another fingerprint key) raises :class:`~qgpm.heads.HeadSetMismatchError`;
+        a list of ``(layer, head)`` is taken as given.
+        """
         self._head_error = None
         if isinstance(heads, HeadSet):
             hs = heads
+            check_head_set(hs, self.fingerprint)
         elif heads is None:
-            try:
-                hs = load_head_set(self.name)
-            except HeadSetMissingError as exc:
-                self.head_set, self._head_error = None, exc
+            found = find_head_set(self.fingerprint)
+            if found is None:
+                self.head_set, self._head_error = None, missing_head_set_error(self.fingerprint)
                 return
+            hs = found[0]
+            check_head_set(hs, self.fingerprint, f"the stored head set {found[1]}")
+        elif isinstance(heads, str) and heads == "calibrate":
+            from .calibrate import calibrate_heads
+
+            hs = calibrate_heads(self)
         elif isinstance(heads, (str, os.PathLike)):
             hs = HeadSet.load(heads)
+            check_head_set(hs, self.fingerprint, f"head set {heads}")
         else:
-            hs = HeadSet(self.name, list(heads), method="given by caller")
+            hs = HeadSet(self.name, list(heads), method="given by caller", fingerprint=self.fingerprint.to_dict())
         if self._support_error is None:
             n_heads = self.model.config.num_attention_heads
             bad = [h for h in hs.heads if not (0 <= h[0] < self.n_layers and 0 <= h[1] < n_heads)]
@@ -310,7 +320,7 @@ class QGPM:
         answer_prefix: str | None = None,
         template: str = DEFAULT_TEMPLATE,
         reranker: Any = None,
-        k: int = 5,
+        k: int = DEFAULT_K,
         config: QGPMConfig | None = None,
         seed: int | None = None,
         **generate_kwargs: Any,
@@ -467,7 +477,7 @@ class QGPM:
     def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
         """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
         keys = ("method", "evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "max_new_tokens")
-        defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, 5, None, 0)
+        defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, DEFAULT_K, None, 0)
         args = [kwargs.pop(k, d) for k, d in zip(keys, defaults)]
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
@@ -700,7 +710,7 @@ class AnswerStream:
         prep = {k: kw.pop(k) for k in prep_keys if k in kw}
         call = self._call or eng._prepare(
             context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
-            prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", 5), prep.get("config"), max_new_tokens,
+            prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", DEFAULT_K), prep.get("config"), max_new_tokens,
         )
         stop = [s for s in (gen_args.get("stop") or []) if s]
         gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)

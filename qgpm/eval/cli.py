@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Sequence
 
+from qgpm.defaults import DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
+
 __all__ = ["register", "main", "main_eval", "main_tune", "main_calibrate", "main_report", "build_parser"]
 
 
@@ -70,7 +72,7 @@ def _command(args=None) -> str:
 
 def _model_args(p: argparse.ArgumentParser, heads: bool = True) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="smollm2", help="smollm2 (embedded), an HF id, a local folder or a .gguf file")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} (the embedded {DEFAULT_MODEL_NAME}), an HF id, a local folder or a .gguf file")
     g.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (under accelerate launch, cuda = each process's own GPU)")
     g.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (the checkpoint's)")
     g.add_argument("--attn-implementation", default=None, help="eager | sdpa | flash_attention_2 (default: transformers' choice)")
@@ -103,8 +105,8 @@ def register(subparsers) -> None:
                               "Data-parallel with `accelerate launch -m qgpm.eval.cli eval ...`.")
     _model_args(p)
     _sample_args(p, split_choices=("test", "dev"), default_split="test", default_n=10)
-    p.add_argument("--methods", type=_csv, default=["vanilla", "qgpm", "oracle", "topk", "reorder"], help="comma list (default: all five)")
-    p.add_argument("--reranker", default="minilm", help="reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> (default minilm, the engine default)")
+    p.add_argument("--methods", type=_csv, default=list(METHODS), help=f"comma list of {', '.join(METHODS)} (default: all of them)")
+    p.add_argument("--reranker", default=DEFAULT_RERANKER, help=f"reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> (default {DEFAULT_RERANKER}, the engine default)")
     p.add_argument("--k", type=int, default=5, help="chunks kept by topk (default 5)")
     _config_args(p)
     p.add_argument("--out", required=True, help="output folder (resumed if it holds rows)")
@@ -139,13 +141,13 @@ def register(subparsers) -> None:
     # ---- calibrate
     p = subparsers.add_parser("calibrate", help="select retrieval heads by MRR calibration (paper App. A)",
                               description="Score every (layer, head) on calibration-split samples, keep the best --top, "
-                              "and store the head set where the engine finds it by model name.")
+                              "and store the head set where the engine finds it by the model's fingerprint.")
     _model_args(p, heads=False)
     p.add_argument("--n", type=int, default=36, help="calibration samples (default 36)")
     p.add_argument("--holdout", type=int, default=18, help="held-out samples for the fused-MRR check (default 18)")
     p.add_argument("--top", type=int, default=8, help="heads to keep (default 8)")
     p.add_argument("--lengths", type=_ints, default=[1024, 2048])
-    p.add_argument("--out", default=None, help="head-set JSON path (default: <user head dir>/<model>.json, found by model name)")
+    p.add_argument("--out", default=None, help="head-set JSON path (default: <user head dir>/<model>--<fingerprint key>.json, found by the model's fingerprint)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=main_calibrate)
 
@@ -220,7 +222,7 @@ def main_tune(args) -> int:
 def main_calibrate(args) -> int:
     from qgpm.calibrate import calibrate_heads
     from qgpm.eval.tasks import calibration_samples
-    from qgpm.heads import stored_head_set_path, user_head_dir
+    from qgpm.heads import head_set_file_name, stored_head_set_path, user_head_dir
 
     _setup_logging()
     engine = _engine(args, heads=[(0, 0)])  # any valid head: calibration scores them all
@@ -231,31 +233,21 @@ def main_calibrate(args) -> int:
     hs.meta["command"] = _command(args)
     hs.meta["lengths"] = list(args.lengths)
     hs.meta["seconds"] = round(time.time() - t, 1)
-    out = args.out or os.path.join(user_head_dir(), _head_file_name(engine.name))
+    out = args.out or os.path.join(user_head_dir(), head_set_file_name(engine.fingerprint))
     path = hs.save(out)
-    print(f"model: {engine.name}")
+    print(f"model: {engine.name} (fingerprint key {engine.fingerprint.key})")
     print(f"heads (best first): {hs.heads}")
     print(f"per-head calibration MRR: {[round(x, 3) for x in hs.mrr]} (median head {hs.meta['median_head_mrr']:.3f})")
     if "holdout_fused_mrr" in hs.meta:
         print(f"held-out fused MRR ({hs.meta['holdout_samples']} samples): chosen {hs.meta['holdout_fused_mrr']:.3f} "
               f"vs random {args.top}-head sets {hs.random_mrr:.3f} (mean of {hs.meta['random_draws']} draws)")
     print(f"wrote {path}")
-    found = stored_head_set_path(engine.name)
+    found = stored_head_set_path(engine.fingerprint)
     if args.out is None and found is not None and os.path.abspath(found) == os.path.abspath(path):
         print(f"QGPM.from_pretrained({args.model!r}) will now use it")
     elif args.out is not None:
         print(f"use it with --heads {path} or QGPM.from_pretrained(..., heads={str(path)!r})")
     return 0
-
-
-def _head_file_name(model_name: str) -> str:
-    """File name the engine looks up by model name (qgpm.heads key)."""
-    try:
-        from qgpm.heads import _key
-
-        return _key(model_name) + ".json"
-    except ImportError:  # pragma: no cover
-        return model_name.strip().lower().replace("/", "--") + ".json"
 
 
 def main_report(args) -> int:

@@ -40,6 +40,7 @@ from typing import Any, Sequence
 import torch
 
 from qgpm.config import QGPMConfig
+from qgpm.defaults import PASS1_FIELDS
 from qgpm.eval.base import EvalSample, split_seed
 from qgpm.eval.runner import (
     DEFAULT_DEPTHS,
@@ -68,7 +69,6 @@ __all__ = [
 ]
 
 SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window", "unmodulated_layers", "split_layer")
-PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
 
 DEFAULT_GRID: dict[str, list] = {
     "k_broad": [8.0, 16.0],
