@@ -6,13 +6,16 @@ readable name beside it in :data:`PRESET_NAMES`.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 from .defaults import DEFAULT_MODEL_NAME
 from .shaping import MapParams
 
-__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES"]
+__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config"]
 
 
 @dataclass(frozen=True)
@@ -147,3 +150,42 @@ PRESETS: dict[str, QGPMConfig] = {
         provenance="dev-split search, 3 steps, 14 configs x 12 samples at 2K; gate kept at 0.25 L (docs/tuning/smollm2_dev.md)",
     ),
 }
+
+
+def _coerce(value: str) -> Any:
+    v = value.strip()
+    if v.lower() in ("none", "null"):
+        return None
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    try:
+        return int(v) if v.lstrip("-").isdigit() else float(v)
+    except ValueError:
+        return v
+
+
+def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base: QGPMConfig | None = None) -> QGPMConfig | None:
+    """A config from a JSON file (``best_config.json`` or ``QGPMConfig.to_dict()``) and/or
+    ``field=value`` overrides; ``None`` when neither is given (engine preset).
+
+    Overrides apply on top of the file, else on top of ``base`` (the CLI passes the
+    model's preset; ``None`` = the generic defaults).
+    """
+    if spec is None and not overrides:
+        return None
+    cfg = base if base is not None else QGPMConfig()
+    fields = {f.name for f in dataclasses.fields(QGPMConfig)}
+    if spec is not None:
+        d = json.loads(Path(spec).read_text())
+        d = d.get("config", d)
+        cfg = QGPMConfig(**{k: v for k, v in d.items() if k in fields})
+    changes = {}
+    for ov in overrides:
+        name, eq, value = ov.partition("=")
+        if not eq:
+            raise ValueError(f"bad override {ov!r}: expected field=value")
+        name = name.strip()
+        if name not in fields or name == "provenance":
+            raise ValueError(f"unknown QGPMConfig field {name!r} in {ov!r}; fields: {', '.join(sorted(fields - {'provenance'}))}")
+        changes[name] = _coerce(value)
+    return cfg.with_(**changes) if changes else cfg

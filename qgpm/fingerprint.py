@@ -29,7 +29,17 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["ModelFingerprint", "model_fingerprint", "fingerprint_key", "arch_config", "tokenizer_hash", "weights_hash", "slug"]
+__all__ = [
+    "ModelFingerprint",
+    "model_fingerprint",
+    "fingerprint_key",
+    "arch_config",
+    "tokenizer_hash",
+    "weights_hash",
+    "slug",
+    "SHAPE_FIELDS",
+    "gguf_shape",
+]
 
 _ARCH_FIELDS = (
     "model_type",
@@ -157,3 +167,88 @@ def model_fingerprint(model: Any, tokenizer: Any, name: str = "") -> ModelFinger
 def fingerprint_key(arch: dict, tokenizer: str) -> str:
     """The key of an architecture config and a tokenizer hash (16 hex digits)."""
     return hashlib.sha256(json.dumps({"arch": arch, "tokenizer": tokenizer}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+"""The part of :func:`arch_config` a GGUF header gives directly (see :func:`gguf_shape`)."""
+
+_GGUF_SHAPE_KEYS = {
+    "block_count": "num_hidden_layers",
+    "embedding_length": "hidden_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "vocab_size": "vocab_size",
+}
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def gguf_shape(path: str) -> dict | None:
+    """:data:`SHAPE_FIELDS` of a GGUF file, read from its header in well under a second.
+
+    Reading a GGUF's config through transformers parses every metadata field (the
+    tokenizer arrays too) and takes as long as loading the weights; this reads the few
+    scalars and the token count only, so a missing head set is reported before the
+    load. ``None`` when the header cannot be read (then nothing is concluded).
+    """
+    import struct
+
+    def read(f, fmt):
+        size = struct.calcsize(fmt)
+        data = f.read(size)
+        if len(data) != size:
+            raise EOFError
+        return struct.unpack(fmt, data)[0]
+
+    def read_str(f):
+        return f.read(read(f, "<Q")).decode("utf-8", "replace")
+
+    def skip_value(f, vtype):
+        if vtype in _GGUF_SCALARS:
+            f.seek(struct.calcsize(_GGUF_SCALARS[vtype]), 1)
+        elif vtype == 8:
+            f.seek(read(f, "<Q"), 1)
+        elif vtype == 9:
+            itype, count = read(f, "<I"), read(f, "<Q")
+            if itype in _GGUF_SCALARS:
+                f.seek(count * struct.calcsize(_GGUF_SCALARS[itype]), 1)
+            else:
+                for _ in range(count):
+                    skip_value(f, itype)
+        else:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF" or read(f, "<I") < 2:
+                return None
+            read(f, "<Q")  # tensor count
+            n_kv = read(f, "<Q")
+            arch, values, n_tokens = None, {}, None
+            for _ in range(n_kv):
+                key, vtype = read_str(f), read(f, "<I")
+                if vtype in _GGUF_SCALARS:
+                    values[key] = read(f, _GGUF_SCALARS[vtype])
+                elif vtype == 8 and key == "general.architecture":
+                    arch = read_str(f)
+                elif vtype == 9 and key == "tokenizer.ggml.tokens":
+                    pos = f.tell()
+                    read(f, "<I")
+                    n_tokens = read(f, "<Q")
+                    f.seek(pos)
+                    skip_value(f, vtype)
+                else:
+                    skip_value(f, vtype)
+    except (OSError, EOFError, ValueError, struct.error):
+        return None
+    if arch is None:
+        return None
+    out = {}
+    for key, name in _GGUF_SHAPE_KEYS.items():
+        v = values.get(f"{arch}.{key}")
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = int(v)
+    if "vocab_size" not in out and n_tokens is not None:
+        out["vocab_size"] = int(n_tokens)
+    if "num_key_value_heads" not in out and "num_attention_heads" in out:
+        out["num_key_value_heads"] = out["num_attention_heads"]
+    return out if set(out) == set(SHAPE_FIELDS) else None

@@ -28,7 +28,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -42,9 +42,11 @@ __all__ = [
     "check_head_set",
     "head_set_file_name",
     "known_model_name",
+    "has_head_set_for_shape",
     "load_head_set",
     "missing_head_set_error",
     "stored_head_set_path",
+    "parse_heads",
     "reciprocal_rank",
     "user_head_dir",
     "shipped_head_dir",
@@ -207,6 +209,16 @@ def find_head_set(fp: ModelFingerprint) -> tuple[HeadSet, Path] | None:
     return None
 
 
+def has_head_set_for_shape(shape: dict) -> bool:
+    """Whether any stored, fingerprinted head set was made for a model of this shape
+    (:data:`~qgpm.fingerprint.SHAPE_FIELDS`). ``False`` means no stored set can fit."""
+    for _, f, _ in _stored():
+        arch = (f or {}).get("arch") or {}
+        if all(arch.get(k) == v for k, v in shape.items()):
+            return True
+    return any(f is None for _, f, _ in _stored())  # a legacy set might fit: no conclusion
+
+
 def known_model_name(key: str) -> str | None:
     """The readable name stored beside fingerprint ``key`` (a preset or a stored head set)."""
     from .config import PRESET_NAMES
@@ -263,6 +275,31 @@ def missing_head_set_error(model: str | ModelFingerprint) -> HeadSetMissingError
         f"`qgpm calibrate --model <id-or-path>` (writes to {user_head_dir()}), call "
         "QGPM.from_pretrained(..., heads='calibrate') to calibrate now, or pass heads=[(layer, head), ...]."
     )
+
+
+def parse_heads(spec: Any) -> Any:
+    """A head-set argument from text: ``None`` / ``"stored"`` (the stored set), ``"calibrate"``,
+    a head-set JSON path, or ``"14:3,15:6"`` (a list of ``(layer, head)``); non-strings pass through."""
+    if spec is None or not isinstance(spec, str):
+        return spec
+    s = spec.strip()
+    if not s or s.lower() in {"stored", "default", "none"}:
+        return None
+    if s == "calibrate" or os.path.exists(s) or s.endswith(".json"):
+        return s
+    pairs = []
+    for part in s.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        layer, _, head = part.partition(":")
+        try:
+            pairs.append((int(layer), int(head)))
+        except ValueError:
+            raise ValueError(f"bad head {part!r}: expected layer:head, e.g. 14:3 (or a head-set JSON file, 'stored' or 'calibrate')") from None
+    if not pairs:
+        raise ValueError(f"no heads in {spec!r}: expected layer:head,... e.g. 14:3,15:6")
+    return pairs
 
 
 def reciprocal_rank(scores: torch.Tensor, gold: Iterable[int]) -> float:

@@ -58,7 +58,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
+from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS
+from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
 from qgpm.eval.base import BudgetError, EvalSample, split_seed
 from qgpm.eval.scoring import is_correct, score
@@ -88,7 +89,7 @@ log = logging.getLogger("qgpm.eval")
 ROWS_FILE = "rows.jsonl"
 MANIFEST_FILE = "manifest.json"
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-METHOD_ORDER = ("vanilla", "qgpm", "oracle", "topk", "reorder")
+METHOD_ORDER = METHODS
 KEY_FIELDS = ("task", "length", "depth", "seed", "method", "config_hash")
 
 
@@ -198,24 +199,8 @@ def config_hash(fingerprint: dict) -> str:
 
 
 def parse_heads(spec: Any) -> Any:
-    """``None`` / ``"calibrate"`` / a head-set path / ``"14:3,15:6"`` / a list of pairs."""
-    if spec is None or not isinstance(spec, str):
-        return spec
-    s = spec.strip()
-    if not s or s.lower() in {"stored", "default", "none"}:
-        return None
-    if s == "calibrate" or os.path.exists(s) or s.endswith(".json"):
-        return s
-    pairs = []
-    for part in s.replace(";", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        layer, _, head = part.partition(":")
-        if not head:
-            raise ValueError(f"bad head {part!r}: expected layer:head, e.g. 14:3")
-        pairs.append((int(layer), int(head)))
-    return pairs
+    """``None`` / ``"calibrate"`` / a head-set path / ``"14:3,15:6"`` / a list of pairs (see :func:`qgpm.heads.parse_heads`)."""
+    return _parse_heads(spec)
 
 
 def _resolve_device(device: str | None, state=None) -> Any:
