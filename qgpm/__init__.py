@@ -11,7 +11,8 @@ on the fast rotary planes. No token is moved or dropped, no weight is trained.
 
 from .config import PRESETS, QGPMConfig
 from .engine import METHODS, AnswerStream, ContextTooLongError, QGPM, QGPMResult, SentenceRelevance, Timings, Usage
-from .heads import HeadSet, HeadSetMissingError
+from .fingerprint import ModelFingerprint
+from .heads import HeadSet, HeadSetMismatchError, HeadSetMissingError
 from .prompt import PromptError
 from .runtime import SUPPORTED_FAMILIES, UnsupportedModelError
 
@@ -27,6 +28,8 @@ __all__ = [
     "PRESETS",
     "HeadSet",
     "HeadSetMissingError",
+    "HeadSetMismatchError",
+    "ModelFingerprint",
     "ContextTooLongError",
     "PromptError",
     "UnsupportedModelError",

@@ -185,7 +185,9 @@ class QGPM:
     Build it with :meth:`from_pretrained` (model id, folder, .gguf file, or ``None`` for
     the embedded SmolLM2-135M-Instruct), or directly from a loaded model + fast tokenizer.
     One engine may be shared by many threads and framework adapters: calls on one model
-    are serialized, and every call leaves the model unpatched.
+    are serialized, and every call leaves the model unpatched. ``engine.fingerprint``
+    (:class:`~qgpm.fingerprint.ModelFingerprint`) identifies the model: its stored head
+    set and config preset are found by ``fingerprint.key``, with or without ``name=``.
     """
 
     def __init__(
