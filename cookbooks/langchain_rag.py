@@ -41,6 +41,7 @@ from langchain_core.output_parsers import StrOutputParser  # noqa: E402
 from langchain_core.runnables import RunnablePassthrough  # noqa: E402
 from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
 
+from qgpm.defaults import DEFAULT_RERANKER, METHODS as ALL_METHODS  # noqa: E402
 from qgpm_integrations.langchain import (  # noqa: E402
     MiniLMEmbeddings,
     QGPMChatModel,
@@ -51,7 +52,7 @@ from qgpm_integrations.langchain import (  # noqa: E402
 )
 
 DATA = Path(__file__).resolve().parent / "data"
-METHODS = ("vanilla", "qgpm", "topk", "reorder")
+METHODS = tuple(m for m in ALL_METHODS if m != "oracle")  # the oracle needs evidence labels
 
 
 def load_corpus(folder: Path = DATA / "corpus") -> list[Document]:
@@ -77,7 +78,7 @@ def build_vector_store(docs: Sequence[Document] | None = None, embeddings: Any =
     return store
 
 
-def build_chains(retriever: Any, *, max_tokens: int = 32, heads: Any = None, reranker: str = "minilm", top_k: int = 3) -> dict[str, Any]:
+def build_chains(retriever: Any, *, max_tokens: int = 32, heads: Any = None, reranker: str = DEFAULT_RERANKER, top_k: int = 3) -> dict[str, Any]:
     """The four side-by-side chains. All chat models share one loaded model."""
     from langchain_classic.retrievers import ContextualCompressionRetriever
 
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None, *, heads: Any = None) -> list[dict]:
     ap.add_argument("--k", type=int, default=6, help="paragraphs retrieved per question")
     ap.add_argument("--top-k", type=int, default=3, help="paragraphs kept by the Top-K compressor")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--reranker", default="minilm", help="qgpm.rerank spec for Top-K / Reorder (bm25, minilm, judge, ...)")
+    ap.add_argument("--reranker", default=DEFAULT_RERANKER, help=f"qgpm.rerank spec for Top-K / Reorder (bm25, minilm, judge, ...; default {DEFAULT_RERANKER})")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--heads", default=None, help="head-set JSON for QGPM (default: the stored set)")
     ap.add_argument("--json", default=None, help="write the answers to this JSON file")

@@ -44,16 +44,17 @@ from llama_index.core import Document, VectorStoreIndex  # noqa: E402
 from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
 
 from qgpm import QGPM, HeadSetMissingError  # noqa: E402
+from qgpm.defaults import DEFAULT_RERANKER, METHODS as ALL_METHODS  # noqa: E402
 from qgpm_integrations.llama_index import (  # noqa: E402
     QGPMLLM,
     QGPMReorderPostprocessor,
     QGPMTopKPostprocessor,
-    SentenceTransformerEmbedding,
+    bundled_embeddings,
     set_tokenizer,
 )
 
 DATA = Path(__file__).resolve().parent / "data"
-METHODS = ("vanilla", "qgpm", "topk", "reorder")
+METHODS = tuple(m for m in ALL_METHODS if m != "oracle")  # the oracle needs evidence labels
 RESPONSE_MODES = ("compact", "refine", "tree_summarize", "simple_summarize")
 
 
@@ -80,7 +81,7 @@ def build_index(engine: QGPM, documents: Sequence[Document] | None = None, *, ch
     splitter = SentenceSplitter(chunk_size=chunk_size, chunk_overlap=0)
     return VectorStoreIndex.from_documents(
         list(documents if documents is not None else load_documents()),
-        embed_model=embed_model or SentenceTransformerEmbedding(),
+        embed_model=embed_model or bundled_embeddings(),
         transformations=[splitter],
     )
 
@@ -92,7 +93,7 @@ def build_query_engines(
     k: int = 4,
     top_n: int = 2,
     max_tokens: int = 32,
-    reranker: str = "minilm",
+    reranker: str = DEFAULT_RERANKER,
     response_mode: str = "compact",
     methods: Sequence[str] = METHODS,
 ) -> dict[str, Any]:
@@ -149,7 +150,7 @@ def main(argv: Sequence[str] | None = None, *, engine: QGPM | None = None) -> li
     ap.add_argument("--top-n", type=int, default=2, help="nodes kept by the Top-K postprocessor")
     ap.add_argument("--chunk-size", type=int, default=128, help="node size in model tokens")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--reranker", default="minilm", help="qgpm.rerank spec for Top-K / Reorder (bm25, minilm, judge, ...)")
+    ap.add_argument("--reranker", default=DEFAULT_RERANKER, help=f"qgpm.rerank spec for Top-K / Reorder (bm25, minilm, judge, ...; default {DEFAULT_RERANKER})")
     ap.add_argument("--response-mode", default="compact", choices=RESPONSE_MODES)
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--heads", default=None, help="head-set JSON for QGPM (default: the stored set)")

@@ -12,7 +12,8 @@ on the fast rotary planes. No token is moved or dropped, no weight is trained.
 from .baselines import BASELINE_METHODS, STRING_RELEASED_SCALE, LLMLingua2Options, MsPoEOptions, SelfExtendOptions, StringOptions
 from .config import PRESETS, QGPMConfig
 from .engine import METHODS, AnswerStream, ContextTooLongError, QGPM, QGPMResult, SentenceRelevance, Timings, Usage
-from .heads import HeadSet, HeadSetMissingError
+from .fingerprint import ModelFingerprint
+from .heads import HeadSet, HeadSetMismatchError, HeadSetMissingError
 from .prompt import PromptError
 from .runtime import SUPPORTED_FAMILIES, UnsupportedModelError
 
@@ -34,6 +35,8 @@ __all__ = [
     "PRESETS",
     "HeadSet",
     "HeadSetMissingError",
+    "HeadSetMismatchError",
+    "ModelFingerprint",
     "ContextTooLongError",
     "PromptError",
     "UnsupportedModelError",

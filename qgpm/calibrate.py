@@ -159,4 +159,5 @@ def calibrate_heads(
         method=f"App. A MRR calibration over all {engine.n_layers}x{engine.model.config.num_attention_heads} heads, top {top}",
         samples=scores.samples,
         meta=meta,
+        fingerprint=fp.to_dict() if (fp := getattr(engine, "fingerprint", None)) is not None else {},
     )

@@ -1,21 +1,42 @@
-"""Command line: ``qgpm ask`` (main job), ``qgpm eval`` / ``qgpm tune`` / ``qgpm calibrate``.
+"""Command line: ``qgpm ask`` (main job), ``qgpm eval`` / ``tune`` / ``calibrate`` / ``report``.
 
     qgpm ask                                   # bundled report + bundled question, embedded model
     qgpm ask "When does the winter ferry timetable start?"
-    qgpm ask --method vanilla "..."            # compare with standard RoPE
+    qgpm ask --methods vanilla,qgpm "..."      # compare with standard RoPE
     qgpm ask --methods qgpm,string,self-extend # the paper's RoPE baselines side by side
     qgpm ask --context notes.txt "..."         # your own text (use - for stdin)
+    qgpm ask --methods oracle --evidence "exact sentence" "..."
+    python -m qgpm --version
+
+Every subcommand shares the flag names and meanings (``--model``, ``--device``,
+``--dtype``, ``--heads``, ``--config``, ``--methods``, ``--reranker``); bad input is
+reported in one line with exit code 2, before any model loads where it can be checked.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from importlib import resources
 from typing import Sequence
 
-__all__ = ["main", "sample_document"]
+from ._cliutil import (
+    CONFIG_HELP,
+    DEVICE_HELP,
+    DTYPE_HELP,
+    HEADS_HELP,
+    RERANKER_HELP,
+    QGPMArgumentParser,
+    UsageError,
+    methods_arg,
+    run_command,
+    split_config_args,
+)
+from .defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
+
+__all__ = ["main", "sample_document", "build_parser"]
 
 
 def sample_document() -> tuple[str, list[dict]]:
@@ -26,36 +47,117 @@ def sample_document() -> tuple[str, list[dict]]:
     return text, meta["questions"]
 
 
+def _read_context(spec: str) -> str:
+    if spec == "-":
+        return sys.stdin.read()
+    try:
+        with open(spec, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise UsageError(f"--context {spec}: {exc.strerror or exc}") from None
+
+
+def _check_heads_before_loading(args: argparse.Namespace, heads) -> None:
+    """``qgpm`` needs a head set: look for one that fits the model before the weights load.
+
+    A GGUF's header gives its shape in well under a second (transformers' own GGUF
+    config reader parses the whole tokenizer and costs as much as the load); a folder's
+    config and tokenizer give its full fingerprint. Where neither can be read the load
+    itself reports the problem.
+    """
+    from .fingerprint import gguf_shape
+    from .heads import find_head_set, has_head_set_for_shape
+    from .loading import resolve_source, source_fingerprint
+
+    try:
+        source = resolve_source(args.model, None)
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc)) from None
+    if heads is not None:
+        return
+    if source.gguf_file:
+        shape = gguf_shape(os.path.join(source.path, source.gguf_file))
+        missing = shape is not None and not has_head_set_for_shape(shape)
+        what = f"{source.name} ({shape})" if shape else source.name
+    else:
+        try:
+            fp = source_fingerprint(source)
+        except Exception:  # unreadable or remote config/tokenizer: the load reports it in full
+            return
+        missing = find_head_set(fp) is None
+        what = fp.describe()
+    if missing:
+        model = args.model or DEFAULT_MODEL
+        raise UsageError(
+            f"no head set is stored for {what}, and method qgpm reads relevance from one. Calibrate it once with "
+            f"`qgpm calibrate --model {model}` (stored for this model, found next time), or run with --heads calibrate "
+            "(calibrate now, not stored), --heads FILE.json or --heads 14:3,15:6; --methods vanilla,topk,reorder need no heads."
+        )
+
+
 def _ask(args: argparse.Namespace) -> int:
-    from . import BASELINE_METHODS, METHODS, QGPM
+    from .baselines import options_from_strings
+    from .config import load_config
+    from .heads import parse_heads
+    from .loading import parse_dtype
 
     text, questions = sample_document()
+    if not 0 <= args.example < len(questions):
+        raise UsageError(f"--example must be 0..{len(questions) - 1}, got {args.example}")
+    bundled = not args.context and not args.question
     if args.context:
-        text = sys.stdin.read() if args.context == "-" else open(args.context, encoding="utf-8").read()
+        text = _read_context(args.context)
         if not args.question:
-            print("error: with --context, give a question: qgpm ask --context FILE \"your question\"", file=sys.stderr)
-            return 2
+            raise UsageError('with --context, give a question: qgpm ask --context FILE "your question"')
     question = args.question or questions[args.example]["question"]
-    methods = [m.strip() for m in args.method.split(",") if m.strip()]
-    choices = [m for m in METHODS if m != "oracle"]  # oracle needs evidence marks
-    unknown = [m for m in methods if m not in choices]
-    if unknown or not methods:
-        print(f"error: unknown method(s) {unknown}; choose from {', '.join(choices)}", file=sys.stderr)
-        return 2
-    from .baselines import options_from_strings
-
+    methods = args.methods
+    evidence = list(args.evidence or [])
+    if "oracle" in methods:
+        if not evidence and bundled:
+            evidence = [questions[args.example]["evidence"]]
+        if not evidence:
+            raise UsageError('method oracle needs --evidence "exact text from the context" (repeatable)')
+    elif evidence:
+        raise UsageError("--evidence is only used by method oracle (add it to --methods)")
+    missing = [e for e in evidence if e.strip() not in text]
+    if missing:
+        raise UsageError(f"--evidence {missing[0][:60]!r} is not an exact substring of the context")
+    try:
+        heads = parse_heads(args.heads)
+        dtype = parse_dtype(args.dtype)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if isinstance(heads, str) and heads != "calibrate":
+        if not os.path.isfile(heads):
+            raise UsageError(f"--heads {heads}: no such head-set file")
     try:
         options = options_from_strings(args.options)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"loading {args.model or 'the embedded SmolLM2-135M-Instruct'} ...", file=sys.stderr)
-    engine = QGPM.from_pretrained(args.model, device_map=args.device, dtype=args.dtype)
+        raise UsageError(str(exc)) from None
+    config_file, overrides = split_config_args(args.config)
+    load_config(config_file, overrides)  # bad fields or values fail here, before the model loads
+    if "qgpm" in methods:
+        _check_heads_before_loading(args, heads)
+
+    from . import QGPM
+    from .loading import resolve_device
+
+    device_map = resolve_device(args.device)
+    print(f"loading {args.model or 'the embedded ' + DEFAULT_MODEL_NAME} on {device_map} ...", file=sys.stderr)
+    engine = QGPM.from_pretrained(args.model, device_map=device_map, dtype=None if dtype == "auto" else dtype, heads=heads)
+    config = load_config(config_file, overrides, base=engine.config)
     print(f"question: {question}")
-    if not args.question and not args.context:
+    if bundled:
         print(f"(bundled example; expected answer: {questions[args.example]['answer']})")
     for method in methods:
-        result = engine.answer(text, question, method=method, max_new_tokens=args.max_new_tokens, **({"options": options[method]} if method in options else {}))
+        kw = dict(method=method, max_new_tokens=args.max_new_tokens, config=config)
+        if method in ("topk", "reorder"):
+            kw.update(reranker=args.reranker, k=args.k)
+        if method == "oracle":
+            kw["evidence"] = evidence
+        if method in options:
+            kw["options"] = options[method]
+        result = engine.answer(text, question, **kw)
         print(f"\n[{method}] {result.text}")
         t = result.timings
         print(
@@ -63,9 +165,10 @@ def _ask(args: argparse.Namespace) -> int:
             f"first token {t.first_token_s:.1f}s (pass 1 {t.pass1_s:.1f}s), decode {t.decode_s:.1f}s",
         )
         if result.relevance:
-            print(f"  sentences QGPM ranked most relevant (of {len(result.relevance)}):")
+            print(f"  sentences {method} ranked most relevant (of {len(result.relevance)}):")
             for s in result.top_sentences(args.top):
-                print(f"   #{s.rank + 1} z={s.z:+.2f} {s.text[:160]}")
+                z = "" if s.z is None else f" z={s.z:+.2f}"
+                print(f"   #{s.rank + 1}{z} {s.text[:160]}")
         if result.edit is not None:
             print(f"  {method}: kept chunks {result.edit.kept} of {len(result.edit.chunks)}")
         if method in BASELINE_METHODS:
@@ -73,22 +176,38 @@ def _ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="qgpm", description="Query-Guided Positional Modulation for long-context QA.")
-    sub = ap.add_subparsers(dest="command", required=True)
-    ask = sub.add_parser("ask", help="answer a question over a long text (default: the bundled sample report)")
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    ap = QGPMArgumentParser(
+        prog="qgpm",
+        description="Query-Guided Positional Modulation for long-context QA.",
+        epilog="Bad input is reported in one line (exit code 2); QGPM_TRACEBACK=1 shows tracebacks.",
+    )
+    ap.add_argument("--version", action="version", version=f"qgpm {__version__}", help="print the version and exit")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{ask,eval,tune,calibrate,report}")
+    ask = sub.add_parser("ask", help="answer a question over a long text (default: the bundled sample report)",
+                         description="Answer a question over a long text with one or more methods and show what QGPM ranked.")
     ask.add_argument("question", nargs="?", help="the question (default: a bundled example question)")
     ask.add_argument("--context", help="text file to answer from ('-' = stdin); default: the bundled report")
-    ask.add_argument("--method", "--methods", dest="method", default="qgpm",
-                     help="qgpm | vanilla | topk | reorder | string | ms-poe | self-extend | llmlingua-2, or several comma-separated")
+    ask.add_argument("--methods", "--method", dest="methods", type=methods_arg(), default=["qgpm"],
+                     help=f"comma list of {', '.join(METHODS)} (default qgpm; oracle needs --evidence)")
     ask.add_argument("--option", dest="options", action="append", default=[], metavar="METHOD.FIELD=VALUE",
                      help="a baseline setting, e.g. string.local_window=256 or llmlingua-2.model=PATH (repeatable)")
-    ask.add_argument("--model", default=None, help="HF id, local folder or .gguf (default: embedded SmolLM2-135M-Instruct)")
-    ask.add_argument("--device", default=None, help="device_map for transformers, e.g. cuda or auto")
-    ask.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: the checkpoint's)")
-    ask.add_argument("--max-new-tokens", type=int, default=48)
-    ask.add_argument("--top", type=int, default=3, help="how many top-ranked sentences to show")
-    ask.add_argument("--example", type=int, default=1, help="which bundled example question (0-2)")
+    ask.add_argument("--evidence", action="append", metavar="TEXT",
+                     help="exact text from the context that answers the question, for method oracle (repeatable; "
+                     "the bundled example brings its own)")
+    g = ask.add_argument_group("model")
+    g.add_argument("--model", default=None, help=f"HF id, local folder or .gguf file (default: {DEFAULT_MODEL}, the embedded {DEFAULT_MODEL_NAME})")
+    g.add_argument("--device", default="auto", help=DEVICE_HELP)
+    g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
+    g.add_argument("--heads", default=None, help=HEADS_HELP)
+    g.add_argument("--config", action="append", default=None, metavar="FILE|FIELD=VALUE", help=CONFIG_HELP)
+    ask.add_argument("--reranker", default=DEFAULT_RERANKER, help=RERANKER_HELP)
+    ask.add_argument("--k", type=int, default=DEFAULT_K, help=f"chunks kept by topk (default {DEFAULT_K})")
+    ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")
+    ask.add_argument("--top", type=int, default=3, help="how many top-ranked sentences to show (default 3)")
+    ask.add_argument("--example", type=int, default=1, help="which bundled example question (0-2, default 1)")
     ask.set_defaults(func=_ask)
     try:
         from .eval.cli import register
@@ -99,9 +218,16 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+_parser = build_parser  # old name
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a one-line usage error (exit code 2)
+        return int(exc.code or 0)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    return run_command(args)
 
 
 if __name__ == "__main__":

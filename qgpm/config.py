@@ -1,14 +1,22 @@
-"""Hyperparameters of QGPM (paper App. C) in one object, with per-backbone presets."""
+"""Hyperparameters of QGPM (paper App. C) in one object, with per-backbone presets.
+
+Presets are keyed by the model's fingerprint key (:mod:`qgpm.fingerprint`), with the
+readable name beside it in :data:`PRESET_NAMES`.
+"""
 
 from __future__ import annotations
 
 import math
+import dataclasses
+import json
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
+from .defaults import DEFAULT_MODEL_NAME
 from .shaping import MapParams
 
-__all__ = ["QGPMConfig", "PRESETS"]
+__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config"]
 
 
 @dataclass(frozen=True)
@@ -119,10 +127,29 @@ class QGPMConfig:
         return asdict(self)
 
     @classmethod
-    def for_model(cls, name: str) -> "QGPMConfig":
-        """The preset for a backbone name (case-insensitive), else the generic defaults."""
-        return PRESETS.get(name.lower(), cls())
+    def for_model(cls, model: Any) -> "QGPMConfig":
+        """The preset for a model, else the generic defaults.
 
+        ``model``: a :class:`~qgpm.fingerprint.ModelFingerprint`, a fingerprint key, or
+        a readable preset name (case-insensitive, e.g. ``"SmolLM2-135M-Instruct"``). The
+        engine looks presets up by fingerprint key, so a model is matched by what it is,
+        not by what its file is called.
+        """
+        key = getattr(model, "key", model)
+        if not isinstance(key, str):
+            raise TypeError(f"for_model takes a fingerprint, its key or a preset name; got {type(model).__name__}")
+        if key in PRESETS:
+            return PRESETS[key]
+        by_name = {n.lower(): k for k, n in PRESET_NAMES.items()}
+        k = by_name.get(key.strip().lower())
+        return PRESETS[k] if k is not None else cls()
+
+
+SMOLLM2_KEY = "96f8dcdd689f9245"
+"""Fingerprint key (:mod:`qgpm.fingerprint`) of SmolLM2-135M-Instruct (the embedded GGUF)."""
+
+PRESET_NAMES: dict[str, str] = {SMOLLM2_KEY: DEFAULT_MODEL_NAME}
+"""Readable model name beside each preset's fingerprint key."""
 
 PRESETS: dict[str, QGPMConfig] = {
     # Dev-split search in three steps, 14 configs on 12 samples at 2K tokens (4 tasks x 3 depths),
@@ -131,10 +158,49 @@ PRESETS: dict[str, QGPMConfig] = {
     # frequency gate (anchor 100 L), ahead by one dev sample; with the gate open the model no
     # longer answers the plain needle test (tests/test_engine.py) that vanilla and the gated
     # config answer, so the preset keeps the gate at 0.25 L (dev: 50.0 % vs vanilla 41.7 %).
-    "smollm2-135m-instruct": QGPMConfig(
+    SMOLLM2_KEY: QGPMConfig(
         k_sharp=4.0,
         s_low=0.6,
         anchor_ratio=0.25,
         provenance="dev-split search, 3 steps, 14 configs x 12 samples at 2K; gate kept at 0.25 L (docs/tuning/smollm2_dev.md)",
     ),
 }
+
+
+def _coerce(value: str) -> Any:
+    v = value.strip()
+    if v.lower() in ("none", "null"):
+        return None
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    try:
+        return int(v) if v.lstrip("-").isdigit() else float(v)
+    except ValueError:
+        return v
+
+
+def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base: QGPMConfig | None = None) -> QGPMConfig | None:
+    """A config from a JSON file (``best_config.json`` or ``QGPMConfig.to_dict()``) and/or
+    ``field=value`` overrides; ``None`` when neither is given (engine preset).
+
+    Overrides apply on top of the file, else on top of ``base`` (the CLI passes the
+    model's preset; ``None`` = the generic defaults).
+    """
+    if spec is None and not overrides:
+        return None
+    cfg = base if base is not None else QGPMConfig()
+    fields = {f.name for f in dataclasses.fields(QGPMConfig)}
+    if spec is not None:
+        d = json.loads(Path(spec).read_text())
+        d = d.get("config", d)
+        cfg = QGPMConfig(**{k: v for k, v in d.items() if k in fields})
+    changes = {}
+    for ov in overrides:
+        name, eq, value = ov.partition("=")
+        if not eq:
+            raise ValueError(f"bad override {ov!r}: expected field=value")
+        name = name.strip()
+        if name not in fields or name == "provenance":
+            raise ValueError(f"unknown QGPMConfig field {name!r} in {ov!r}; fields: {', '.join(sorted(fields - {'provenance'}))}")
+        changes[name] = _coerce(value)
+    return cfg.with_(**changes) if changes else cfg

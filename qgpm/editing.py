@@ -22,6 +22,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Sequence
 
+from .defaults import DEFAULT_K, DEFAULT_RERANKER
 from .rerank import Reranker, get_reranker
 from .segment import Sentence, split_documents, split_sentences
 
@@ -240,8 +241,8 @@ def edit_context(
     question: str,
     *,
     mode: Literal["topk", "reorder"],
-    reranker: Reranker | str = "bm25",
-    k: int = 5,
+    reranker: Reranker | str = DEFAULT_RERANKER,
+    k: int = DEFAULT_K,
     chunk_tokens: int = 128,
     count_tokens: Callable[[str], int] | None = None,
 ) -> EditedContext:

@@ -14,6 +14,7 @@ compression ``llmlingua-2`` (settings in ``options=``, see :mod:`qgpm.baselines`
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -26,7 +27,9 @@ import torch
 
 from .baselines import BASELINE_METHODS, ROPE_BASELINES, build_baseline_plan, resolve_options
 from .config import QGPMConfig
-from .heads import HeadSet, HeadSetMissingError, load_head_set
+from .defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS, PASS1_FIELDS as _PASS1_FIELDS
+from .fingerprint import ModelFingerprint, model_fingerprint
+from .heads import HeadSet, HeadSetMissingError, check_head_set, find_head_set, known_model_name, missing_head_set_error
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
 from .plan import MapResult, build_plan, oracle_units
 from .prompt import Prompt, PromptSpec, build_prompt, DEFAULT_TEMPLATE
@@ -36,16 +39,9 @@ from .shaping import fuse_heads
 
 logger = logging.getLogger("qgpm")
 
-_PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
-
 __all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream", "PreparedCall"]
 
 Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2"]
-METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder", *BASELINE_METHODS)
-DEFAULT_RERANKER = "minilm"
-"""Default reranker of ``topk``/``reorder``: best evidence-chunk MRR in
-``benchmarks/results/rerank_mrr.md`` (ties BM25 overall, clearly ahead on the
-low-overlap NoLiMa-style association task), at ~2 s per 1K tokens on 2 CPU cores."""
 
 
 class ContextTooLongError(ValueError):
@@ -221,7 +217,9 @@ class QGPM:
     Build it with :meth:`from_pretrained` (model id, folder, .gguf file, or ``None`` for
     the embedded SmolLM2-135M-Instruct), or directly from a loaded model + fast tokenizer.
     One engine may be shared by many threads and framework adapters: calls on one model
-    are serialized, and every call leaves the model unpatched.
+    are serialized, and every call leaves the model unpatched. ``engine.fingerprint``
+    (:class:`~qgpm.fingerprint.ModelFingerprint`) identifies the model: its stored head
+    set and config preset are found by ``fingerprint.key``, with or without ``name=``.
     """
 
     def __init__(
@@ -237,9 +235,11 @@ class QGPM:
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
         self.model = model
         self.tokenizer = tokenizer
-        self.name = name or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+        fp = model_fingerprint(model, tokenizer)
+        self.name = name or known_model_name(fp.key) or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+        self.fingerprint: ModelFingerprint = dataclasses.replace(fp, name=self.name)  # head sets, presets: by .key
         self.family = getattr(model.config, "model_type", "?")
-        self.config = config or QGPMConfig.for_model(self.name)
+        self.config = config or QGPMConfig.for_model(self.fingerprint.key)
         self._support_error: Exception | None = None
         try:
             check_supported(model)
@@ -288,20 +288,32 @@ class QGPM:
         return engine
 
     def set_heads(self, heads: HeadSet | Sequence[tuple[int, int]] | str | os.PathLike[str] | None) -> None:
-        """Choose the heads pass 1 reads (see :meth:`from_pretrained` for the forms)."""
+        """Choose the heads pass 1 reads (see :meth:`from_pretrained` for the forms).
+
+        A stored set (``None``), a :class:`HeadSet` or a head-set file made for another
+        model (another fingerprint key) raises :class:`~qgpm.heads.HeadSetMismatchError`;
+        a list of ``(layer, head)`` is taken as given.
+        """
         self._head_error = None
         if isinstance(heads, HeadSet):
             hs = heads
+            check_head_set(hs, self.fingerprint)
         elif heads is None:
-            try:
-                hs = load_head_set(self.name)
-            except HeadSetMissingError as exc:
-                self.head_set, self._head_error = None, exc
+            found = find_head_set(self.fingerprint)
+            if found is None:
+                self.head_set, self._head_error = None, missing_head_set_error(self.fingerprint)
                 return
+            hs = found[0]
+            check_head_set(hs, self.fingerprint, f"the stored head set {found[1]}")
+        elif isinstance(heads, str) and heads == "calibrate":
+            from .calibrate import calibrate_heads
+
+            hs = calibrate_heads(self)
         elif isinstance(heads, (str, os.PathLike)):
             hs = HeadSet.load(heads)
+            check_head_set(hs, self.fingerprint, f"head set {heads}")
         else:
-            hs = HeadSet(self.name, list(heads), method="given by caller")
+            hs = HeadSet(self.name, list(heads), method="given by caller", fingerprint=self.fingerprint.to_dict())
         if self._support_error is None:
             n_heads = self.model.config.num_attention_heads
             bad = [h for h in hs.heads if not (0 <= h[0] < self.n_layers and 0 <= h[1] < n_heads)]
@@ -342,7 +354,7 @@ class QGPM:
         answer_prefix: str | None = None,
         template: str = DEFAULT_TEMPLATE,
         reranker: Any = None,
-        k: int = 5,
+        k: int = DEFAULT_K,
         config: QGPMConfig | None = None,
         seed: int | None = None,
         options: Any = None,
@@ -505,7 +517,7 @@ class QGPM:
     def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
         """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
         keys = ("method", "evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "max_new_tokens", "options")
-        defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, 5, None, 0, None)
+        defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, DEFAULT_K, None, 0, None)
         args = [kwargs.pop(k, d) for k, d in zip(keys, defaults)]
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
@@ -758,7 +770,7 @@ class AnswerStream:
         prep = {k: kw.pop(k) for k in prep_keys if k in kw}
         call = self._call or eng._prepare(
             context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
-            prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", 5), prep.get("config"), max_new_tokens,
+            prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", DEFAULT_K), prep.get("config"), max_new_tokens,
             prep.get("options"),
         )
         stop = [s for s in (gen_args.get("stop") or []) if s]

@@ -27,12 +27,15 @@ import logging
 import os
 import shutil
 import tempfile
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .defaults import DEFAULT_MODEL, DEFAULT_MODEL_NAME, is_default_model
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -44,15 +47,15 @@ __all__ = [
     "load_model",
     "load_model_and_tokenizer",
     "gguf_cache_dir",
+    "parse_dtype",
+    "resolve_device",
+    "model_load_kwargs",
+    "source_fingerprint",
 ]
 
 logger = logging.getLogger("qgpm")
 _MANIFEST = "qgpm-cache.json"
 
-DEFAULT_MODEL = "smollm2"
-"""Alias accepted everywhere a model id is: the embedded SmolLM2-135M-Instruct."""
-
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -93,16 +96,23 @@ def default_model_source() -> ModelSource:
 
 def resolve_source(model: str | os.PathLike[str] | None, gguf_file: str | None = None) -> ModelSource:
     """Turn what a user passes (None, "smollm2", an HF id, a folder, a .gguf file) into a source."""
-    if model is None or str(model).lower() in {DEFAULT_MODEL, DEFAULT_MODEL_NAME.lower()}:
+    if is_default_model(model):
         return default_model_source()
     path = str(model)
     if path.endswith(".gguf") and gguf_file is None:
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
-        return ModelSource(path=str(p.parent), gguf_file=p.name, name=p.name.split(".")[0])
+        return ModelSource(path=str(p.parent), gguf_file=p.name, name=_gguf_name(p.name))
     name = Path(path.rstrip("/")).name if (os.path.isdir(path) or "/" in path) else path
     return ModelSource(path=path, gguf_file=gguf_file, name=name)
+
+
+def _gguf_name(file_name: str) -> str:
+    """Readable model name of a GGUF file: ``Llama-3.1-8B-Instruct.Q4_K_M.gguf`` -> ``Llama-3.1-8B-Instruct``."""
+    stem = re.sub(r"\.gguf$", "", file_name, flags=re.I)
+    stem = re.sub(r"[.-](I?Q\d[\w]*|[BF]F?16|F32)$", "", stem, flags=re.I)
+    return stem or file_name
 
 
 _CACHE: dict[tuple, Any] = {}
@@ -244,3 +254,98 @@ def load_model_and_tokenizer(model: str | os.PathLike[str] | None = None, **kwar
     """Convenience: ``(model, tokenizer, source)`` for a user-facing model argument."""
     source = resolve_source(model, kwargs.pop("gguf_file", None))
     return load_model(source, **kwargs), load_tokenizer(source), source
+
+
+# --------------------------------------------------------------------------- settings from users
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def parse_dtype(dtype: Any) -> torch.dtype | str | None:
+    """A torch dtype from a name (``"bfloat16"``, ``"bf16"``, ``"float32"``, ...), ``"auto"`` or ``None``.
+
+    ``None`` and ``"auto"`` keep the checkpoint's dtype (``"auto"`` is passed on to
+    transformers as is). Raises ``ValueError`` naming the choices for anything else.
+    """
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        name = dtype.strip().lower().removeprefix("torch.")
+        if name == "auto":
+            return "auto"
+        if name in _DTYPES:
+            return _DTYPES[name]
+    raise ValueError(f"unknown dtype {dtype!r}; choose float32, bfloat16, float16 or auto (the checkpoint's)")
+
+
+def resolve_device(device: str | None, state: Any = None) -> Any:
+    """``device_map`` for a ``--device`` value: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
+
+    ``auto`` (and ``None``) = the first GPU when torch sees one, else the CPU. Under
+    ``accelerate launch`` (``state`` with several processes) ``cuda`` means each
+    process's own GPU. One meaning for every ``qgpm`` subcommand.
+    """
+    dev = (device or "auto").strip().lower()
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu":
+        return "cpu"
+    if dev.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"--device {device} was asked for, but torch sees no CUDA device")
+        if dev == "cuda" and state is not None and getattr(state, "num_processes", 1) > 1:
+            return str(state.device) if str(state.device).startswith("cuda") else f"cuda:{state.local_process_index}"
+        return dev if ":" in dev else "cuda"
+    if dev in ("mps", "xpu", "npu") or re.fullmatch(r"(xpu|npu):\d+", dev):
+        return dev
+    raise ValueError(f"unknown device {device!r}; choose cpu, cuda, cuda:N or auto")
+
+
+_ENGINE_KEYS = {"heads", "config", "name"}
+
+
+def model_load_kwargs(model_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """Check and normalize the ``model_kwargs`` an adapter got (HuggingFace's names).
+
+    ``torch_dtype`` becomes ``dtype`` (transformers >= 5 name; giving both is an
+    error), dtype names become torch dtypes; ``device_map``, ``quantization_config``,
+    ``attn_implementation``, ``gguf_file`` and any other ``AutoModelForCausalLM.from_pretrained``
+    argument pass through. Raises before anything is loaded.
+    """
+    if model_kwargs is None:
+        return {}
+    if not isinstance(model_kwargs, dict):
+        raise TypeError(f"model_kwargs must be a dict of AutoModelForCausalLM.from_pretrained arguments, got {type(model_kwargs).__name__}")
+    kw = dict(model_kwargs)
+    bad = sorted(k for k in kw if not isinstance(k, str))
+    if bad:
+        raise TypeError(f"model_kwargs keys must be strings, got {bad}")
+    clash = sorted(_ENGINE_KEYS & set(kw))
+    if clash:
+        raise ValueError(f"model_kwargs may not hold {clash}: pass them as arguments of their own (heads=..., qgpm_config=...)")
+    if "torch_dtype" in kw:
+        if "dtype" in kw:
+            raise ValueError("model_kwargs has both torch_dtype and dtype: give one (dtype is the transformers >= 5 name)")
+        kw["dtype"] = kw.pop("torch_dtype")
+    if "dtype" in kw:
+        kw["dtype"] = parse_dtype(kw["dtype"])
+    return kw
+
+
+def source_fingerprint(source: ModelSource):
+    """The :class:`~qgpm.fingerprint.ModelFingerprint` of ``source`` without loading its weights.
+
+    Reads the config and the tokenizer only (``weights`` is ``None``), so a missing head
+    set can be reported before a long model load.
+    """
+    from transformers import AutoConfig
+
+    from .fingerprint import ModelFingerprint, arch_config, tokenizer_hash, fingerprint_key
+
+    config = AutoConfig.from_pretrained(source.path, **source.load_kwargs())
+    arch = arch_config(config)
+    tok = tokenizer_hash(load_tokenizer(source))
+    return ModelFingerprint(key=fingerprint_key(arch, tok), name=source.name, arch=arch, tokenizer=tok, weights=None)

@@ -34,6 +34,8 @@ import threading
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+from .defaults import DEFAULT_MODEL_NAME, DEFAULT_RERANKER, is_default_model
+
 __all__ = [
     "Reranker",
     "LLMJudgeReranker",
@@ -540,7 +542,7 @@ RERANKER_CHOICES: tuple[str, ...] = (
 )
 """Spec strings accepted by :func:`get_reranker`."""
 
-DEFAULT_JUDGE_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_JUDGE_NAME = DEFAULT_MODEL_NAME
 
 _RERANKERS: dict[str, Reranker] = {}
 _RERANKERS_LOCK = threading.Lock()
@@ -555,7 +557,7 @@ def _auto_placement() -> dict[str, Any]:
     return {}
 
 
-def get_reranker(spec: Reranker | str = "bm25") -> Reranker:
+def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
     """Return a reranker for ``spec``, cached per process.
 
     Args:
@@ -585,7 +587,7 @@ def get_reranker(spec: Reranker | str = "bm25") -> Reranker:
     kind, sep, arg = spec.strip().partition(":")
     kind, arg = kind.strip().lower(), arg.strip()
     kind = {"embedding": "minilm", "llm-judge": "judge"}.get(kind, kind)
-    if kind == "judge" and arg.lower() in {"smollm2", DEFAULT_JUDGE_NAME.lower()}:
+    if kind == "judge" and is_default_model(arg):
         arg = ""  # the embedded default, however it is spelled
     key = f"{kind}:{arg}" if arg else (kind if not sep or kind in {"minilm", "judge"} else f"{kind}:")
     with _RERANKERS_LOCK:

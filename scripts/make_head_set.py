@@ -15,13 +15,14 @@ import sys
 import time
 
 from qgpm import QGPM
+from qgpm.defaults import DEFAULT_MODEL
 from qgpm.calibrate import calibrate_heads
 from qgpm.eval.tasks import calibration_samples
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="model id, folder or .gguf (default: the embedded model)")
     ap.add_argument("--n", type=int, default=36)
     ap.add_argument("--holdout", type=int, default=18)
     ap.add_argument("--top", type=int, default=8)

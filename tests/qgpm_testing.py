@@ -48,3 +48,10 @@ def tiny_model(family: str, vocab_size: int, seed: int = 0, attn_implementation:
 
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "granite"]
+
+
+def save_tiny(directory, tokenizer, family: str = "llama", seed: int = 0, **overrides):
+    """Save a tiny random model of ``family`` with ``tokenizer`` to ``directory`` (loadable by path)."""
+    tiny_model(family, len(tokenizer), seed=seed, **overrides).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory

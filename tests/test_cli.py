@@ -33,3 +33,158 @@ def test_ask_default_answers_bundled_question_and_shows_ranking(smollm, capsys):
 def test_ask_rejects_unknown_method(capsys):
     assert main(["ask", "--method", "magic"]) == 2
     assert "unknown method" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- issue 12: one CLI
+
+import argparse
+import os
+import subprocess
+import sys
+
+import qgpm
+import qgpm.engine
+import torch
+from qgpm.cli import build_parser
+
+from qgpm_testing import save_tiny
+
+
+def _one_line_error(capsys, rc, *fragments):
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Fail the test if a model or tokenizer starts loading."""
+    def boom(*a, **k):
+        raise AssertionError("the model started loading")
+
+    monkeypatch.setattr(qgpm.engine, "load_model", boom)
+    monkeypatch.setattr(qgpm.engine, "load_tokenizer", boom)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tokenizer, tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("cli-tiny"), tokenizer)
+
+
+@pytest.fixture
+def answers(monkeypatch):
+    """Every engine.answer call of the CLI: the keyword arguments."""
+    calls = []
+    real = qgpm.QGPM.answer
+
+    def spy(self, context, question, **kw):
+        calls.append(dict(kw, engine=self))
+        return real(self, context, question, **kw)
+
+    monkeypatch.setattr(qgpm.QGPM, "answer", spy)
+    return calls
+
+
+def test_version_and_python_dash_m(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"qgpm {qgpm.__version__}"
+    proc = subprocess.run([sys.executable, "-m", "qgpm", "eval", "--tasks", "nope", "--out", "x"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "Traceback" not in proc.stderr
+    assert "unknown task(s) ['nope']" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, fragments",
+    [
+        (["eval", "--tasks", "nope", "--out", "x"], ["qgpm eval: error:", "unknown task(s) ['nope']", "niah_single_2"]),
+        (["eval", "--methods", "vanilla,magic", "--out", "x"], ["unknown method(s) ['magic']"]),
+        (["tune", "--methods", "topk", "--out", "x"], ["unknown method(s) ['topk']"]),
+        (["ask", "--methods", "magic"], ["qgpm ask: error:", "unknown method(s)"]),
+        (["ask", "--methods", "oracle", "--context", __file__, "What?"], ["oracle needs --evidence"]),
+        (["ask", "--evidence", "x"], ["only used by method oracle"]),
+        (["ask", "--methods", "oracle", "--evidence", "not in the report at all"], ["not an exact substring"]),
+        (["ask", "--config", "k_sharpp=3"], ["unknown QGPMConfig field 'k_sharpp'"]),
+        (["ask", "--config", "/no/such/config.json"], ["no such file"]),
+        (["ask", "--heads", "/no/such/heads.json"], ["no such head-set file"]),
+        (["ask", "--heads", "14-3"], ["bad head '14-3'"]),
+        (["ask", "--model", "/no/such/own.gguf"], ["GGUF file not found"]),
+        (["ask", "--dtype", "bf17"], ["unknown dtype"]),
+        (["ask", "--context", "/no/such/notes.txt", "Q?"], ["--context /no/such/notes.txt"]),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_before_loading(argv, fragments, capsys, no_load):
+    _one_line_error(capsys, main(argv), *fragments)
+
+
+def test_ask_own_gguf_without_head_set_fails_before_loading(tmp_path, monkeypatch, capsys, no_load):
+    import qgpm.heads
+    from qgpm.loading import default_model_source
+
+    src = default_model_source()
+    gguf = tmp_path / "own.gguf"
+    gguf.symlink_to(os.path.join(src.path, src.gguf_file))
+    monkeypatch.setenv("QGPM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(qgpm.heads, "shipped_head_dir", lambda: tmp_path / "no-shipped-sets")
+    line = _one_line_error(capsys, main(["ask", "--model", str(gguf)]), "no head set is stored for own",
+                           f"qgpm calibrate --model {gguf}", "--heads calibrate")
+    assert "num_hidden_layers': 30" in line
+
+
+def test_ask_own_folder_without_head_set_fails_before_loading(tiny_dir, tmp_path, monkeypatch, capsys, no_load):
+    monkeypatch.setenv("QGPM_HOME", str(tmp_path / "home"))
+    _one_line_error(capsys, main(["ask", "--model", str(tiny_dir)]), "no head set is stored for", "qgpm calibrate --model")
+
+
+def test_runtime_errors_are_one_line_too(tmp_path, capsys):
+    rc = main(["eval", "--model", str(tmp_path / "no-such-model"), "--tasks", "qa_1", "--n", "1", "--out", str(tmp_path / "o"), "--device", "cpu"])
+    _one_line_error(capsys, rc, "qgpm eval: error:", "QGPM_TRACEBACK=1")
+
+
+def test_ask_settings_reach_the_engine(tiny_dir, tmp_path, answers, capsys):
+    ctx = tmp_path / "notes.txt"
+    ctx.write_text("The bakery opens at seven. The red door opens at noon. The museum is closed on Mondays.")
+    rc = main(["ask", "--model", str(tiny_dir), "--device", "cpu", "--dtype", "bfloat16", "--heads", "1:0,2:1",
+               "--config", "k_sharp=1", "--config", "s_low=0.3", "--methods", "qgpm,topk,oracle", "--reranker", "bm25", "--k", "1",
+               "--evidence", "The red door opens at noon.", "--context", str(ctx), "--max-new-tokens", "3", "When does the red door open?"])
+    assert rc == 0, capsys.readouterr().err
+    by_method = {c["method"]: c for c in answers}
+    assert set(by_method) == {"qgpm", "topk", "oracle"}
+    engine = by_method["qgpm"]["engine"]
+    assert engine.model.dtype == torch.bfloat16 and engine.device.type == "cpu" and engine.heads == [(1, 0), (2, 1)]
+    cfg = by_method["qgpm"]["config"]
+    assert (cfg.k_sharp, cfg.s_low) == (1.0, 0.3)
+    assert (by_method["topk"]["reranker"], by_method["topk"]["k"]) == ("bm25", 1)
+    assert by_method["oracle"]["evidence"] == ["The red door opens at noon."]
+    out = capsys.readouterr().out
+    assert "[oracle]" in out and "[topk]" in out and "kept chunks" in out
+
+
+def _all_parsers(parser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                yield from _all_parsers(p)
+
+
+def test_every_flag_has_help_and_shared_flags_mean_one_thing():
+    parser = build_parser()
+    missing = [f"{p.prog} {'/'.join(a.option_strings) or a.dest}" for p in _all_parsers(parser) for a in p._actions
+               if not isinstance(a, argparse._SubParsersAction) and not (a.help or "").strip()]
+    assert not missing, missing
+    subs = {p.prog.split()[-1]: p for p in _all_parsers(parser)}
+    opts = {name: {o: a for a in p._actions for o in a.option_strings} for name, p in subs.items()}
+    for flag in ("--model", "--device", "--dtype", "--heads", "--config", "--methods", "--reranker"):
+        users = [n for n in ("ask", "eval", "tune", "calibrate") if flag in opts[n]]
+        assert "ask" in users and len({opts[n][flag].help for n in users if flag not in ("--model", "--methods")} ) <= 1, flag
+    for flag in ("--device", "--dtype"):
+        assert len({opts[n][flag].help for n in ("ask", "eval", "tune", "calibrate")}) == 1
+        assert {opts[n][flag].default for n in ("ask", "eval", "tune", "calibrate")} == {"auto"}
+    assert "--methods" in opts["eval"] and "--methods" in opts["tune"]

@@ -221,7 +221,7 @@ def test_edit_context_topk_with_bm25_string():
     sentences = [f"Filler sentence {i} talks about the weather in spring." for i in range(12)]
     sentences[7] = "The lighthouse keeper's cat is named Marmalade."
     context = " ".join(sentences)
-    ed = edit_context(context, "What is the name of the lighthouse keeper's cat?", mode="topk", k=2, chunk_tokens=10)
+    ed = edit_context(context, "What is the name of the lighthouse keeper's cat?", mode="topk", reranker="bm25", k=2, chunk_tokens=10)
     assert len(ed.chunks) == 12 and len(ed.kept) == 2 and ed.kept == sorted(ed.kept)
     assert 7 in ed.kept and "Marmalade" in ed.text
 

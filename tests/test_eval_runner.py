@@ -249,6 +249,49 @@ def test_bootstrap_intervals_contain_the_mean_and_are_seeded():
     assert d == pytest.approx(0.5) and dlo <= d <= dhi and dlo >= 0.0
 
 
+def test_scipy_statistics_match_the_closed_forms():
+    """Wilson and the percentile bootstrap come from scipy; pin them to the textbook formulas
+    (the committed reports were made with these formulas written out)."""
+    import math
+
+    import numpy as np
+    from scipy.stats import norm
+
+    from qgpm.eval.stats import _rng
+
+    z = float(norm.ppf(0.975))
+    for n in (1, 3, 10, 75, 150):
+        for k in range(n + 1):
+            p = k / n
+            den = 1 + z * z / n
+            centre, half = (p + z * z / (2 * n)) / den, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+            lo, hi = wilson_interval(k, n)
+            assert lo == pytest.approx(0.0 if k == 0 else centre - half, abs=1e-12)
+            assert hi == pytest.approx(1.0 if k == n else centre + half, abs=1e-12)
+    x = np.array([1, 0, -1, 0, 0, 1, 1, 0, -1, 1, 0, 0, 1], dtype=float)
+    idx = _rng("seed").integers(0, x.size, size=(10_000, x.size))  # the resamples scipy draws from this generator
+    ref = tuple(np.quantile(x[idx].mean(axis=1), [0.025, 0.975]))
+    assert bootstrap_ci(x, seed="seed") == pytest.approx(ref, abs=1e-12)
+    assert bootstrap_ci([0.5]) == (0.5, 0.5) and all(math.isnan(v) for v in bootstrap_ci([]))
+    assert bootstrap_ci(x, seed=1, stat=lambda s: s.max(axis=1)) == (1.0, 1.0)
+
+
+def test_committed_report_statistics_regenerate_unchanged(tmp_path):
+    """`qgpm report` on the committed SmolLM2 test grid reproduces its stats.json byte for byte, and
+    report.md up to the plot section (plots are skipped here for time)."""
+    import shutil
+
+    from qgpm.eval.report import report
+
+    src = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test"
+    out = tmp_path / "grid"
+    shutil.copytree(src, out)
+    report(out, plots=False)
+    assert (out / "stats.json").read_bytes() == (src / "stats.json").read_bytes()
+    committed = (src / "report.md").read_text().split("\n## Accuracy vs depth\n")[0]
+    assert (out / "report.md").read_text() == committed
+
+
 def _hand_rows() -> list[dict]:
     """20 paired samples: both right 6, only qgpm right 9, only vanilla right 1, both wrong 4."""
     rows = []

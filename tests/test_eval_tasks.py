@@ -76,6 +76,25 @@ def test_string_match_part_takes_max_over_golds():
     assert scoring.score("string_match_part", "DENVER BRONCOS", ["Denver Broncos"]) == 1.0
 
 
+def test_ruler_metrics_are_rulers_own_functions(monkeypatch):
+    from long_context_eval.eval.synthetic import constants
+
+    assert scoring._ruler_metric("string_match_all_per_sample") is constants.string_match_all_per_sample
+    calls = []
+
+    def fake(preds, refs):
+        calls.append((preds, refs))
+        return [50.0]
+
+    monkeypatch.setattr(constants, "string_match_part_per_sample", fake)
+    scoring._ruler_metric.cache_clear()
+    try:
+        assert scoring.score("string_match_part", "  x\t ", ["y"]) == 0.5
+        assert calls == [(["x"], [["y"]])]  # post-processed prediction, one sample
+    finally:
+        scoring._ruler_metric.cache_clear()
+
+
 def test_contains_is_case_sensitive():
     assert scoring.score("contains_case_sensitive", "It was Yuki.", ["Yuki"]) == 1.0
     assert scoring.score("contains_case_sensitive", "it was yuki.", ["Yuki"]) == 0.0

@@ -51,6 +51,8 @@ __all__ = [
 
 BaselineOptions = StringOptions | MsPoEOptions | SelfExtendOptions | LLMLingua2Options
 
+from ..defaults import BASELINE_METHODS as _DEFAULT_BASELINES  # noqa: E402
+
 BASELINE_OPTIONS: dict[str, type] = {
     "string": StringOptions,
     "ms-poe": MsPoEOptions,
@@ -60,6 +62,8 @@ BASELINE_OPTIONS: dict[str, type] = {
 """Method name -> its options class: the registration of the query-agnostic baselines."""
 
 BASELINE_METHODS: tuple[str, ...] = tuple(BASELINE_OPTIONS)
+if BASELINE_METHODS != _DEFAULT_BASELINES:  # pragma: no cover - a programming error, caught on import
+    raise RuntimeError(f"qgpm.defaults.BASELINE_METHODS {_DEFAULT_BASELINES} != the baselines with options {BASELINE_METHODS}")
 ROPE_BASELINES: tuple[str, ...] = ("string", "ms-poe", "self-extend")
 """The baselines that change positions inside attention (they need a supported RoPE family)."""
 

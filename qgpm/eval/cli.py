@@ -24,19 +24,26 @@ import sys
 import time
 from typing import Sequence
 
+from qgpm._cliutil import (
+    CONFIG_HELP,
+    DEVICE_HELP,
+    DTYPE_HELP,
+    HEADS_HELP,
+    RERANKER_HELP,
+    QGPMArgumentParser,
+    csv_list,
+    methods_arg,
+    run_command,
+    split_config_args,
+    tasks_arg,
+)
+from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
+
 __all__ = ["register", "main", "main_eval", "main_tune", "main_calibrate", "main_report", "build_parser"]
 
 
-def _csv(s: str) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()]
-
-
-def _tasks(s: str) -> list[str]:
-    from qgpm.eval.tasks import TASKS
-
-    if s.strip().lower() == "all":
-        return list(TASKS)
-    return _csv(s)
+_csv = csv_list
+_tasks = tasks_arg
 
 
 def _depths(s: str) -> list[float] | None:
@@ -71,17 +78,17 @@ def _command(args=None) -> str:
 
 def _model_args(p: argparse.ArgumentParser, heads: bool = True) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default="smollm2", help="smollm2 (embedded), an HF id, a local folder or a .gguf file")
-    g.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (under accelerate launch, cuda = each process's own GPU)")
-    g.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (the checkpoint's)")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} (the embedded {DEFAULT_MODEL_NAME}), an HF id, a local folder or a .gguf file")
+    g.add_argument("--device", default="auto", help=DEVICE_HELP)
+    g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     g.add_argument("--attn-implementation", default=None, help="eager | sdpa | flash_attention_2 (default: transformers' choice)")
     if heads:
-        g.add_argument("--heads", default=None, help="stored (default: the head set stored for the model) | a head-set JSON | '14:3,15:6,...' | calibrate")
+        g.add_argument("--heads", default=None, help=HEADS_HELP)
 
 
 def _sample_args(p: argparse.ArgumentParser, *, split_choices: Sequence[str], default_split: str, default_n: int) -> None:
     g = p.add_argument_group("samples")
-    g.add_argument("--tasks", type=_tasks, default=None, help="comma list or 'all' (default: niah_multikey_1,nolima_direct)")
+    g.add_argument("--tasks", type=tasks_arg, default=None, help="comma list or 'all' (default: niah_multikey_1,nolima_direct)")
     g.add_argument("--lengths", type=_ints, default=[2048], help="token budgets, comma list (default 2048)")
     g.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths, comma list, or 'random' (default 0,0.25,0.5,0.75,1)")
     g.add_argument("--n", type=int, default=default_n, help=f"samples per (task, length, depth) (default {default_n})")
@@ -92,8 +99,8 @@ def _sample_args(p: argparse.ArgumentParser, *, split_choices: Sequence[str], de
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("QGPM config")
-    g.add_argument("--config", default=None, help="JSON file with QGPMConfig fields (e.g. best_config.json from `qgpm tune`)")
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help="override one config field (repeatable)")
+    g.add_argument("--config", action="append", default=None, metavar="FILE|FIELD=VALUE", help=CONFIG_HELP)
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help="same as --config FIELD=VALUE (repeatable)")
 
 
 def register(subparsers) -> None:
@@ -104,10 +111,10 @@ def register(subparsers) -> None:
                               "Data-parallel with `accelerate launch -m qgpm.eval.cli eval ...`.")
     _model_args(p)
     _sample_args(p, split_choices=("test", "dev"), default_split="test", default_n=10)
-    p.add_argument("--methods", type=_csv, default=["vanilla", "qgpm", "oracle", "topk", "reorder"],
-                   help="comma list (default: vanilla,qgpm,oracle,topk,reorder); the baselines string, ms-poe, self-extend, llmlingua-2 run when listed")
-    p.add_argument("--reranker", default="minilm", help="reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> (default minilm, the engine default)")
-    p.add_argument("--k", type=int, default=5, help="chunks kept by topk (default 5)")
+    p.add_argument("--methods", type=methods_arg(), default=list(COMPARISON_METHODS),
+                   help=f"comma list of {', '.join(METHODS)} (default: {','.join(COMPARISON_METHODS)}; the baselines run when listed)")
+    p.add_argument("--reranker", default=DEFAULT_RERANKER, help=RERANKER_HELP)
+    p.add_argument("--k", type=int, default=DEFAULT_K, help=f"chunks kept by topk (default {DEFAULT_K})")
     p.add_argument("--option", dest="options", action="append", default=[], metavar="METHOD.FIELD=VALUE",
                    help="a baseline setting, e.g. string.local_window=256, self-extend.group_size=4, ms-poe.max_ratio=2, "
                    "llmlingua-2.model=PATH (repeatable; fields of qgpm.StringOptions / SelfExtendOptions / MsPoEOptions / LLMLingua2Options)")
@@ -115,7 +122,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="output folder (resumed if it holds rows)")
     p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob (scored in the answer's own prefill; saves little)")
     p.add_argument("--no-resume", dest="resume", action="store_false", help="start afresh (deletes the folder's rows)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--shard", default=None, help="manual sharding i/N (separate jobs); accelerate launch shards by itself")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first error (default: record it in the row and go on)")
     p.set_defaults(func=main_eval)
@@ -128,37 +135,37 @@ def register(subparsers) -> None:
     _config_args(p)
     p.add_argument("--grid", default=None, help="'field=v1,v2;field=v1,v2' (default: qgpm.eval.tune.DEFAULT_GRID)")
     p.add_argument("--trials", type=int, default=None, help="random sample of this many grid points (base config included); default: the whole grid")
-    p.add_argument("--search-seed", type=int, default=0)
+    p.add_argument("--search-seed", type=int, default=0, help="seed of the random choice of --trials grid points (default 0)")
     p.add_argument("--objective", choices=["accuracy", "logprob", "guarded"], default="accuracy",
                    help="accuracy (tie-break: gold log-prob), logprob, or guarded (no task below vanilla first)")
     p.add_argument("--guard", type=float, default=0.0, help="tolerated per-task accuracy drop vs vanilla for --objective guarded (fraction)")
     p.add_argument("--oracle", action="store_true", help="also answer every trial with the Oracle (evidence labels in place of the heads)")
-    p.add_argument("--methods", type=_csv, default=None,
+    p.add_argument("--methods", type=methods_arg(("qgpm", "oracle")), default=None,
                    help="what answers each trial: qgpm (default), qgpm,oracle (= --oracle) or oracle (the remapping's ceiling alone); the first ranks trials")
     p.add_argument("--shard", default=None, help="answer only samples i, i+N, ... (i/N); merge the shards' tune_rows.jsonl and rerun without it for the summary")
-    p.add_argument("--out", required=True)
-    p.add_argument("--no-logprob", dest="logprob", action="store_false")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--out", required=True, help="output folder (tune_rows.jsonl, trials.jsonl, best_config.json, tune_summary.md; resumed)")
+    p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob (the tie-break of --objective accuracy)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=main_tune)
 
     # ---- calibrate
     p = subparsers.add_parser("calibrate", help="select retrieval heads by MRR calibration (paper App. A)",
                               description="Score every (layer, head) on calibration-split samples, keep the best --top, "
-                              "and store the head set where the engine finds it by model name.")
+                              "and store the head set where the engine finds it by the model's fingerprint.")
     _model_args(p, heads=False)
     p.add_argument("--n", type=int, default=36, help="calibration samples (default 36)")
     p.add_argument("--holdout", type=int, default=18, help="held-out samples for the fused-MRR check (default 18)")
     p.add_argument("--top", type=int, default=8, help="heads to keep (default 8)")
-    p.add_argument("--lengths", type=_ints, default=[1024, 2048])
-    p.add_argument("--out", default=None, help="head-set JSON path (default: <user head dir>/<model>.json, found by model name)")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.add_argument("--lengths", type=_ints, default=[1024, 2048], help="token lengths of the calibration samples, comma list (default 1024,2048)")
+    p.add_argument("--out", default=None, help="head-set JSON path (default: <user head dir>/<model>--<fingerprint key>.json, found by the model's fingerprint)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=main_calibrate)
 
     # ---- report
     p = subparsers.add_parser("report", help="regenerate report.md, stats.json and plots from a run folder")
     p.add_argument("--out", required=True, help="run folder holding rows.jsonl")
-    p.add_argument("--baseline", default="vanilla")
-    p.add_argument("--no-plots", dest="plots", action="store_false")
+    p.add_argument("--baseline", default="vanilla", help="method the paired statistics compare against (default vanilla)")
+    p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the accuracy-vs-depth plots")
     p.set_defaults(func=main_report)
 
 
@@ -179,16 +186,28 @@ def _engine(args, config=None, heads=None):
                        config=config, state=_partial_state(), **kw)
 
 
+def _engine_and_config(args):
+    """The engine and the config of ``--config`` / ``--set``: overrides apply on top of the
+    JSON file, else on top of the model's preset (``None`` when neither is given)."""
+    from qgpm.config import load_config
+
+    config_file, overrides = split_config_args(args.config, args.overrides)
+    load_config(config_file, overrides)  # bad fields or values fail before the model loads
+    engine = _engine(args)
+    config = load_config(config_file, overrides, base=engine.config)
+    if config is not None:
+        engine.config = config
+    return engine, config
+
+
 def main_eval(args) -> int:
     from qgpm.baselines import options_from_strings
     from qgpm.eval.runner import run_eval
-    from qgpm.eval.tune import load_config
 
     _setup_logging()
     options = options_from_strings(getattr(args, "options", []) or [])  # bad settings fail before the model loads
-    config = load_config(args.config, args.overrides)
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
-    engine = _engine(args, config)
+    engine, config = _engine_and_config(args)
     t = time.time()
     out = run_eval(
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, out_dir=args.out,
@@ -205,15 +224,15 @@ def main_eval(args) -> int:
 
 
 def main_tune(args) -> int:
-    from qgpm.eval.tune import load_config, parse_grid, tune
+    from qgpm.eval.tune import parse_grid, tune
 
     _setup_logging()
-    base = load_config(args.config, args.overrides)
+    grid = parse_grid(args.grid) if args.grid else None  # a bad grid fails before the model loads
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
-    engine = _engine(args, base)
+    engine, base = _engine_and_config(args)
     summary = tune(
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, out_dir=args.out,
-        grid=parse_grid(args.grid) if args.grid else None, trials=args.trials, search_seed=args.search_seed, base_config=base,
+        grid=grid, trials=args.trials, search_seed=args.search_seed, base_config=base,
         split=args.split, objective=args.objective, guard=args.guard, logprob=args.logprob, progress=args.progress,
         haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=_command(args), oracle=args.oracle,
         methods=args.methods, shard=_shard(args.shard),
@@ -227,7 +246,7 @@ def main_tune(args) -> int:
 def main_calibrate(args) -> int:
     from qgpm.calibrate import calibrate_heads
     from qgpm.eval.tasks import calibration_samples
-    from qgpm.heads import stored_head_set_path, user_head_dir
+    from qgpm.heads import head_set_file_name, stored_head_set_path, user_head_dir
 
     _setup_logging()
     engine = _engine(args, heads=[(0, 0)])  # any valid head: calibration scores them all
@@ -238,31 +257,21 @@ def main_calibrate(args) -> int:
     hs.meta["command"] = _command(args)
     hs.meta["lengths"] = list(args.lengths)
     hs.meta["seconds"] = round(time.time() - t, 1)
-    out = args.out or os.path.join(user_head_dir(), _head_file_name(engine.name))
+    out = args.out or os.path.join(user_head_dir(), head_set_file_name(engine.fingerprint))
     path = hs.save(out)
-    print(f"model: {engine.name}")
+    print(f"model: {engine.name} (fingerprint key {engine.fingerprint.key})")
     print(f"heads (best first): {hs.heads}")
     print(f"per-head calibration MRR: {[round(x, 3) for x in hs.mrr]} (median head {hs.meta['median_head_mrr']:.3f})")
     if "holdout_fused_mrr" in hs.meta:
         print(f"held-out fused MRR ({hs.meta['holdout_samples']} samples): chosen {hs.meta['holdout_fused_mrr']:.3f} "
               f"vs random {args.top}-head sets {hs.random_mrr:.3f} (mean of {hs.meta['random_draws']} draws)")
     print(f"wrote {path}")
-    found = stored_head_set_path(engine.name)
+    found = stored_head_set_path(engine.fingerprint)
     if args.out is None and found is not None and os.path.abspath(found) == os.path.abspath(path):
         print(f"QGPM.from_pretrained({args.model!r}) will now use it")
     elif args.out is not None:
         print(f"use it with --heads {path} or QGPM.from_pretrained(..., heads={str(path)!r})")
     return 0
-
-
-def _head_file_name(model_name: str) -> str:
-    """File name the engine looks up by model name (qgpm.heads key)."""
-    try:
-        from qgpm.heads import _key
-
-        return _key(model_name) + ".json"
-    except ImportError:  # pragma: no cover
-        return model_name.strip().lower().replace("/", "--") + ".json"
 
 
 def main_report(args) -> int:
@@ -274,16 +283,19 @@ def main_report(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="qgpm", description="qgpm evaluation commands")
+    ap = QGPMArgumentParser(prog="qgpm", description="qgpm evaluation commands")
     sub = ap.add_subparsers(dest="command", required=True)
     register(sub)
     return ap
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a one-line usage error (exit code 2)
+        return int(exc.code or 0)
     args.argv = list(argv) if argv is not None else sys.argv[1:]
-    return int(args.func(args) or 0)
+    return run_command(args)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from qgpm.baselines import BASELINE_METHODS, resolve_options
+from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS
+from qgpm.heads import parse_heads as _parse_heads
+from qgpm.loading import parse_dtype, resolve_device
 from qgpm.eval.base import BudgetError, EvalSample, split_seed
 from qgpm.eval.scoring import is_correct, score
 from qgpm.eval.tasks import TASKS, generate
@@ -88,7 +91,7 @@ log = logging.getLogger("qgpm.eval")
 ROWS_FILE = "rows.jsonl"
 MANIFEST_FILE = "manifest.json"
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-METHOD_ORDER = ("vanilla", "qgpm", "oracle", "topk", "reorder", *BASELINE_METHODS)
+METHOD_ORDER = METHODS
 KEY_FIELDS = ("task", "length", "depth", "seed", "method", "config_hash")
 
 
@@ -143,7 +146,7 @@ def _engine_dtype(engine) -> str:
 
 def _reranker_name(reranker: Any) -> str:
     if reranker is None:
-        return "bm25"
+        return DEFAULT_RERANKER  # what the engine uses for None
     return str(getattr(reranker, "name", reranker))
 
 
@@ -166,8 +169,8 @@ def method_fingerprint(
     method: str,
     *,
     config=None,
-    reranker: Any = "minilm",
-    k: int = 5,
+    reranker: Any = DEFAULT_RERANKER,
+    k: int = DEFAULT_K,
     max_new_tokens: int | None = None,
     haystack: Any = None,
     options: Any = None,
@@ -225,58 +228,22 @@ def config_hash(fingerprint: dict) -> str:
 
 
 def parse_heads(spec: Any) -> Any:
-    """``None`` / ``"calibrate"`` / a head-set path / ``"14:3,15:6"`` / a list of pairs."""
-    if spec is None or not isinstance(spec, str):
-        return spec
-    s = spec.strip()
-    if not s or s.lower() in {"stored", "default", "none"}:
-        return None
-    if s == "calibrate" or os.path.exists(s) or s.endswith(".json"):
-        return s
-    pairs = []
-    for part in s.replace(";", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        layer, _, head = part.partition(":")
-        if not head:
-            raise ValueError(f"bad head {part!r}: expected layer:head, e.g. 14:3")
-        pairs.append((int(layer), int(head)))
-    return pairs
-
-
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+    """``None`` / ``"calibrate"`` / a head-set path / ``"14:3,15:6"`` / a list of pairs (see :func:`qgpm.heads.parse_heads`)."""
+    return _parse_heads(spec)
 
 
 def _resolve_device(device: str | None, state=None) -> Any:
-    """``device_map`` for :meth:`QGPM.from_pretrained`: each accelerate process gets its own GPU."""
-    dev = (device or "auto").lower()
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cpu":
-        return "cpu"
-    if dev.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
-        if dev == "cuda" and state is not None and getattr(state, "num_processes", 1) > 1:
-            return str(state.device) if str(state.device).startswith("cuda") else f"cuda:{state.local_process_index}"
-        return dev if ":" in dev else "cuda"
-    return dev
+    """``device_map`` for :meth:`QGPM.from_pretrained` (see :func:`qgpm.loading.resolve_device`)."""
+    return resolve_device(device, state)
 
 
 def load_engine(model: Any = None, *, device: str | None = None, dtype: Any = None, heads: Any = None, config=None, state=None, **kwargs: Any):
     """Build a :class:`qgpm.QGPM` for evaluation (``device`` cpu|cuda|auto, ``dtype`` name or torch dtype)."""
     from qgpm import QGPM
 
-    if isinstance(dtype, str):
-        if dtype.lower() == "auto":
-            dtype = None
-        else:
-            try:
-                dtype = _DTYPES[dtype.lower()]
-            except KeyError:
-                raise ValueError(f"unknown dtype {dtype!r}; choose float32, bfloat16 or float16") from None
+    dtype = parse_dtype(dtype)
+    if dtype == "auto":
+        dtype = None
     return QGPM.from_pretrained(model, device_map=_resolve_device(device, state), dtype=dtype, heads=parse_heads(heads), config=config, **kwargs)
 
 
@@ -293,7 +260,7 @@ def gold_continuation(sample: EvalSample) -> str:
     return ans
 
 
-def prepare_kwargs(sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5, options: Any = None) -> dict:
+def prepare_kwargs(sample: EvalSample, method: str, *, config=None, reranker: Any = DEFAULT_RERANKER, k: int = DEFAULT_K, options: Any = None) -> dict:
     """The ``engine.answer`` / ``engine.prepare`` keyword arguments for one sample and method."""
     kw: dict[str, Any] = dict(
         method=method,
@@ -325,7 +292,7 @@ def _evidence_rank(call, sample: EvalSample) -> int | None:
     return min((ranks[g] for g in gold if g in ranks), default=None)
 
 
-def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reranker: Any = "minilm", k: int = 5, logprob: bool = True, call=None,
+def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reranker: Any = DEFAULT_RERANKER, k: int = DEFAULT_K, logprob: bool = True, call=None,
                   options: Any = None) -> dict:
     """Answer one sample with one method; the measured part of a row.
 
@@ -549,8 +516,8 @@ def run_eval(
     out_dir: str | os.PathLike[str],
     split: str = "test",
     config=None,
-    reranker: Any = "minilm",
-    k: int = 5,
+    reranker: Any = DEFAULT_RERANKER,
+    k: int = DEFAULT_K,
     logprob: bool = True,
     resume: bool = True,
     progress: bool = True,

@@ -14,12 +14,20 @@ Rules (RULER, ``scripts/eval/evaluate.py`` and ``scripts/eval/synthetic/constant
   occurs in the prediction with its exact case, else 0.0.
 
 RULER reports these as percentages; here every score is a fraction in ``[0, 1]``.
+
+The two RULER metrics are RULER's own functions (``string_match_all_per_sample`` and
+``string_match_part_per_sample`` from ``long_context_eval.eval.synthetic.constants``,
+the installed ``nvidia-long-context-eval``), divided by 100. Its post-processing
+(``long_context_eval.eval.evaluate.postprocess_pred``) is copied instead: importing that
+module parses ``sys.argv`` with its own argparse, tries to download NLTK punkt and needs
+pandas and PyYAML.
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Sequence
+from typing import Callable, Sequence
 
 __all__ = ["METRICS", "postprocess_prediction", "score", "is_correct"]
 
@@ -47,16 +55,25 @@ def _golds(answers: Sequence[str] | str) -> list[str]:
     return golds
 
 
+@functools.lru_cache(maxsize=None)
+def _ruler_metric(name: str) -> Callable[[list[str], list[list[str]]], list[float]]:
+    """RULER's per-sample metric ``name`` (scores in percent)."""
+    try:
+        from long_context_eval.eval.synthetic import constants
+    except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+        raise ModuleNotFoundError(
+            "Scoring RULER tasks uses RULER's own metrics from the package 'nvidia-long-context-eval'. "
+            "Install it with `pip install --no-deps nvidia-long-context-eval`."
+        ) from exc
+    return getattr(constants, name)
+
+
 def score(metric: str, prediction: str | None, answers: Sequence[str] | str) -> float:
     """Score one prediction against its gold strings; a fraction in ``[0, 1]``."""
     golds = _golds(answers)
     pred = postprocess_prediction(prediction)
-    if metric == "string_match_all":
-        low = pred.lower()
-        return sum(1.0 for g in golds if g.lower() in low) / len(golds)
-    if metric == "string_match_part":
-        low = pred.lower()
-        return max(1.0 if g.lower() in low else 0.0 for g in golds)
+    if metric in ("string_match_all", "string_match_part"):
+        return _ruler_metric(f"{metric}_per_sample")([pred], [golds])[0] / 100
     if metric == "contains_case_sensitive":
         return max(1.0 if g in pred else 0.0 for g in golds)
     raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")

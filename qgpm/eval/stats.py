@@ -3,10 +3,10 @@
 Every method answers the same samples, so comparisons against the baseline (vanilla)
 are *paired*: a pair is one sample (task, length, depth, seed) answered by both.
 
-* Accuracy: Wilson score interval (95 % by default) -- well behaved at 0 %, 100 % and
-  small n, unlike the normal approximation.
+* Accuracy: Wilson score interval (95 % by default; ``scipy.stats.binomtest(...).proportion_ci``)
+  -- well behaved at 0 %, 100 % and small n, unlike the normal approximation.
 * Paired difference ``acc(method) - acc(baseline)``: percentile bootstrap over pairs
-  (seeded, so a report is reproducible).
+  (``scipy.stats.bootstrap``, seeded, so a report is reproducible).
 * McNemar's exact test: with ``b`` pairs the method got right and the baseline wrong,
   and ``c`` the other way round, ``p = binomtest(b, b + c, 0.5)`` two-sided
   (``scipy.stats.binomtest``); ``p = 1`` when there are no discordant pairs.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -42,21 +43,18 @@ __all__ = [
 
 
 def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for ``k`` successes out of ``n`` (``(0, 1)`` when ``n == 0``)."""
+    """Wilson score interval for ``k`` successes out of ``n`` (``(0, 1)`` when ``n == 0``).
+
+    ``scipy.stats.binomtest(k, n).proportion_ci(method="wilson")``.
+    """
     if n <= 0:
         return (0.0, 1.0)
     if not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    from scipy.stats import norm
+    from scipy.stats import binomtest
 
-    z = float(norm.ppf(0.5 + confidence / 2))
-    p = k / n
-    den = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    lo = 0.0 if k == 0 else max(0.0, centre - half)
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return (lo, hi)
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return (float(ci.low), float(ci.high))
 
 
 def _rng(seed: int | str) -> np.random.Generator:
@@ -73,16 +71,31 @@ def bootstrap_ci(
     confidence: float = 0.95,
     seed: int | str = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean (or ``stat`` applied along axis 1)."""
+    """Percentile bootstrap interval of the mean (or ``stat`` applied along axis 1).
+
+    ``scipy.stats.bootstrap(method="percentile")`` with a generator seeded from ``seed``
+    (a string is hashed), so an interval is reproducible. One value gives ``(x, x)``
+    (scipy needs two); no value gives NaNs.
+    """
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         return (math.nan, math.nan)
-    idx = _rng(seed).integers(0, x.size, size=(n_boot, x.size))
-    sample = x[idx]
-    boots = sample.mean(axis=1) if stat is None else stat(sample)
-    a = (1 - confidence) / 2
-    lo, hi = np.quantile(boots, [a, 1 - a])
-    return (float(lo), float(hi))
+    if x.size == 1:
+        v = float(x[0] if stat is None else np.asarray(stat(x[None, :]))[0])
+        return (v, v)
+    from scipy.stats import bootstrap
+
+    if stat is None:
+        statistic = np.mean
+    else:
+        def statistic(sample, axis=-1):
+            return stat(np.moveaxis(sample, axis, -1).reshape(-1, sample.shape[axis])).reshape(np.delete(sample.shape, axis))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # DegenerateDataWarning when every resample is equal: the interval is that value
+        res = bootstrap((x,), statistic, n_resamples=n_boot, confidence_level=confidence, method="percentile",
+                        vectorized=True, rng=_rng(seed))
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
 def paired_bootstrap_diff(

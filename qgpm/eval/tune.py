@@ -39,7 +39,8 @@ from typing import Any, Sequence
 
 import torch
 
-from qgpm.config import QGPMConfig
+from qgpm.config import QGPMConfig, _coerce, load_config  # load_config re-exported
+from qgpm.defaults import PASS1_FIELDS
 from qgpm.eval.base import EvalSample, split_seed
 from qgpm.eval.runner import (
     DEFAULT_DEPTHS,
@@ -68,7 +69,6 @@ __all__ = [
 ]
 
 SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "anchor_basis", "tau", "local_window", "unmodulated_layers", "min_top_z", "split_layer")
-PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
 
 DEFAULT_GRID: dict[str, list] = {
     "k_broad": [8.0, 16.0],
@@ -87,18 +87,6 @@ SUMMARY_FILE = "tune_summary.md"
 
 
 # ----------------------------------------------------------------------------- configs
-
-
-def _coerce(value: str) -> Any:
-    v = value.strip()
-    if v.lower() in ("none", "null"):
-        return None
-    if v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    try:
-        return int(v) if v.lstrip("-").isdigit() else float(v)
-    except ValueError:
-        return v
 
 
 def parse_grid(spec: str | None) -> dict[str, list]:
@@ -120,26 +108,6 @@ def parse_grid(spec: str | None) -> dict[str, list]:
             raise ValueError(f"no values for {name!r} in grid")
         grid[name] = vals
     return grid
-
-
-def load_config(spec: str | Path | None, overrides: Sequence[str] = ()) -> QGPMConfig | None:
-    """A config from a JSON file (``best_config.json`` or ``QGPMConfig.to_dict()``) and/or
-    ``field=value`` overrides; ``None`` when neither is given (engine preset)."""
-    if spec is None and not overrides:
-        return None
-    cfg = QGPMConfig()
-    if spec is not None:
-        d = json.loads(Path(spec).read_text())
-        d = d.get("config", d)
-        fields = {f.name for f in dataclasses.fields(QGPMConfig)}
-        cfg = QGPMConfig(**{k: v for k, v in d.items() if k in fields})
-    changes = {}
-    for ov in overrides:
-        name, eq, value = ov.partition("=")
-        if not eq:
-            raise ValueError(f"bad override {ov!r}: expected field=value")
-        changes[name.strip()] = _coerce(value)
-    return cfg.with_(**changes) if changes else cfg
 
 
 def expand_grid(grid: dict[str, list], base: QGPMConfig) -> tuple[list[QGPMConfig], list[dict]]:

@@ -7,14 +7,15 @@
   context and question of an ordinary LCEL RAG chain for QGPM.
 * :class:`QGPMTopKCompressor`, :class:`QGPMReorder` -- reranker-based document
   compressors for ``ContextualCompressionRetriever`` / ``DocumentCompressorPipeline``.
-* :class:`MiniLMEmbeddings` -- offline embeddings (bundled all-MiniLM-L6-v2).
+* :class:`MiniLMEmbeddings`, :func:`bundled_embeddings` -- offline embeddings (bundled
+  all-MiniLM-L6-v2).
 
 Needs ``langchain-core`` (``pip install qgpm[langchain]``).
 """
 
 from .chat_models import QGPM_METHODS, QGPMChatModel, clear_engine_cache
 from .compressors import QGPMReorder, QGPMTopKCompressor, score_documents
-from .embeddings import MiniLMEmbeddings
+from .embeddings import MiniLMEmbeddings, bundled_embeddings
 from .prompts import (
     CONTEXT_ROLE,
     QGPM_ROLE_KEY,
@@ -36,6 +37,7 @@ __all__ = [
     "QGPMReorder",
     "score_documents",
     "MiniLMEmbeddings",
+    "bundled_embeddings",
     "qgpm_prompt",
     "QGPMPromptTemplate",
     "QGPMDocuments",

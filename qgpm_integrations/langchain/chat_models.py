@@ -40,17 +40,18 @@ from langchain_core.messages import (
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables.config import run_in_executor
-from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
+
+from .._common import check_generate_kwargs, check_heads, check_model_args, device_map_for, is_loaded_model
 from .prompts import CONTEXT_ROLE, QGPM_ROLE_KEY, QUESTION_ROLE, document_texts
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache"]
 
-# Kept literal so that importing the adapter does not import torch; equals qgpm.METHODS (tested).
-QGPM_METHODS: tuple[str, ...] = ("qgpm", "vanilla", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2")
-_BASELINE_METHODS = ("string", "ms-poe", "self-extend", "llmlingua-2")  # qgpm.BASELINE_METHODS: settings in options=
-_DEFAULT_NAMES = {"smollm2", "smollm2-135m-instruct"}
-_DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+QGPM_METHODS: tuple[str, ...] = METHODS
+"""The methods a call may use (``qgpm.defaults.METHODS``)."""
+_BASELINE_METHODS = BASELINE_METHODS  # qgpm.defaults.BASELINE_METHODS: settings in options=
 
 # Keyword arguments a call may pass (invoke(..., **kw) / bind(**kw)).
 _CALL_KWARGS = frozenset(
@@ -60,6 +61,12 @@ _CALL_KWARGS = frozenset(
         "explain_k", "model", "timeout", "stream", "options",
     }
 )
+
+# generate arguments that have a field of their own on QGPMChatModel
+_GENERATE_FIELDS = {
+    "max_new_tokens": "max_tokens", "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+    "seed": "seed", "stop": "stop", "max_time": "timeout",
+}
 
 # --------------------------------------------------------------------------- engine cache
 
@@ -76,19 +83,23 @@ def _heads_key(heads: Any) -> Any:
         return ("object", id(heads))
 
 
-def _model_key(model: str | None) -> str:
-    return "smollm2" if model is None or str(model).lower() in _DEFAULT_NAMES else str(model)
+def _model_key(model: Any) -> str:
+    return DEFAULT_MODEL if is_default_model(model) else str(model)
 
 
-def _get_engine(model: str | None, heads: Any) -> Any:
-    """One ``QGPM`` engine per (model, heads) per process (the weights are cached by qgpm)."""
-    key = (_model_key(model), _heads_key(heads))
+def _kwargs_key(model_kwargs: dict[str, Any] | None) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in (model_kwargs or {}).items()))
+
+
+def _get_engine(model: Any, heads: Any, model_kwargs: dict[str, Any] | None = None) -> Any:
+    """One ``QGPM`` engine per (model, heads, model_kwargs) per process (the weights are cached by qgpm)."""
+    key = (_model_key(model), _heads_key(heads), _kwargs_key(model_kwargs))
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
         if engine is None:
             from qgpm import QGPM
 
-            engine = QGPM.from_pretrained(None if key[0] == "smollm2" else key[0], heads=heads)
+            engine = QGPM.from_pretrained(None if key[0] == DEFAULT_MODEL else key[0], heads=heads, **(model_kwargs or {}))
             _ENGINES[key] = engine
         return engine
 
@@ -272,10 +283,23 @@ def _marked_parts(msg: BaseMessage) -> tuple[list[str], str, str | None]:
 class QGPMChatModel(BaseChatModel):
     """A local chat model that answers over long contexts with QGPM.
 
-    Build it from a model id/path (``model=``, default the embedded
-    SmolLM2-135M-Instruct) or from an existing engine (``engine=QGPM(...)``; many chat
-    models may share one). Weights load lazily on the first call and are cached per
-    process, so instantiation is cheap.
+    Model settings follow ``langchain-huggingface`` (``HuggingFacePipeline`` /
+    ``ChatHuggingFace``) and ``langchain-ollama``:
+
+    * ``model`` (alias ``model_id``): an HF id, a local folder or a ``.gguf`` file
+      (default: the embedded SmolLM2-135M-Instruct), loaded lazily on the first call and
+      cached per process; or an already-loaded transformers causal LM together with
+      ``tokenizer=``;
+    * ``model_kwargs``: ``AutoModelForCausalLM.from_pretrained`` arguments --
+      ``device_map``, ``dtype`` (or ``torch_dtype``), ``quantization_config``,
+      ``attn_implementation``, ``gguf_file``, ...;
+    * ``generate_kwargs``: further ``model.generate`` arguments (``repetition_penalty``,
+      ``top_k``, ``num_beams``, ...; the settings with a field of their own, such as
+      ``temperature``, go in that field);
+    * ``heads``: ``None`` (the head set stored for the model), ``"calibrate"``, a
+      head-set JSON path or ``[(layer, head), ...]``;
+    * :meth:`from_model_id` loads at once, like ``HuggingFacePipeline.from_model_id``;
+    * ``engine=QGPM(...)`` shares one loaded engine between chat models.
 
     Context and question reach QGPM through a marked prompt (:func:`qgpm_prompt`) or
     ``context=`` / ``question=`` call keyword arguments (``invoke(..., context=docs)``,
@@ -284,20 +308,32 @@ class QGPMChatModel(BaseChatModel):
     self-extend, llmlingua-2: ``qgpm.StringOptions`` etc.), ``system``, ``instruction``,
     ``answer_prefix``, ``qgpm_config``, ``max_tokens``, ``temperature``, ``top_p``,
     ``seed``, ``explain_k``, ``model``, ``timeout``. Without context it is a plain chat
-    model.
+    model. Unknown constructor or call arguments raise.
 
     Example:
-        >>> llm = QGPMChatModel(method="qgpm", max_tokens=48)
+        >>> llm = QGPMChatModel.from_model_id("Qwen/Qwen2.5-7B-Instruct",
+        ...     model_kwargs={"device_map": "cuda", "dtype": "bfloat16"}, heads="calibrate")
         >>> chain = ({"context": retriever | format_documents, "question": RunnablePassthrough()}
         ...          | qgpm_prompt() | llm | StrOutputParser())
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True, protected_namespaces=())
 
-    model: str | None = Field(default=None, description="HF id, local folder or .gguf path; None = embedded SmolLM2-135M-Instruct.")
+    model: Any = Field(
+        default=None, alias="model_id",
+        description="HF id, local folder or .gguf path (None = embedded SmolLM2-135M-Instruct), or an already-loaded "
+        "transformers causal LM (then pass tokenizer= too).",
+    )
+    tokenizer: Any = Field(default=None, exclude=True, repr=False, description="The fast tokenizer of an already-loaded model.")
+    model_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="AutoModelForCausalLM.from_pretrained arguments: device_map, dtype / torch_dtype, quantization_config, "
+        "attn_implementation, gguf_file, ...",
+    )
+    generate_kwargs: dict[str, Any] | None = Field(default=None, description="Further model.generate arguments (repetition_penalty, top_k, ...).")
     engine: Any = Field(default=None, exclude=True, repr=False, description="An existing qgpm.QGPM engine to use instead of loading `model`.")
-    method: Literal["qgpm", "vanilla", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2"] = "qgpm"
-    heads: Any = Field(default=None, description="Head set for pass 1 (see QGPM.from_pretrained); None = the stored set.")
+    method: str = Field(default=DEFAULT_METHOD, description=f"One of {', '.join(METHODS)}.")
+    heads: Any = Field(default=None, description="Head set for pass 1: None = the stored set, 'calibrate', a head-set JSON path or [(layer, head), ...].")
     qgpm_config: Any = Field(default=None, description="A qgpm.QGPMConfig overriding the engine's settings.")
     options: Any = Field(default=None, description="Settings of the baseline given as method (qgpm.StringOptions / MsPoEOptions / "
                          "SelfExtendOptions / LLMLingua2Options); None = that method's defaults.")
@@ -310,12 +346,13 @@ class QGPMChatModel(BaseChatModel):
     system: str | None = Field(default=None, description="System prompt used in context mode when the messages carry none.")
     instruction: str | None = Field(default=None, description="Instruction before the context (None = qgpm's default).")
     answer_prefix: str | None = None
-    reranker: Any = Field(default="bm25", description="Reranker spec or instance for method topk/reorder.")
-    k: int = Field(default=5, ge=1, description="Chunks kept by method='topk'.")
+    reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec or instance for method topk/reorder.")
+    k: int = Field(default=DEFAULT_K, ge=1, description="Chunks kept by method='topk'.")
     explain_k: int = Field(default=5, ge=0, description="Top sentences reported in response_metadata['qgpm'].")
     streaming: bool = False
 
     _engine: Any = PrivateAttr(default=None)
+    _load_kwargs: dict = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -326,16 +363,60 @@ class QGPMChatModel(BaseChatModel):
             values = {k: v for k, v in values.items() if k not in ("api_key", "max_retries")}
         return values
 
+    @field_validator("method")
+    @classmethod
+    def _check_method(cls, v: str) -> str:
+        if v not in METHODS:
+            raise ValueError(f"unknown method {v!r}; choose one of {', '.join(METHODS)}")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "QGPMChatModel":
-        if self.engine is not None and (self.model is not None or self.heads is not None):
-            raise ValueError("pass either engine= or model=/heads=, not both")
+        owner = "QGPMChatModel"
+        if self.engine is not None:
+            given = [n for n in ("model", "tokenizer", "heads", "model_kwargs") if getattr(self, n) is not None]
+            if given:
+                raise ValueError(f"pass either engine= or {'/'.join(given)}=, not both (the engine is already loaded)")
+        else:
+            self._load_kwargs = check_model_args(owner, self.model, self.tokenizer, self.model_kwargs)
+            check_heads(self.heads, owner)
+        check_generate_kwargs(self.generate_kwargs, owner, _GENERATE_FIELDS)
         if self.options is not None and getattr(self.options, "method", None) != self.method:
             raise ValueError(
                 f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "
                 f"baselines ({', '.join(_BASELINE_METHODS)}), e.g. QGPMChatModel(method='string', options=StringOptions(...))"
             )
         return self
+
+    @classmethod
+    def from_model_id(
+        cls,
+        model_id: str,
+        *,
+        device: int | str | None = None,
+        device_map: Any = None,
+        model_kwargs: dict[str, Any] | None = None,
+        generate_kwargs: dict[str, Any] | None = None,
+        heads: Any = None,
+        **kwargs: Any,
+    ) -> "QGPMChatModel":
+        """Load ``model_id`` now and return a chat model over it (like ``HuggingFacePipeline.from_model_id``).
+
+        ``device``: a CUDA index (``-1`` = CPU) or ``"cpu"`` / ``"cuda"`` / ``"cuda:N"`` /
+        ``"auto"``; ``device_map``: any transformers device map (give one of the two, or put
+        ``device_map`` in ``model_kwargs``). Other keyword arguments are fields of this class.
+        """
+        mk = dict(model_kwargs or {})
+        if device is not None and device_map is not None:
+            raise ValueError("pass device or device_map, not both")
+        dm = device_map_for(device) if device is not None else device_map
+        if dm is not None:
+            if "device_map" in mk and mk["device_map"] != dm:
+                raise ValueError(f"device_map given twice: {dm!r} and model_kwargs['device_map']={mk['device_map']!r}")
+            mk["device_map"] = dm
+        llm = cls(model=model_id, model_kwargs=mk or None, generate_kwargs=generate_kwargs, heads=heads, **kwargs)
+        llm.get_engine()
+        return llm
 
     # ------------------------------------------------------------------ identity
     @property
@@ -347,8 +428,12 @@ class QGPMChatModel(BaseChatModel):
         """Name of the model (without loading it)."""
         if self.engine is not None:
             return str(self.engine.name)
-        if self.model is None or str(self.model).lower() in _DEFAULT_NAMES:
-            return _DEFAULT_MODEL_NAME
+        if self._engine is not None:
+            return str(self._engine.name)
+        if is_loaded_model(self.model):
+            return str(getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__)
+        if is_default_model(self.model):
+            return DEFAULT_MODEL_NAME
         return str(self.model)
 
     @property
@@ -362,6 +447,8 @@ class QGPMChatModel(BaseChatModel):
             "stop": self.stop,
             "heads": _heads_key(self.heads),
             "options": None if self.options is None else self.options.to_dict(),
+            "model_kwargs": dict(_kwargs_key(self.model_kwargs)),
+            "generate_kwargs": dict(_kwargs_key(self.generate_kwargs)),
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
@@ -379,14 +466,30 @@ class QGPMChatModel(BaseChatModel):
 
     # ------------------------------------------------------------------ engine
     def get_engine(self, model: str | None = None) -> Any:
-        """The ``qgpm.QGPM`` engine (loaded on first use, shared per process)."""
-        if model is not None and _model_key(model) != _model_key(self.model if self.engine is None else self.engine.name):
+        """The ``qgpm.QGPM`` engine (loaded on first use, shared per process).
+
+        ``model``: another model id for this call (the per-call ``model=`` override),
+        loaded with default settings.
+        """
+        if model is not None and _model_key(model) != self._own_model_key():
             return _get_engine(model, None)
         if self.engine is not None:
             return self.engine
         if self._engine is None:
-            self._engine = _get_engine(self.model, self.heads)
+            if is_loaded_model(self.model):
+                from qgpm import QGPM
+
+                self._engine = QGPM(self.model, self.tokenizer, heads=self.heads)
+            else:
+                self._engine = _get_engine(self.model, self.heads, self._load_kwargs)
         return self._engine
+
+    def _own_model_key(self) -> str | None:
+        if self.engine is not None:
+            return _model_key(self.engine.name)
+        if is_loaded_model(self.model):
+            return None
+        return _model_key(self.model)
 
     # ------------------------------------------------------------------ call plumbing
     def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, _Request, dict[str, Any], dict[str, Any]]:
@@ -404,14 +507,15 @@ class QGPMChatModel(BaseChatModel):
             stop=list(dict.fromkeys(stops)) or None,
             seed=kwargs.get("seed", self.seed),
         )
+        gen.update(self.generate_kwargs or {})
         timeout = kwargs.get("timeout", self.timeout)
         if timeout:
             gen["max_time"] = float(timeout)
         call: dict[str, Any] = {}
         if req.mode == "context":
             method = kwargs.get("method", self.method)
-            if method not in QGPM_METHODS:
-                raise ValueError(f"unknown method {method!r}; choose one of {', '.join(QGPM_METHODS)}")
+            if method not in METHODS:
+                raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
             call = dict(
                 method=method,
                 system=kwargs.get("system") or req.system or self.system,

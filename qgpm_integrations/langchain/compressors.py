@@ -26,6 +26,8 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import ConfigDict, Field
 
+from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
+
 __all__ = ["QGPMTopKCompressor", "QGPMReorder", "score_documents"]
 
 
@@ -56,8 +58,8 @@ class QGPMTopKCompressor(BaseDocumentCompressor):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
-    reranker: Any = Field(default="bm25", description="qgpm.rerank spec or a reranker instance.")
-    k: int = Field(default=5, ge=1, description="Number of documents to keep.")
+    reranker: Any = Field(default=DEFAULT_RERANKER, description="qgpm.rerank spec or a reranker instance.")
+    k: int = Field(default=DEFAULT_K, ge=1, description="Number of documents to keep.")
 
     def compress_documents(self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None) -> Sequence[Document]:
         docs = list(documents)
@@ -73,7 +75,7 @@ class QGPMReorder(BaseDocumentCompressor):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
-    reranker: Any = Field(default="bm25", description="qgpm.rerank spec or a reranker instance.")
+    reranker: Any = Field(default=DEFAULT_RERANKER, description="qgpm.rerank spec or a reranker instance.")
 
     def compress_documents(self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None) -> Sequence[Document]:
         docs = list(documents)

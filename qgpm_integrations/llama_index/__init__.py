@@ -5,12 +5,13 @@
   and answers with QGPM (or vanilla / oracle / topk / reorder on the same engine).
 * :class:`QGPMTopKPostprocessor`, :class:`QGPMReorderPostprocessor` -- the paper's
   input-editing baselines as node postprocessors.
-* :class:`SentenceTransformerEmbedding` -- offline embeddings (bundled all-MiniLM-L6-v2).
+* :func:`bundled_embeddings` -- LlamaIndex's ``HuggingFaceEmbedding`` on the bundled
+  all-MiniLM-L6-v2 folder (offline).
 * :class:`QGPMTrace` -- what ``response.metadata["qgpm"]`` holds.
 """
 
 from ._tracing import QGPMTrace, split_context
-from .embeddings import SentenceTransformerEmbedding
+from .embeddings import bundled_embeddings
 from .llm import DEFAULT_REFINE_INSTRUCTION, QGPMLLM, set_tokenizer
 from .postprocessors import QGPMReorderPostprocessor, QGPMTopKPostprocessor
 
@@ -18,7 +19,7 @@ __all__ = [
     "QGPMLLM",
     "QGPMTopKPostprocessor",
     "QGPMReorderPostprocessor",
-    "SentenceTransformerEmbedding",
+    "bundled_embeddings",
     "QGPMTrace",
     "DEFAULT_REFINE_INSTRUCTION",
     "set_tokenizer",

@@ -46,6 +46,7 @@ Every finished call's :class:`qgpm.QGPMResult` is
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any, AsyncGenerator, Generator, Optional, Sequence
 
@@ -60,7 +61,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.llm import LLMPredictEndEvent, LLMPredictStartEvent
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
@@ -69,8 +70,11 @@ from llama_index.core.prompts import BasePromptTemplate
 from llama_index.core.prompts.base import SelectorPromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
-from qgpm import BASELINE_METHODS, METHODS, QGPM, QGPMResult
+from qgpm import QGPM, QGPMResult
 from qgpm.baselines import resolve_options
+from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_RERANKER, METHODS
+
+from .._common import check_generate_kwargs, check_heads, check_model_args, is_loaded_model
 
 from . import _tracing
 from ._tracing import QGPMTrace, split_context
@@ -95,6 +99,10 @@ _ROLE_MAP = {
 }
 
 _CALL_KEYS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
+
+# generate arguments that have a field of their own on QGPMLLM
+_GENERATE_FIELDS = {"max_new_tokens": "max_new_tokens", "max_tokens": "max_new_tokens", "temperature": "temperature",
+                    "top_p": "top_p", "seed": "seed", "stop": "stop"}
 
 
 def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
@@ -122,12 +130,31 @@ def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
 class QGPMLLM(LLM):
     """LlamaIndex LLM over a :class:`qgpm.QGPM` engine.
 
+    Model settings follow LlamaIndex's ``HuggingFaceLLM``: ``model_name`` (an HF id, a
+    folder or a ``.gguf`` file; default the embedded SmolLM2-135M-Instruct) with
+    ``model_kwargs`` / ``device_map`` for loading, or an already-loaded ``model`` and
+    ``tokenizer``, or a shared ``engine``. The model loads when the LLM is built.
+
     Args:
         engine: A loaded engine to share (several ``QGPMLLM`` with different ``method``
-            can share one). ``None`` loads ``model`` with ``QGPM.from_pretrained``.
-        model: Model for ``from_pretrained`` when ``engine`` is None (``None`` = embedded
-            SmolLM2-135M-Instruct; models are cached per process).
-        heads: Head set for ``from_pretrained`` (see :meth:`qgpm.QGPM.from_pretrained`).
+            can share one).
+        model_name: HF id, folder or ``.gguf`` path to load (``None`` = the embedded
+            SmolLM2-135M-Instruct; weights are cached per process).
+        model: An already-loaded transformers causal LM (with ``tokenizer``). A string
+            here is taken as ``model_name``.
+        tokenizer: The fast tokenizer of ``model``.
+        model_kwargs: ``AutoModelForCausalLM.from_pretrained`` arguments: ``device_map``,
+            ``dtype`` (or ``torch_dtype``), ``quantization_config``, ``attn_implementation``, ...
+        device_map: Shortcut for ``model_kwargs["device_map"]`` (as in ``HuggingFaceLLM``).
+        generate_kwargs: Further ``model.generate`` arguments (``repetition_penalty``,
+            ``top_k``, ...); settings with a field of their own go in that field.
+        heads: ``None`` (the stored head set), ``"calibrate"``, a head-set JSON path or
+            ``[(layer, head), ...]``.
+        context_window: Window reported to LlamaIndex (default: the model's own window;
+            larger values are rejected).
+        is_chat_model: What ``metadata.is_chat_model`` reports (LlamaIndex then sends
+            chat messages instead of text prompts on fallback calls). Both paths format
+            prompts with the model's chat template; QGPM's own context path is the same.
         method: ``qgpm`` | ``vanilla`` | ``oracle`` | ``topk`` | ``reorder`` | ``string`` |
             ``ms-poe`` | ``self-extend`` | ``llmlingua-2``.
         options: Settings of a baseline method (``qgpm.StringOptions``, ``MsPoEOptions``,
@@ -144,9 +171,18 @@ class QGPMLLM(LLM):
         context_keys, question_keys: Template variables read as context / question.
         set_global_tokenizer: Count tokens with the model's tokenizer in LlamaIndex
             (see :func:`set_tokenizer`; an already chosen tokenizer is kept).
+
+    Unknown arguments raise ``TypeError`` before anything is loaded.
     """
 
-    method: str = Field(default="qgpm", description="qgpm | vanilla | oracle | topk | reorder | string | ms-poe | self-extend | llmlingua-2")
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, protected_namespaces=())
+
+    model_name: Optional[str] = Field(default=None, description="HF id, folder or .gguf path the model was loaded from.")
+    model_kwargs: dict[str, Any] = Field(default_factory=dict, description="AutoModelForCausalLM.from_pretrained arguments.")
+    generate_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further model.generate arguments.")
+    context_window: Optional[int] = Field(default=None, gt=0, description="Window reported to LlamaIndex (default: the model's).")
+    is_chat_model: bool = Field(default=False, description="What metadata.is_chat_model reports.")
+    method: str = Field(default=DEFAULT_METHOD, description=" | ".join(METHODS))
     options: Any = Field(default=None, description="Baseline settings (qgpm.StringOptions / MsPoEOptions / SelfExtendOptions / LLMLingua2Options).")
     max_new_tokens: int = Field(default=64, gt=0, description="Tokens to generate at most.")
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy decoding.")
@@ -156,8 +192,8 @@ class QGPMLLM(LLM):
     instruction: Optional[str] = Field(default=None, description="Instruction of first-step prompts.")
     refine_instruction: str = Field(default=DEFAULT_REFINE_INSTRUCTION)
     answer_prefix: Optional[str] = Field(default=None)
-    reranker: Any = Field(default="bm25", description="Reranker spec for topk / reorder.")
-    k: int = Field(default=5, gt=0, description="Chunks kept by topk.")
+    reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec for topk / reorder.")
+    k: int = Field(default=DEFAULT_K, gt=0, description="Chunks kept by topk.")
     evidence: Optional[list[str]] = Field(default=None, description="Evidence for method='oracle'.")
     context_keys: tuple[str, ...] = Field(default=("context_str", "context_msg"))
     question_keys: tuple[str, ...] = Field(default=("query_str",))
@@ -171,21 +207,53 @@ class QGPMLLM(LLM):
         engine: QGPM | None = None,
         *,
         model: Any = None,
+        tokenizer: Any = None,
         heads: Any = None,
+        device_map: Any = None,
         set_global_tokenizer: bool = True,
         **kwargs: Any,
     ) -> None:
-        method = kwargs.get("method", "qgpm")
+        owner = "QGPMLLM"
+        unknown = sorted(set(kwargs) - set(type(self).model_fields))
+        if unknown:
+            allowed = sorted(set(type(self).model_fields) | {"engine", "model", "tokenizer", "heads", "device_map", "set_global_tokenizer"})
+            raise TypeError(f"{owner} got unexpected arguments {unknown}; allowed: {', '.join(allowed)}")
+        method = kwargs.get("method", DEFAULT_METHOD)
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         if method == "oracle" and not kwargs.get("evidence"):
             raise ValueError("method='oracle' needs evidence=[exact substrings of the context]")
         resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
+        if isinstance(model, (str, os.PathLike)):
+            if kwargs.get("model_name") is not None:
+                raise ValueError("pass the model id as model_name= (or model=), not both")
+            kwargs["model_name"] = str(model)
+            model = None
+        model_kwargs = dict(kwargs.get("model_kwargs") or {})
+        if device_map is not None:
+            if "device_map" in model_kwargs and model_kwargs["device_map"] != device_map:
+                raise ValueError(f"device_map given twice: {device_map!r} and model_kwargs['device_map']={model_kwargs['device_map']!r}")
+            model_kwargs["device_map"] = device_map
+        kwargs["model_kwargs"] = model_kwargs
+        check_generate_kwargs(kwargs.get("generate_kwargs"), owner, _GENERATE_FIELDS)
+        if engine is not None:
+            given = [n for n, v in (("model", model), ("model_name", kwargs.get("model_name")), ("tokenizer", tokenizer),
+                                    ("heads", heads), ("model_kwargs", model_kwargs or None)) if v is not None]
+            if given:
+                raise ValueError(f"pass either engine= or {'/'.join(given)}=, not both (the engine is already loaded)")
+            load_kwargs = {}
+        else:
+            load_kwargs = check_model_args(owner, model, tokenizer, model_kwargs)
+            check_heads(heads, owner)
         super().__init__(**kwargs)
         if engine is None:
-            engine = QGPM.from_pretrained(model, heads=heads)
-        elif model is not None or heads is not None:
-            raise ValueError("pass either engine= or model=/heads=, not both")
+            if is_loaded_model(model):
+                engine = QGPM(model, tokenizer, heads=heads)
+            else:
+                engine = QGPM.from_pretrained(self.model_name, heads=heads, **load_kwargs)
+        window = engine.max_length
+        if self.context_window is not None and window and self.context_window > window:
+            raise ValueError(f"context_window={self.context_window} is larger than the model window ({window} tokens)")
         if method == "qgpm":
             engine.heads  # raise HeadSetMissingError now rather than at the first query
         self._engine = engine
@@ -193,6 +261,11 @@ class QGPMLLM(LLM):
         _tracing.install()
         if set_global_tokenizer:
             set_tokenizer(engine)
+
+    @classmethod
+    def from_model_id(cls, model_id: str, **kwargs: Any) -> "QGPMLLM":
+        """Same as ``QGPMLLM(model_name=model_id, **kwargs)`` (named like LangChain's ``from_model_id``)."""
+        return cls(model_name=model_id, **kwargs)
 
     # ------------------------------------------------------------------ basics
     @classmethod
@@ -206,11 +279,12 @@ class QGPMLLM(LLM):
 
     @property
     def metadata(self) -> LLMMetadata:
+        """What LlamaIndex packs prompts by: the model's window, the answer budget, the model's name."""
         return LLMMetadata(
-            context_window=self._engine.max_length,
+            context_window=self.context_window or self._engine.max_length,
             num_output=self.max_new_tokens,
-            is_chat_model=False,
-            model_name=self._engine.name,
+            is_chat_model=self.is_chat_model,
+            model_name=self.model_name or self._engine.name,
         )
 
     @property
@@ -298,6 +372,7 @@ class QGPMLLM(LLM):
                 gen[k] = kwargs.pop(k)
         if "max_tokens" in kwargs:
             gen["max_new_tokens"] = kwargs.pop("max_tokens")
+        gen.update(self.generate_kwargs)
         # other keyword arguments (e.g. from synthesizer response_kwargs) are ignored
         return parts, gen
 

@@ -23,6 +23,7 @@ from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
+from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.editing import Chunk, reorder_edit, topk_edit
 from qgpm.rerank import get_reranker
 
@@ -30,7 +31,7 @@ __all__ = ["QGPMTopKPostprocessor", "QGPMReorderPostprocessor"]
 
 
 class _QGPMRerankBase(BaseNodePostprocessor):
-    reranker: Any = Field(default="bm25", description="qgpm.rerank spec (bm25, minilm, judge, cross-encoder:<id>) or a Reranker.")
+    reranker: Any = Field(default=DEFAULT_RERANKER, description="qgpm.rerank spec (bm25, minilm, judge, cross-encoder:<id>) or a Reranker.")
     metadata_mode: MetadataMode = Field(default=MetadataMode.EMBED, description="Which node text the reranker reads.")
     keep_retrieval_score: bool = Field(default=False, description="Keep the retriever's score in metadata['retrieval_score'].")
 
@@ -70,7 +71,7 @@ class _QGPMRerankBase(BaseNodePostprocessor):
 class QGPMTopKPostprocessor(_QGPMRerankBase):
     """Keep the ``top_n`` nodes the reranker scores highest, in their original order."""
 
-    top_n: int = Field(default=5, gt=0, description="Nodes to keep.")
+    top_n: int = Field(default=DEFAULT_K, gt=0, description="Nodes to keep.")
 
     @classmethod
     def class_name(cls) -> str:

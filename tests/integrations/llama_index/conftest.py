@@ -162,10 +162,10 @@ def li_llm(li_engine):
 
 @pytest.fixture(scope="session")
 def li_embed():
-    from qgpm_integrations.llama_index import SentenceTransformerEmbedding
+    from qgpm_integrations.llama_index import bundled_embeddings
 
     with offline():
-        return SentenceTransformerEmbedding()
+        return bundled_embeddings()
 
 
 @pytest.fixture(scope="session")

@@ -35,21 +35,21 @@ def test_topk_keeps_best_in_original_order_with_reranker_scores():
     best3 = sorted(sorted(range(len(TEXTS)), key=lambda i: (-scores[i], i))[:3])
     assert best3 == [1, 3, 4]  # original order; score order would be 4, 1, 3
     assert sorted(best3, key=lambda i: -scores[i]) == [4, 1, 3]
-    out = QGPMTopKPostprocessor(top_n=3).postprocess_nodes(nodes, QueryBundle(QUESTION))
+    out = QGPMTopKPostprocessor(reranker="bm25", top_n=3).postprocess_nodes(nodes, QueryBundle(QUESTION))
     assert _ids(out) == [f"n{i}" for i in best3]
     assert [n.score for n in out] == pytest.approx([scores[i] for i in best3])
     assert [n.score for n in nodes] == pytest.approx([1.0 - i / 10 for i in range(6)])  # input untouched
 
 
 def test_topk_with_more_room_than_nodes_keeps_all_in_order():
-    out = QGPMTopKPostprocessor(top_n=10).postprocess_nodes(_nodes(), query_str=QUESTION)
+    out = QGPMTopKPostprocessor(reranker="bm25", top_n=10).postprocess_nodes(_nodes(), query_str=QUESTION)
     assert _ids(out) == [f"n{i}" for i in range(6)]
 
 
 def test_reorder_keeps_all_best_last():
     nodes = _nodes()
     scores = get_reranker("bm25").score(QUESTION, TEXTS)
-    out = QGPMReorderPostprocessor(keep_retrieval_score=True).postprocess_nodes(nodes, QueryBundle(QUESTION))
+    out = QGPMReorderPostprocessor(reranker="bm25", keep_retrieval_score=True).postprocess_nodes(nodes, QueryBundle(QUESTION))
     assert sorted(_ids(out)) == sorted(_ids(nodes))
     assert _ids(out) == ["n0", "n2", "n5", "n3", "n1", "n4"]  # the best node sits next to the question
     got = [n.score for n in out]

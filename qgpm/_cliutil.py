@@ -1,0 +1,108 @@
+"""Pieces every ``qgpm`` subcommand shares: the parser class, flag types and error handling.
+
+Only the standard library is imported here at module level (the CLI parses its
+arguments before anything heavy loads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, NoReturn, Sequence
+
+__all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP"]
+
+DEVICE_HELP = "cpu | cuda | cuda:N | auto (default auto: the first GPU if torch sees one, else the CPU; under accelerate launch, cuda = each process's own GPU)"
+DTYPE_HELP = "float32 | bfloat16 | float16 | auto (default auto: the checkpoint's dtype)"
+HEADS_HELP = ("head set for pass 1: stored (default: the set stored for this model, found by its fingerprint) | "
+              "a head-set JSON file | 'layer:head,...' e.g. 14:3,15:6 | calibrate (calibrate now, not stored)")
+RERANKER_HELP = "reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> | cross-encoder:<model> (default: qgpm.defaults.DEFAULT_RERANKER, minilm)"
+CONFIG_HELP = ("QGPM settings: a JSON file (e.g. best_config.json from `qgpm tune`) and/or FIELD=VALUE overrides of "
+               "QGPMConfig fields (repeatable, e.g. --config k_sharp=3); overrides apply on top of the file, else on top of "
+               "the model's preset")
+
+
+class UsageError(Exception):
+    """Bad command-line input found after parsing: printed as one line, exit code 2."""
+
+
+class QGPMArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``qgpm eval: error: ... (see qgpm eval --help)``, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(msg: Any) -> str:
+    return " ".join(str(msg).split())
+
+
+def csv_list(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def methods_arg(allowed: Sequence[str] | None = None) -> Callable[[str], list[str]]:
+    """An argparse type: a comma list of methods, each checked against ``allowed`` (default: all)."""
+
+    def parse(s: str) -> list[str]:
+        from qgpm.defaults import METHODS
+
+        choices = list(allowed or METHODS)
+        methods = list(dict.fromkeys(csv_list(s)))
+        bad = [m for m in methods if m not in choices]
+        if bad or not methods:
+            raise argparse.ArgumentTypeError(f"unknown method(s) {bad or [s]}; choose from {', '.join(choices)}")
+        return methods
+
+    parse.__name__ = "methods"
+    return parse
+
+
+def tasks_arg(s: str) -> list[str]:
+    """An argparse type: a comma list of evaluation tasks or ``all``, each checked."""
+    from qgpm.eval.tasks import TASKS
+
+    if s.strip().lower() == "all":
+        return list(TASKS)
+    tasks = csv_list(s)
+    bad = [t for t in tasks if t not in TASKS]
+    if bad or not tasks:
+        raise argparse.ArgumentTypeError(f"unknown task(s) {bad or [s]}; choose from {', '.join(TASKS)} or all")
+    return tasks
+
+
+tasks_arg.__name__ = "tasks"
+
+
+def split_config_args(values: Sequence[str] | None, overrides: Sequence[str] = ()) -> tuple[str | None, list[str]]:
+    """``--config`` values (a JSON file and/or FIELD=VALUE) plus ``--set`` values -> (file, overrides)."""
+    files, sets = [], list(overrides or [])
+    for v in values or []:
+        if "=" in v and not os.path.isfile(v):
+            sets.append(v)
+        else:
+            files.append(v)
+    if len(files) > 1:
+        raise UsageError(f"--config takes one JSON file, got {files}")
+    if files and not os.path.isfile(files[0]):
+        raise UsageError(f"--config {files[0]}: no such file (give a JSON file or FIELD=VALUE)")
+    return (files[0] if files else None), sets
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``args.func``; bad input found while running becomes one line on stderr and exit code 2.
+
+    Set ``QGPM_TRACEBACK=1`` to see the full traceback instead.
+    """
+    prog = f"qgpm {getattr(args, 'command', '')}".strip()
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except (ValueError, LookupError, OSError) as exc:
+        if os.environ.get("QGPM_TRACEBACK"):
+            raise
+        print(f"{prog}: error: {type(exc).__name__}: {_one_line(exc)} (QGPM_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 2

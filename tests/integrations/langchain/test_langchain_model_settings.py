@@ -1,0 +1,186 @@
+"""QGPMChatModel model settings with HuggingFace's names, and callbacks (issue 12, items 1, 2, 8).
+
+Tiny random models (fast, no embedded model): the settings must reach the engine,
+unknown or conflicting arguments must raise before anything loads, and LangChain
+callbacks must see every streamed chunk (sync and async).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
+from pydantic import ValidationError
+
+import qgpm.engine
+from qgpm import QGPM
+from qgpm_integrations.langchain import QGPMChatModel, clear_engine_cache
+
+from qgpm_testing import save_tiny, tiny_model
+
+CONTEXT = ["The red door opens at noon. The blue door is locked.", "Bread is sold on Mondays."]
+QUESTION = "When does the red door open?"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tokenizer, tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("lc-tiny"), tokenizer)
+
+
+@pytest.fixture
+def load_calls(monkeypatch):
+    """Every qgpm.loading.load_model call the engine makes: (source path, kwargs)."""
+    calls = []
+    real = qgpm.engine.load_model
+
+    def spy(source, **kwargs):
+        calls.append((source.path, kwargs))
+        return real(source, **kwargs)
+
+    monkeypatch.setattr(qgpm.engine, "load_model", spy)
+    clear_engine_cache()
+    yield calls
+    clear_engine_cache()
+
+
+@pytest.fixture(scope="module")
+def tiny_llm(tokenizer):
+    model = tiny_model("llama", len(tokenizer), seed=3, max_position_embeddings=2048)
+    return QGPMChatModel(model=model, tokenizer=tokenizer, heads=[(1, 0), (2, 1)], max_tokens=8)
+
+
+# --------------------------------------------------------------------------- settings reach the engine
+
+
+def test_model_kwargs_reach_the_engine(tiny_dir, load_calls):
+    llm = QGPMChatModel(model_id=str(tiny_dir), heads=[(1, 0)],
+                        model_kwargs={"torch_dtype": "bfloat16", "device_map": "cpu", "attn_implementation": "eager"})
+    assert llm.model == str(tiny_dir) and not load_calls  # lazy
+    engine = llm.get_engine()
+    assert engine.model.dtype == torch.bfloat16 and engine.device.type == "cpu"
+    assert engine.model.config._attn_implementation == "eager"
+    (path, kwargs), = load_calls
+    assert path == str(tiny_dir)
+    assert kwargs["dtype"] == torch.bfloat16 and kwargs["device_map"] == "cpu" and kwargs["attn_implementation"] == "eager"
+    assert engine.heads == [(1, 0)]
+    assert llm.get_engine() is engine and QGPMChatModel(model_id=str(tiny_dir), heads=[(1, 0)], model_kwargs={"dtype": torch.bfloat16, "device_map": "cpu", "attn_implementation": "eager"}).get_engine() is engine
+    other = QGPMChatModel(model_id=str(tiny_dir), heads=[(1, 0)], model_kwargs={"dtype": "float32"}).get_engine()
+    assert other is not engine and other.model.dtype == torch.float32
+
+
+def test_from_model_id_loads_now_with_device_and_dtype(tiny_dir, load_calls):
+    llm = QGPMChatModel.from_model_id(str(tiny_dir), device=-1, model_kwargs={"dtype": "float16"}, heads=[(1, 0)], max_tokens=4)
+    assert load_calls and load_calls[-1][1]["device_map"] == "cpu" and load_calls[-1][1]["dtype"] == torch.float16
+    assert llm._engine is not None and llm._engine.model.dtype == torch.float16
+    assert llm.max_tokens == 4
+    with pytest.raises(ValueError, match="device or device_map"):
+        QGPMChatModel.from_model_id(str(tiny_dir), device="cpu", device_map="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            QGPMChatModel.from_model_id(str(tiny_dir), device=0)
+
+
+def test_generate_kwargs_reach_model_generate(tiny_llm, monkeypatch):
+    llm = tiny_llm.model_copy(update={"generate_kwargs": {"repetition_penalty": 1.3, "top_k": 7}})
+    engine = llm.get_engine()
+    seen = {}
+    real = engine.model.generate
+
+    def generate(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "generate", generate)
+    llm.invoke("hello")
+    assert seen["repetition_penalty"] == 1.3 and seen["top_k"] == 7
+
+
+def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
+    engine = tiny_llm.get_engine()
+    assert engine.model is tiny_llm.model and engine.tokenizer is tokenizer
+    msg = tiny_llm.invoke(QUESTION, context=CONTEXT)
+    assert msg.response_metadata["qgpm"]["mode"] == "context" and msg.response_metadata["method"] == "qgpm"
+    assert msg.usage_metadata["output_tokens"] > 0
+
+
+# --------------------------------------------------------------------------- bad arguments fail before loading
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"no_such": 1}, "no_such"),
+        ({"method": "magic"}, "unknown method"),
+        ({"model_kwargs": {"dtype": "bf17"}}, "unknown dtype"),
+        ({"model_kwargs": {"dtype": "bf16", "torch_dtype": "bf16"}}, "both torch_dtype and dtype"),
+        ({"model_kwargs": {"heads": [(0, 0)]}}, "model_kwargs may not hold"),
+        ({"generate_kwargs": {"temperature": 0.7}}, r"set temperature=\.\.\. instead"),
+        ({"generate_kwargs": {"do_sample": True}}, "temperature > 0"),
+        ({"generate_kwargs": {"method": "qgpm"}}, "set by qgpm itself"),
+        ({"engine": object(), "model_kwargs": {"device_map": "cpu"}}, "either engine="),
+        ({"model": "some/id", "tokenizer": object()}, "already-loaded"),
+    ],
+)
+def test_bad_arguments_raise_before_loading(kwargs, match, load_calls):
+    with pytest.raises((ValidationError, ValueError, TypeError), match=match):
+        QGPMChatModel(**kwargs)
+    assert not load_calls
+
+
+def test_loaded_model_needs_its_tokenizer_and_no_model_kwargs(tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    with pytest.raises(ValidationError, match="needs its tokenizer"):
+        QGPMChatModel(model=model)
+    with pytest.raises(ValidationError, match="already loaded"):
+        QGPMChatModel(model=model, tokenizer=tokenizer, model_kwargs={"device_map": "cpu"})
+    with pytest.raises(FileNotFoundError, match="not a head-set file"):
+        QGPMChatModel(model=model, tokenizer=tokenizer, heads="/no/such/heads.json")
+
+
+# --------------------------------------------------------------------------- callbacks
+
+
+class CountTokens(BaseCallbackHandler):
+    def __init__(self):
+        self.tokens = []
+        self.ends = 0
+
+    def on_llm_new_token(self, token, **kwargs):
+        self.tokens.append(token)
+
+    def on_llm_end(self, response, **kwargs):
+        self.ends += 1
+
+
+class AsyncCountTokens(AsyncCallbackHandler):
+    def __init__(self):
+        self.tokens = []
+
+    async def on_llm_new_token(self, token, **kwargs):
+        self.tokens.append(token)
+
+
+@pytest.mark.parametrize("with_context", [False, True])
+def test_sync_stream_reports_every_chunk_to_callbacks(tiny_llm, with_context):
+    handler = CountTokens()
+    kw = {"context": CONTEXT} if with_context else {}
+    chunks = list(tiny_llm.stream(QUESTION, config={"callbacks": [handler]}, **kw))
+    assert len(chunks) >= 2
+    assert handler.tokens == [c.content for c in chunks]
+    assert handler.ends == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("handler_cls", [CountTokens, AsyncCountTokens])
+async def test_async_stream_reports_every_chunk_to_callbacks(tiny_llm, handler_cls):
+    handler = handler_cls()
+    chunks = [c async for c in tiny_llm.astream(QUESTION, config={"callbacks": [handler]}, context=CONTEXT)]
+    assert len(chunks) >= 2
+    assert handler.tokens == [c.content for c in chunks]
+
+
+def test_streaming_invoke_reports_tokens(tiny_llm):
+    handler = CountTokens()
+    llm = tiny_llm.model_copy(update={"streaming": True})
+    msg = llm.invoke(QUESTION, config={"callbacks": [handler]}, context=CONTEXT)
+    assert "".join(handler.tokens) == msg.content and len([t for t in handler.tokens if t]) >= 1

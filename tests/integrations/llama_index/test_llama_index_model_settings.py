@@ -1,0 +1,199 @@
+"""QGPMLLM model settings with HuggingFaceLLM's names, metadata, and streaming events (issue 12, items 1, 2, 8)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+import llama_index.core
+from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events.llm import (
+    LLMChatEndEvent,
+    LLMChatInProgressEvent,
+    LLMChatStartEvent,
+    LLMCompletionEndEvent,
+    LLMCompletionInProgressEvent,
+    LLMCompletionStartEvent,
+    LLMPredictStartEvent,
+)
+from llama_index.core.llms import ChatMessage
+from llama_index.core.prompts.default_prompt_selectors import DEFAULT_TEXT_QA_PROMPT_SEL
+
+import qgpm.engine
+from qgpm import QGPM
+from qgpm_integrations.llama_index import QGPMLLM
+
+from qgpm_testing import save_tiny, tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tokenizer, tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("li-tiny"), tokenizer, max_position_embeddings=2048)
+
+
+@pytest.fixture
+def load_calls(monkeypatch):
+    calls = []
+    real = qgpm.engine.load_model
+
+    def spy(source, **kwargs):
+        calls.append((source.path, kwargs))
+        return real(source, **kwargs)
+
+    monkeypatch.setattr(qgpm.engine, "load_model", spy)
+    return calls
+
+
+@pytest.fixture
+def word_tokenizer(monkeypatch):
+    monkeypatch.setattr(llama_index.core, "global_tokenizer", lambda s: s.split())
+
+
+# --------------------------------------------------------------------------- settings reach the engine
+
+
+def test_model_name_model_kwargs_and_device_map_reach_the_engine(tiny_dir, load_calls):
+    llm = QGPMLLM(model_name=str(tiny_dir), model_kwargs={"torch_dtype": "bfloat16"}, device_map="cpu", heads=[(1, 0)],
+                  max_new_tokens=9, set_global_tokenizer=False)
+    (path, kwargs), = load_calls
+    assert path == str(tiny_dir) and kwargs["dtype"] == torch.bfloat16 and kwargs["device_map"] == "cpu"
+    assert llm.engine.model.dtype == torch.bfloat16 and llm.engine.device.type == "cpu"
+    md = llm.metadata
+    assert (md.context_window, md.num_output, md.model_name, md.is_chat_model) == (2048, 9, str(tiny_dir), False)
+    assert llm.model_kwargs == {"torch_dtype": "bfloat16", "device_map": "cpu"}
+
+
+def test_context_window_and_is_chat_model_are_honoured(tiny_dir):
+    llm = QGPMLLM.from_model_id(str(tiny_dir), heads=[(1, 0)], context_window=1000, is_chat_model=True, set_global_tokenizer=False)
+    assert (llm.metadata.context_window, llm.metadata.is_chat_model) == (1000, True)
+    with pytest.raises(ValueError, match="larger than the model window"):
+        QGPMLLM(model_name=str(tiny_dir), heads=[(1, 0)], context_window=10**6, set_global_tokenizer=False)
+
+
+def test_an_already_loaded_model_and_tokenizer(tokenizer, word_tokenizer):
+    model = tiny_model("llama", len(tokenizer), seed=2, max_position_embeddings=2048)
+    llm = QGPMLLM(model=model, tokenizer=tokenizer, heads=[(1, 0)], max_new_tokens=4)
+    assert llm.engine.model is model and llm.engine.tokenizer is tokenizer
+    assert llm.metadata.context_window == 2048 and llm.metadata.model_name == llm.engine.name
+    qa = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="When does the red door open?")
+    assert isinstance(llm.predict(qa, context_str="The red door opens at noon. The blue door is locked."), str)
+    assert llm.last_result.method == "qgpm"
+
+
+def test_generate_kwargs_reach_the_engine(stub_engine, word_tokenizer):
+    llm = QGPMLLM(engine=stub_engine, generate_kwargs={"repetition_penalty": 1.2})
+    llm.complete("hi")
+    assert stub_engine.calls[-1][3]["repetition_penalty"] == 1.2
+    llm.predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?"), context_str="Text.")
+    assert stub_engine.calls[-1][0] == "answer" and stub_engine.calls[-1][3]["repetition_penalty"] == 1.2
+
+
+# --------------------------------------------------------------------------- bad arguments fail before loading
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        ({"no_such": 1}, TypeError, r"unexpected arguments \['no_such'\]"),
+        ({"context_windw": 100}, TypeError, "context_windw"),
+        ({"method": "magic"}, ValueError, "unknown method"),
+        ({"model_kwargs": {"dtype": "bf17"}}, ValueError, "unknown dtype"),
+        ({"generate_kwargs": {"max_new_tokens": 3}}, ValueError, r"set max_new_tokens=\.\.\. instead"),
+        ({"model": "a/b", "model_name": "c/d"}, ValueError, "not both"),
+        ({"heads": "/no/such/heads.json"}, FileNotFoundError, "not a head-set file"),
+        ({"model_name": "x", "tokenizer": object()}, ValueError, "already-loaded"),
+    ],
+)
+def test_bad_arguments_raise_before_loading(kwargs, exc, match, monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr(QGPM, "from_pretrained", no_load)
+    with pytest.raises(exc, match=match):
+        QGPMLLM(set_global_tokenizer=False, **kwargs)
+
+
+def test_engine_with_model_settings_is_an_error(stub_engine, word_tokenizer):
+    with pytest.raises(ValueError, match="either engine="):
+        QGPMLLM(engine=stub_engine, device_map="cpu")
+    with pytest.raises(ValueError, match="either engine="):
+        QGPMLLM(engine=stub_engine, model_name="x")
+
+
+# --------------------------------------------------------------------------- streaming events
+
+
+class Events(BaseEventHandler):
+    seen: list = []
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Events"
+
+    def handle(self, event, **kwargs):
+        self.seen.append(type(event))
+
+    def count(self, cls):
+        return sum(1 for e in self.seen if e is cls)
+
+
+@pytest.fixture
+def events():
+    handler = Events(seen=[])
+    root = get_dispatcher()
+    root.add_event_handler(handler)
+    yield handler
+    root.event_handlers.remove(handler)
+
+
+@pytest.fixture
+def debug_llm(stub_engine, word_tokenizer):
+    debug = LlamaDebugHandler()
+    llm = QGPMLLM(engine=stub_engine, callback_manager=CallbackManager([debug]))
+    return llm, debug
+
+
+def _check_completion_events(events, debug, n_chunks):
+    assert events.count(LLMCompletionStartEvent) == 1 and events.count(LLMCompletionEndEvent) == 1
+    assert events.count(LLMCompletionInProgressEvent) == n_chunks >= 2
+    pairs = debug.get_event_pairs(CBEventType.LLM)
+    assert len(pairs) == 1 and len(pairs[0]) == 2  # callback manager: one LLM start/end pair
+
+
+def test_stream_complete_emits_llm_events(debug_llm, events):
+    llm, debug = debug_llm
+    chunks = list(llm.stream_complete("hello"))
+    _check_completion_events(events, debug, len(chunks))
+
+
+def test_stream_of_a_synthesizer_template_emits_llm_events(debug_llm, events):
+    llm, debug = debug_llm
+    qa = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="What is alpha?")
+    tokens = list(llm.stream(qa, context_str="Alpha one. Alpha two."))
+    assert "".join(tokens) == "qgpm answer to What is alpha? from 1 docs"
+    assert events.count(LLMPredictStartEvent) == 1
+    assert tokens[-1] == ""  # the last response is an empty delta carrying usage and the QGPM result
+    _check_completion_events(events, debug, len(tokens))
+
+
+def test_astream_complete_emits_llm_events(debug_llm, events):
+    llm, debug = debug_llm
+
+    async def run():
+        gen = await llm.astream_complete("hello")
+        return [c async for c in gen]
+
+    chunks = asyncio.run(run())
+    _check_completion_events(events, debug, len(chunks))
+
+
+def test_stream_chat_emits_llm_events(debug_llm, events):
+    llm, debug = debug_llm
+    chunks = list(llm.stream_chat([ChatMessage(role="user", content="hi")]))
+    assert events.count(LLMChatStartEvent) == 1 and events.count(LLMChatEndEvent) == 1
+    assert events.count(LLMChatInProgressEvent) == len(chunks) >= 2
+    assert len(debug.get_event_pairs(CBEventType.LLM)) == 1
