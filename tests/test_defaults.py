@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from qgpm import defaults
-from qgpm.defaults import DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, PASS1_FIELDS
+from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, PASS1_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for d in ("qgpm", "qgpm_integrations") for p in (ROOT / d).rglob("*.py") if p.name != "defaults.py")
@@ -40,7 +40,7 @@ def test_every_core_entry_point_uses_the_one_reranker_default():
         assert _default(fn, name) == DEFAULT_RERANKER, fn.__qualname__
     assert _reranker_name(None) == DEFAULT_RERANKER  # what the engine runs for reranker=None
     assert build_parser().parse_args(["eval", "--out", "x"]).reranker == DEFAULT_RERANKER
-    assert build_parser().parse_args(["eval", "--out", "x"]).methods == list(METHODS)
+    assert build_parser().parse_args(["eval", "--out", "x"]).methods == list(COMPARISON_METHODS)
 
 
 def test_every_adapter_uses_the_one_reranker_default():
