@@ -25,10 +25,11 @@ from .config import QGPMConfig
 from .heads import HeadSet, HeadSetMissingError, load_head_set
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
 from .plan import MapResult, build_plan, oracle_units
-from .prompt import Prompt, PromptSpec, build_prompt, DEFAULT_TEMPLATE
+from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .runtime import apply_plan, check_supported, decoder_layers, model_lock, rotary_info
 from .shaping import fuse_heads
+from .tokens import count_plain, encode_plain, encode_prompt, special_token_ids
 
 _PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
 
@@ -386,7 +387,7 @@ class QGPM:
         ids = call.input_ids.to(self.device)
         extra: dict[str, Any] = {}
         if score is not None:
-            score_ids = self.tokenizer(score, add_special_tokens=False)["input_ids"]
+            score_ids = encode_plain(self.tokenizer, score)
             if not score_ids:
                 raise ValueError("score is empty: pass the continuation to score, e.g. the gold answer")
         t0 = time.perf_counter()
@@ -427,7 +428,8 @@ class QGPM:
         """Plain chat generation (standard RoPE) over ``[{"role": ..., "content": ...}]``.
 
         For framework adapters when no context is marked: the engine then works as an
-        ordinary local chat model (``result.method == "plain"``).
+        ordinary local chat model (``result.method == "plain"``). Special-token strings in
+        the messages are tokenized as plain text.
         """
         call = self._plain_call(messages, max_new_tokens)
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
@@ -441,12 +443,25 @@ class QGPM:
         msgs = [dict(role=str(m["role"]), content=str(m["content"])) for m in messages]
         if not msgs or not any(m["content"].strip() for m in msgs):
             raise ValueError("messages are empty: pass at least one message with text")
+        contents = [m["content"] for m in msgs]
         if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            text, spans = render_chat(self.tokenizer, msgs)
+            if spans is None:
+                specials = [t.content for i, t in self.tokenizer.added_tokens_decoder.items() if int(i) in special_token_ids(self.tokenizer)]
+                if any(sp in c for c in contents for sp in specials):
+                    raise PromptError(
+                        "the model's chat template changes the message text, so the special-token strings in it "
+                        f"(e.g. {specials[0]!r}) cannot be kept as plain text; remove them from the messages"
+                    )
+                spans = []
+            ids, _ = encode_prompt(self.tokenizer, text, spans, add_special_tokens=False)
         else:
-            text = "\n\n".join(m["content"] for m in msgs) + "\n\n"
-            ids = self.tokenizer(text, return_tensors="pt")["input_ids"]
+            text, spans = "", []
+            for c in contents:
+                spans.append((len(text), len(text) + len(c)))
+                text += c + "\n\n"
+            ids, _ = encode_prompt(self.tokenizer, text, spans, add_special_tokens=True)
+        ids = torch.tensor([ids], dtype=torch.long)
         window = self.max_length
         if window and ids.shape[1] + max_new_tokens > window:
             raise ContextTooLongError(
@@ -477,7 +492,7 @@ class QGPM:
     def answer_logprob(self, context: str | Sequence[str], question: str, answer: str, **kwargs: Any) -> float:
         """Teacher-forced log-probability of ``answer`` as the continuation of the prompt."""
         call = self.prepare(context, question, **kwargs)
-        ans = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        ans = encode_plain(self.tokenizer, answer)
         if not ans:
             raise ValueError("answer is empty")
         ids = torch.cat([call.prompt.input_ids, torch.tensor([ans])], dim=1).to(self.device)
@@ -510,7 +525,7 @@ class QGPM:
             t = time.perf_counter()
             edit = edit_context(
                 context, question, mode=method, reranker=reranker if reranker is not None else DEFAULT_RERANKER, k=k,
-                count_tokens=lambda s: len(self.tokenizer(s, add_special_tokens=False)["input_ids"]),
+                count_tokens=lambda s: count_plain(self.tokenizer, s),
             )
             timings.edit_s = time.perf_counter() - t
             context = edit.text

@@ -70,6 +70,7 @@ from llama_index.core.prompts.base import SelectorPromptTemplate
 from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from qgpm import METHODS, QGPM, QGPMResult
+from qgpm.tokens import encode_plain
 
 from . import _tracing
 from ._tracing import QGPMTrace, split_context
@@ -96,6 +97,13 @@ _ROLE_MAP = {
 _CALL_KEYS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
 
 
+def _plain_ids(tok: Any, text: str) -> list[int]:
+    """Token ids of ``text`` as plain text, as QGPM tokenizes retrieved text (special-token strings are text)."""
+    if hasattr(tok, "backend_tokenizer"):
+        return encode_plain(tok, text)
+    return tok(text, add_special_tokens=False, verbose=False)["input_ids"]  # a non-HF tokenizer (test stand-ins)
+
+
 def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
     """Make LlamaIndex count tokens with ``engine``'s own tokenizer.
 
@@ -112,7 +120,7 @@ def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
     tok = engine.tokenizer
 
     def encode(text: str) -> list[int]:
-        return tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+        return _plain_ids(tok, text)
 
     Settings.tokenizer = encode
     return True
@@ -214,8 +222,8 @@ class QGPMLLM(LLM):
             return self._last
 
     def count_tokens(self, text: str) -> int:
-        """Tokens of ``text`` under the model's tokenizer."""
-        return len(self._engine.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+        """Tokens of ``text`` under the model's tokenizer (special-token strings count as text, as QGPM sends them)."""
+        return len(_plain_ids(self._engine.tokenizer, text))
 
     # ------------------------------------------------------------------ prompt parsing
     def _qgpm_parts(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> Optional[dict[str, Any]]:
