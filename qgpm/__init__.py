@@ -12,7 +12,7 @@ on the fast rotary planes. No token is moved or dropped, no weight is trained.
 from .config import PRESETS, QGPMConfig
 from .engine import METHODS, AnswerStream, ContextTooLongError, QGPM, QGPMResult, SentenceRelevance, Timings, Usage
 from .heads import HeadSet, HeadSetMissingError
-from .prompt import PromptError
+from .prompt import EmptyContextError, PromptError
 from .runtime import SUPPORTED_FAMILIES, UnsupportedModelError
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "HeadSetMissingError",
     "ContextTooLongError",
     "PromptError",
+    "EmptyContextError",
     "UnsupportedModelError",
     "SUPPORTED_FAMILIES",
 ]

@@ -12,9 +12,12 @@ Methods: ``vanilla`` (standard RoPE), ``qgpm`` (head relevance -> modulated posi
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from queue import Empty, Queue
 from typing import Any, Iterator, Literal, Sequence
@@ -25,11 +28,11 @@ from .config import QGPMConfig
 from .heads import HeadSet, HeadSetMissingError, load_head_set
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
 from .plan import MapResult, build_plan, oracle_units
-from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, render_chat
+from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .runtime import apply_plan, check_supported, decoder_layers, model_lock, rotary_info
 from .shaping import fuse_heads
-from .tokens import count_plain, encode_plain, encode_prompt, special_token_ids
+from .tokens import count_plain, count_tokens_bounded, encode_plain, encode_prompt, max_token_chars, plain_backend, special_token_ids
 
 _PASS1_FIELDS = ("max_sentence_chars", "query_tail", "exclude_newline_tokens", "max_heads")
 
@@ -206,6 +209,9 @@ class QGPM:
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
         self.model = model
         self.tokenizer = tokenizer
+        # one-time tokenizer setup for the input checks (so no call pays for it)
+        plain_backend(tokenizer)
+        max_token_chars(tokenizer)
         self.name = name or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
         self.family = getattr(model.config, "model_type", "?")
         self.config = config or QGPMConfig.for_model(self.name)
@@ -323,7 +329,12 @@ class QGPM:
         the bundled all-MiniLM-L6-v2, chosen by measurement, see ``DEFAULT_RERANKER``). ``stop`` strings end the
         answer (and are cut from it). ``config`` overrides the engine's settings for
         this call. Greedy decoding unless ``temperature > 0``.
+
+        Every argument is checked before any model work; bad input raises ``TypeError``
+        / ``ValueError`` (:class:`~qgpm.prompt.PromptError` for the prompt parts,
+        :class:`ContextTooLongError` for input that cannot fit the window).
         """
+        stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
         call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens)
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
 
@@ -350,6 +361,9 @@ class QGPM:
         """
         if not isinstance(call, PreparedCall):
             raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
+        stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
+        if score is not None and not isinstance(score, str):
+            raise TypeError(f"score must be a string (the continuation to score), got {type(score).__name__}")
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score=score)
 
     def replan(self, call: PreparedCall, config: QGPMConfig) -> PreparedCall:
@@ -361,8 +375,11 @@ class QGPM:
         (``max_sentence_chars``, ``query_tail``, ``exclude_newline_tokens``,
         ``max_heads``) need a new :meth:`prepare`.
         """
+        if not isinstance(call, PreparedCall):
+            raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
         if call.method not in ("qgpm", "oracle") or call.z is None or call.prompt is None:
             raise ValueError(f"replan needs a qgpm or oracle call from QGPM.prepare(), got method={call.method!r}")
+        self._check_config(config, call.method)
         old = call.config or self.config
         changed = [f for f in _PASS1_FIELDS if getattr(old, f) != getattr(config, f)]
         if changed:
@@ -431,19 +448,30 @@ class QGPM:
         ordinary local chat model (``result.method == "plain"``). Special-token strings in
         the messages are tokenized as plain text.
         """
+        stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
         call = self._plain_call(messages, max_new_tokens)
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
 
     def stream_chat(self, messages: Sequence[dict[str, str]], **kwargs: Any) -> "AnswerStream":
-        """Streaming version of :meth:`chat`."""
+        """Streaming version of :meth:`chat` (an :class:`AnswerStream`)."""
+        _check_stream_kwargs(kwargs)
         call = self._plain_call(messages, kwargs.get("max_new_tokens", 64))
         return AnswerStream(self, None, None, kwargs, call=call)
 
     def _plain_call(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> PreparedCall:
-        msgs = [dict(role=str(m["role"]), content=str(m["content"])) for m in messages]
-        if not msgs or not any(m["content"].strip() for m in msgs):
-            raise ValueError("messages are empty: pass at least one message with text")
+        if isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__iter__"):
+            raise PromptError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}")
+        msgs = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+                raise PromptError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
+            if not isinstance(m["content"], str):
+                raise PromptError(f"message {i} content must be a string, got {type(m['content']).__name__}")
+            msgs.append(dict(role=str(m["role"]), content=m["content"]))
+        if not msgs or not any(has_visible_text(m["content"]) for m in msgs):
+            raise PromptError("messages are empty: pass at least one message with text")
         contents = [m["content"] for m in msgs]
+        self._check_input_size(contents, max_new_tokens)
         if getattr(self.tokenizer, "chat_template", None):
             text, spans = render_chat(self.tokenizer, msgs)
             if spans is None:
@@ -475,8 +503,14 @@ class QGPM:
 
         The returned :class:`AnswerStream` is an iterator of strings; once exhausted its
         ``result`` holds the full :class:`QGPMResult` (relevance, usage, timings). Closing
-        it early stops generation.
+        it early stops generation. The arguments are checked here, before anything runs.
         """
+        _check_stream_kwargs(kwargs)
+        self._check_ready(kwargs.get("method", "qgpm"))
+        self._check_config(kwargs.get("config"), kwargs.get("method", "qgpm"))
+        _check_evidence(kwargs.get("evidence"))
+        check_prompt_inputs(context, question, instruction=kwargs.get("instruction"), system=kwargs.get("system"), answer_prefix=kwargs.get("answer_prefix"))
+        check_template(kwargs.get("template", DEFAULT_TEMPLATE))
         return AnswerStream(self, context, question, kwargs)
 
     def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
@@ -486,11 +520,16 @@ class QGPM:
         args = [kwargs.pop(k, d) for k, d in zip(keys, defaults)]
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        mnt = args[-1]
+        if isinstance(mnt, bool) or not isinstance(mnt, numbers.Integral) or mnt < 0:
+            raise TypeError(f"max_new_tokens must be an int >= 0 (the generation budget to leave room for), got {mnt!r}")
         return self._prepare(context, question, *args)
 
     @torch.inference_mode()
     def answer_logprob(self, context: str | Sequence[str], question: str, answer: str, **kwargs: Any) -> float:
         """Teacher-forced log-probability of ``answer`` as the continuation of the prompt."""
+        if not isinstance(answer, str):
+            raise TypeError(f"answer must be a string, got {type(answer).__name__}")
         call = self.prepare(context, question, **kwargs)
         ans = encode_plain(self.tokenizer, answer)
         if not ans:
@@ -511,15 +550,73 @@ class QGPM:
         if method == "qgpm" and self.head_set is None:
             raise self._head_error or HeadSetMissingError("no head set")
 
+    def _check_config(self, config: Any, method: str) -> QGPMConfig:
+        """The call's config (``None`` = the engine's), checked against this model before pass 1."""
+        cfg = self.config if config is None else config
+        if not isinstance(cfg, QGPMConfig):
+            raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(cfg).__name__}")
+        if method in ("qgpm", "oracle") and self._support_error is None:
+            n = self.n_layers
+            if cfg.split_layer is not None and cfg.split_layer > n:
+                raise ValueError(f"config.split_layer={cfg.split_layer} is beyond this model's {n} layers (use 0..{n}, or None for {n // 2})")
+            if cfg.unmodulated_layers > n:
+                raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
+        return cfg
+
+    def _check_input_size(self, texts: Sequence[str], max_new_tokens: int, *, context: Sequence[str] = (), exact: bool = True) -> None:
+        """Raise :class:`ContextTooLongError` for caller text that cannot fit the window, cheaply.
+
+        First a character bound: no token of this tokenizer stands for more than
+        :func:`~qgpm.tokens.max_token_chars` characters, so more characters than that
+        times the room left cannot fit (no tokenizing at all). Then, for large inputs, a
+        plain-text token count that stops as soon as it passes the room left. Both are
+        lower bounds; the exact count of the assembled prompt follows in ``_check_length``.
+        ``context`` is counted with ``texts`` unless ``exact=False`` (Top-K, whose edit
+        may shorten it: there only the character bound applies to it).
+        """
+        window = self.max_length
+        if not window:
+            return
+        room = window - max_new_tokens
+        if room < 1:
+            raise ContextTooLongError(
+                f"max_new_tokens={max_new_tokens} leaves no room for the prompt in the model window of {window} tokens; "
+                "lower max_new_tokens."
+            )
+        per = max_token_chars(self.tokenizer)
+        chars = sum(len(t) for t in texts) + sum(len(d) for d in context)
+        if chars > room * per:
+            raise ContextTooLongError(
+                f"the input is {chars} characters: more than can fit the model window of {window} tokens with "
+                f"max_new_tokens={max_new_tokens} (a token of this tokenizer covers at most {per} characters, so at most "
+                f"{room * per} characters fit). Shorten the context (or retrieve fewer documents), or lower max_new_tokens."
+            )
+        counted = list(texts) + (list(context) if exact else [])
+        if sum(len(t) for t in counted) > 4 * room:
+            n = 0
+            for t in counted:
+                n += count_tokens_bounded(self.tokenizer, t, room - n)
+                if n > room:
+                    raise ContextTooLongError(
+                        f"the input is more than {room} tokens (counted until the limit): with max_new_tokens="
+                        f"{max_new_tokens} it cannot fit the model window of {window} tokens. Shorten the context "
+                        "(or retrieve fewer documents), or lower max_new_tokens."
+                    )
+
     def _prepare(self, context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens) -> PreparedCall:
         self._check_ready(method)
-        cfg = config or self.config
+        cfg = self._check_config(config, method)
+        evidence = _check_evidence(evidence)
+        if evidence is not None and method != "oracle":
+            raise ValueError("evidence= is only used by method='oracle'")
+        docs = check_prompt_inputs(context, question, instruction=instruction, system=system, answer_prefix=answer_prefix)
+        check_template(template)
+        others = [question, instruction or "", system or "", answer_prefix or ""]
+        self._check_input_size(others, max_new_tokens, context=docs, exact=method != "topk")
         timings = Timings()
         edit = None
         details: dict[str, Any] = {}
         if method in ("topk", "reorder"):
-            if not isinstance(question, str) or not question.strip():
-                raise ValueError("question is empty: pass the question to answer")
             from .editing import edit_context
 
             t = time.perf_counter()
@@ -529,8 +626,6 @@ class QGPM:
             )
             timings.edit_s = time.perf_counter() - t
             context = edit.text
-        elif evidence is not None and method != "oracle":
-            raise ValueError("evidence= is only used by method='oracle'")
         spec = PromptSpec(context=context, question=question, instruction=instruction, system=system, answer_prefix=answer_prefix, template=template)
         prompt = build_prompt(self.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail)
         self._check_length(prompt, max_new_tokens)
@@ -625,10 +720,7 @@ class QGPM:
         return out
 
     def _generate_kwargs(self, input_ids: torch.Tensor, max_new_tokens, temperature, top_p, stop, seed, extra) -> dict[str, Any]:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
         gen: dict[str, Any] = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids).to(self.device))
         if temperature > 0:
             gen.update(do_sample=True, temperature=temperature, top_p=top_p)
@@ -660,6 +752,60 @@ class QGPM:
             text=text, method=call.method, relevance=call.relevance,
             usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=call.details,
         )
+
+
+def _check_generation_args(max_new_tokens: Any, temperature: Any, top_p: Any, stop: Any, seed: Any) -> list[str]:
+    """Check the decoding arguments (before any model work); return the stop strings as a list."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__} {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy decoding), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, (bytes, Mapping)) or not hasattr(stop, "__iter__"):
+        raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+    stops = list(stop)
+    bad = [type(x).__name__ for x in stops if not isinstance(x, str)]
+    if bad:
+        raise TypeError(f"stop must be a string or a list of strings; it holds {', '.join(sorted(set(bad)))}")
+    return [x for x in stops if x]
+
+
+def _check_stream_kwargs(kwargs: dict[str, Any]) -> None:
+    _check_generation_args(
+        kwargs.get("max_new_tokens", 64), kwargs.get("temperature", 0.0), kwargs.get("top_p", 1.0), kwargs.get("stop"), kwargs.get("seed")
+    )
+
+
+def _check_evidence(evidence: Any) -> list[str] | None:
+    """Oracle evidence as a list of strings; a single string is one evidence item."""
+    if evidence is None:
+        return None
+    if isinstance(evidence, str):
+        return [evidence]
+    if isinstance(evidence, (bytes, Mapping)) or not hasattr(evidence, "__iter__"):
+        raise TypeError(f"evidence must be a string or a list of strings (exact substrings of the context), got {type(evidence).__name__}")
+    items = list(evidence)
+    for i, ev in enumerate(items):
+        if not isinstance(ev, str):
+            raise TypeError(f"evidence item {i} is {type(ev).__name__}, expected str (an exact substring of the context)")
+    return items
 
 
 def _cache_kwarg(fn) -> str:
@@ -717,7 +863,7 @@ class AnswerStream:
             context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
             prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", 5), prep.get("config"), max_new_tokens,
         )
-        stop = [s for s in (gen_args.get("stop") or []) if s]
+        stop = _check_generation_args(max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), gen_args.get("stop"), gen_args.get("seed"))
         gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
         text_streamer = TextIteratorStreamer(eng.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=None)
         timing = _TimingStreamer(text_streamer)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -29,9 +30,13 @@ __all__ = [
     "Prompt",
     "build_prompt",
     "render_chat",
+    "check_prompt_inputs",
+    "check_template",
+    "has_visible_text",
     "DEFAULT_TEMPLATE",
     "DEFAULT_INSTRUCTION",
     "PromptError",
+    "EmptyContextError",
 ]
 
 DEFAULT_TEMPLATE = "{instruction}\n\n{context}\n\n{question}"
@@ -41,6 +46,87 @@ _FIELDS = ("instruction", "context", "question")
 
 class PromptError(ValueError):
     """The prompt parts are unusable (empty question, bad template, ...)."""
+
+
+class EmptyContextError(PromptError):
+    """The context holds no text to answer from (nothing given, or nothing retrieved)."""
+
+
+# Characters that show nothing: whitespace, control characters, zero-width and other
+# invisible format characters (Unicode Cf), variation selectors and blank fillers.
+_INVISIBLE = (
+    r"\s\x00-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+    r"\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb"
+    r"\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+)
+_VISIBLE = re.compile(f"[^{_INVISIBLE}]")
+
+
+def has_visible_text(text: str) -> bool:
+    """Whether ``text`` holds a character that shows (not whitespace, control or zero-width)."""
+    return _VISIBLE.search(text) is not None
+
+
+def _type_name(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def check_prompt_inputs(
+    context: Any,
+    question: Any,
+    *,
+    instruction: Any = None,
+    system: Any = None,
+    answer_prefix: Any = None,
+    check_empty: bool = True,
+) -> list[str]:
+    """Validate the caller's prompt parts; return the context as a list of documents.
+
+    Raises :class:`PromptError` naming the problem: a context that is ``None``, bytes,
+    not a string or list of strings, empty, or made only of invisible characters
+    (:class:`EmptyContextError` for the last two); a question that is not a string or
+    is empty; an instruction / system prompt / answer prefix that is not a string.
+    ``check_empty=False`` checks only the types (for a size check that must come first).
+    """
+    if context is None:
+        raise PromptError("context is None: pass the text to answer from (a string or a list of document strings)")
+    if isinstance(context, (bytes, bytearray, memoryview)):
+        raise PromptError(f"context is {type(context).__name__}, not text: decode it first, e.g. context.decode('utf-8')")
+    if isinstance(context, str):
+        docs = [context]
+    elif isinstance(context, Mapping) or not hasattr(context, "__iter__"):
+        raise PromptError(f"context must be a string or a list of document strings, got {_type_name(context)}")
+    else:
+        docs = list(context)
+        for i, d in enumerate(docs):
+            if isinstance(d, (bytes, bytearray)):
+                raise PromptError(f"context item {i} is {type(d).__name__}, not text: decode it first, e.g. .decode('utf-8')")
+            if not isinstance(d, str):
+                raise PromptError(f"context item {i} is {_type_name(d)}, expected str (the text of one document)")
+    if question is None:
+        raise PromptError("question is None: pass the question to answer")
+    if isinstance(question, (bytes, bytearray)):
+        raise PromptError(f"question is {type(question).__name__}, not text: decode it first, e.g. question.decode('utf-8')")
+    if not isinstance(question, str):
+        raise PromptError(f"question must be a string, got {_type_name(question)}")
+    for name, value in (("instruction", instruction), ("system", system), ("answer_prefix", answer_prefix)):
+        if value is not None and not isinstance(value, str):
+            raise PromptError(f"{name} must be a string or None, got {_type_name(value)}")
+    if not check_empty:
+        return docs
+    # (visible-text search stops at the first visible character: no copy of a long text)
+    if not any(has_visible_text(d) for d in docs):
+        if not any(d.strip() for d in docs):
+            raise EmptyContextError("context is empty: pass the text (or a non-empty list of documents) to answer from")
+        raise EmptyContextError(
+            "context has no visible text: it holds only whitespace and zero-width or other invisible characters "
+            "(e.g. U+200B); pass the document text to answer from"
+        )
+    if not has_visible_text(question):
+        if not question.strip():
+            raise PromptError("question is empty: pass the question to answer")
+        raise PromptError("question has no visible text (only whitespace and zero-width or invisible characters)")
+    return docs
 
 
 @dataclass(frozen=True)
@@ -90,6 +176,8 @@ class Prompt:
 def _render_user(template: str, parts: dict[str, str]) -> tuple[str, dict[str, tuple[int, int]], list[tuple[int, int]]]:
     """Render ``template``; return the text, the char span of each field (its first
     occurrence) and the spans of every field occurrence (caller text)."""
+    if not isinstance(template, str):
+        raise PromptError(f"template must be a string, got {_type_name(template)}")
     out: list[str] = []
     spans: dict[str, tuple[int, int]] = {}
     every: list[tuple[int, int]] = []
@@ -118,6 +206,11 @@ def _render_user(template: str, parts: dict[str, str]) -> tuple[str, dict[str, t
         if required not in seen:
             raise PromptError(f"template must contain {{{required}}}: {template!r}")
     return "".join(out), spans, every
+
+
+def check_template(template: Any) -> None:
+    """Raise :class:`PromptError` unless ``template`` is a usable user-message template."""
+    _render_user(template, {"instruction": "", "context": "", "question": ""})
 
 
 _MARK = "\ue000qgpm-message-{}\ue001"
@@ -183,14 +276,11 @@ def _find_in_order(text: str, parts: Sequence[str]) -> list[tuple[int, int]] | N
 def build_prompt(tokenizer, spec: PromptSpec, *, max_sentence_chars: int = 600, query_tail: int | None = None) -> Prompt:
     """Assemble, tokenize and annotate a prompt.
 
-    Raises :class:`PromptError` for an empty context or question. Special-token
-    strings in the caller's text are tokenized as plain text.
+    Raises :class:`PromptError` for an unusable context or question (see
+    :func:`check_prompt_inputs`). Special-token strings in the caller's text are
+    tokenized as plain text.
     """
-    docs = [spec.context] if isinstance(spec.context, str) else list(spec.context)
-    if not docs or not any(isinstance(d, str) and d.strip() for d in docs):
-        raise PromptError("context is empty: pass the text (or a non-empty list of documents) to answer from")
-    if not isinstance(spec.question, str) or not spec.question.strip():
-        raise PromptError("question is empty: pass the question to answer")
+    docs = check_prompt_inputs(spec.context, spec.question, instruction=spec.instruction, system=spec.system, answer_prefix=spec.answer_prefix)
     context_text, sentences, doc_spans = split_documents(docs, spec.document_separator, max_chars=max_sentence_chars)
 
     template = spec.template

@@ -25,6 +25,9 @@ with ``encode_special_tokens`` on: the caller's tokenizer object is never switch
 threads sharing it cannot see each other's setting. "Special" means the added tokens
 flagged ``special`` (``tokenizer.added_tokens_decoder``); non-special added tokens (e.g.
 Qwen3's ``<think>``) keep matching, as with ``split_special_tokens`` itself.
+
+:func:`max_token_chars` and :func:`count_tokens_bounded` bound the work spent on input
+that cannot fit a model window (see ``QGPM``'s input checks).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ __all__ = [
     "encode_plain",
     "count_plain",
     "encode_prompt",
+    "max_token_chars",
+    "count_tokens_bounded",
 ]
 
 _CACHE: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
@@ -165,3 +170,54 @@ def encode_prompt(
     out_ids += piece_ids + ids[trail:]
     out_off += piece_off + offsets[trail:]
     return out_ids, out_off
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """Most characters one token of ``tokenizer`` can stand for (longest vocabulary entry).
+
+    A text of ``n`` characters therefore has at least ``n / max_token_chars`` tokens,
+    unless the tokenizer's normalizer deletes characters.
+    """
+    entry = _cached(tokenizer)
+    n = entry.get("max_chars")
+    if n is None:
+        n = max(1, max((len(t) for t in tokenizer.get_vocab()), default=1))
+        entry["max_chars"] = n
+    return n
+
+
+def _cut(text: str, pos: int, piece_chars: int) -> int:
+    """End of the piece starting at ``pos``: where a whitespace run starts, near ``pos + piece_chars``."""
+    end = min(len(text), pos + piece_chars)
+    if end < len(text):
+        ws = max(text.rfind(" ", pos + 1, end), text.rfind("\n", pos + 1, end))
+        if ws > pos:
+            while ws - 1 > pos and text[ws - 1].isspace():
+                ws -= 1
+            end = ws
+    return end
+
+
+def count_tokens_bounded(tokenizer: Any, text: str, limit: int, *, piece_chars: int = 4096, batch: int = 16) -> int:
+    """A lower bound of the plain-text token count of ``text``, computed piece by piece.
+
+    Pieces of about ``piece_chars`` characters (cut where a whitespace run starts) are
+    tokenized ``batch`` at a time without offsets (``encode_batch_fast``); counting
+    stops as soon as the bound exceeds ``limit``, so the work is about ``limit`` tokens
+    however long ``text`` is. Each cut is allowed to have added up to two tokens, which
+    the bound subtracts.
+    """
+    backend = plain_backend(tokenizer)
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    count, cuts, pos, n = 0, 0, 0, len(text)
+    while pos < n:
+        pieces = []
+        while pos < n and len(pieces) < batch:
+            end = _cut(text, pos, piece_chars)
+            pieces.append(text[pos:end])
+            pos = end
+        count += sum(len(e) for e in encode(pieces, add_special_tokens=False))
+        cuts += len(pieces) - (0 if pos < n else 1)
+        if count - 2 * cuts > limit:
+            break
+    return max(0, count - 2 * cuts)
