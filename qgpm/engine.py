@@ -328,7 +328,8 @@ class QGPM:
         ``reranker`` / ``k`` apply to ``topk`` and ``reorder`` (default reranker:
         the bundled all-MiniLM-L6-v2, chosen by measurement, see ``DEFAULT_RERANKER``). ``stop`` strings end the
         answer (and are cut from it). ``config`` overrides the engine's settings for
-        this call. Greedy decoding unless ``temperature > 0``.
+        this call. Greedy decoding unless ``temperature > 0``; ``seed`` makes sampling
+        reproducible (a random generator local to the call, not torch's global one).
 
         Every argument is checked before any model work; bad input raises ``TypeError``
         / ``ValueError`` (:class:`~qgpm.prompt.PromptError` for the prompt parts,
@@ -502,8 +503,11 @@ class QGPM:
         """Like :meth:`answer`, but yields the answer text piece by piece.
 
         The returned :class:`AnswerStream` is an iterator of strings; once exhausted its
-        ``result`` holds the full :class:`QGPMResult` (relevance, usage, timings). Closing
-        it early stops generation. The arguments are checked here, before anything runs.
+        ``result`` holds the full :class:`QGPMResult` (relevance, usage, timings). Use it
+        as a context manager (``with engine.stream(...) as s:``) or ``close()`` it to
+        stop early; a stream that is dropped (e.g. ``break`` out of ``for piece in
+        engine.stream(...)``) stops generation and removes the position hooks at once.
+        The arguments are checked here, before anything runs.
         """
         _check_stream_kwargs(kwargs)
         self._check_ready(kwargs.get("method", "qgpm"))
@@ -721,13 +725,16 @@ class QGPM:
 
     def _generate_kwargs(self, input_ids: torch.Tensor, max_new_tokens, temperature, top_p, stop, seed, extra) -> dict[str, Any]:
         stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
+        extra = dict(extra)
         gen: dict[str, Any] = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids).to(self.device))
+        # generate() itself decodes greedily; sampling is done by _SeededSampler with a
+        # generator local to the call, so concurrent calls never share torch's global RNG
+        gen.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if temperature > 0:
-            gen.update(do_sample=True, temperature=temperature, top_p=top_p)
-            if seed is not None:
-                torch.manual_seed(seed)
-        else:
-            gen.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            sampler = _SeededSampler(temperature, top_p, seed, top_k=extra.pop("top_k", None), min_p=extra.pop("min_p", None))
+            from transformers import LogitsProcessorList
+
+            gen["logits_processor"] = LogitsProcessorList([*(extra.pop("logits_processor", None) or []), sampler])
         stops = [s for s in (stop or []) if s]
         if stops:
             gen.update(stop_strings=list(stops), tokenizer=self.tokenizer)
@@ -808,6 +815,47 @@ def _check_evidence(evidence: Any) -> list[str] | None:
     return items
 
 
+class _SeededSampler:
+    """A logits processor that draws the next token with a generator local to the call.
+
+    ``generate()`` runs greedily with this processor last: it applies the sampling
+    warpers (temperature, top-k, top-p, min-p; the ``transformers`` classes), draws one
+    token per row with its own ``torch.Generator`` and leaves only that token
+    selectable. The generator is created and seeded on the first step, inside the
+    model lock; ``seed=None`` seeds it at random. No global RNG is read or changed, so
+    concurrent sampling calls with a seed are reproducible.
+    """
+
+    def __init__(self, temperature: float, top_p: float, seed: int | None, *, top_k: int | None = None, min_p: float | None = None) -> None:
+        from transformers import LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers: list[Any] = []
+        if temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(float(temperature)))
+        if top_k:
+            warpers.append(TopKLogitsWarper(int(top_k)))
+        if top_p < 1.0:
+            warpers.append(TopPLogitsWarper(float(top_p)))
+        if min_p is not None:
+            warpers.append(MinPLogitsWarper(float(min_p)))
+        self.warpers = LogitsProcessorList(warpers)
+        self.seed = seed
+        self.generator: torch.Generator | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.generator is None:
+            self.generator = torch.Generator(device=scores.device)
+            if self.seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(int(self.seed))
+        warped = self.warpers(input_ids, scores)
+        probs = torch.softmax(warped.float(), dim=-1)
+        drawn = torch.multinomial(probs, num_samples=1, generator=self.generator)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, drawn, 0.0)
+
+
 def _cache_kwarg(fn) -> str:
     """``cache`` (transformers >= 5.2x) or ``past_key_values`` (older), whichever ``fn`` takes."""
     import inspect
@@ -825,19 +873,35 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
+class _StreamState:
+    """What an :class:`AnswerStream` shares with its generator (no reference back to the stream)."""
+
+    __slots__ = ("result",)
+
+    def __init__(self) -> None:
+        self.result: QGPMResult | None = None
+
+
 class AnswerStream:
     """Iterator of answer text pieces; ``result`` is set when the stream ends.
 
     Generation runs in a worker thread (transformers' ``TextIteratorStreamer``); an
-    exception there is re-raised here. Closing the stream early stops generation.
+    exception there is re-raised here. Use the stream as a context manager or call
+    :meth:`close` to stop early. The generator behind it holds no reference to the
+    stream, so a stream nobody holds any more (``break`` out of ``for piece in
+    engine.stream(...)``) is finalized at once: generation is cancelled, the worker is
+    joined and the model's position hooks are removed.
     """
 
     def __init__(self, engine: QGPM, context, question, kwargs: dict[str, Any], call: PreparedCall | None = None) -> None:
         self.engine = engine
-        self._args = (context, question, kwargs)
-        self._call = call
-        self.result: QGPMResult | None = None
-        self._gen = self._run()
+        self._state = _StreamState()
+        self._gen = _stream_pieces(engine, context, question, dict(kwargs), call, self._state)
+
+    @property
+    def result(self) -> QGPMResult | None:
+        """The full :class:`QGPMResult` once the stream is exhausted (``None`` before, or if closed early)."""
+        return self._state.result
 
     def __iter__(self) -> "AnswerStream":
         return self
@@ -846,74 +910,80 @@ class AnswerStream:
         return next(self._gen)
 
     def close(self) -> None:
+        """Stop generation now (waits at most one decoding step) and leave the model unpatched."""
         self._gen.close()
 
-    def _run(self) -> Iterator[str]:
-        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+    def __enter__(self) -> "AnswerStream":
+        return self
 
-        eng = self.engine
-        context, question, kw = self._args
-        kw = dict(kw)
-        method = kw.pop("method", "qgpm")
-        max_new_tokens = kw.pop("max_new_tokens", 64)
-        gen_args = {k: kw.pop(k) for k in ("temperature", "top_p", "stop", "seed") if k in kw}
-        prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config")
-        prep = {k: kw.pop(k) for k in prep_keys if k in kw}
-        call = self._call or eng._prepare(
-            context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
-            prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", 5), prep.get("config"), max_new_tokens,
-        )
-        stop = _check_generation_args(max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), gen_args.get("stop"), gen_args.get("seed"))
-        gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
-        text_streamer = TextIteratorStreamer(eng.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=None)
-        timing = _TimingStreamer(text_streamer)
-        cancel = threading.Event()
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
-        class _Cancel(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs):
-                return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
 
-        crit = gen.pop("stopping_criteria", None) or StoppingCriteriaList()
-        crit.append(_Cancel())
-        errors: Queue = Queue()
-        out_holder: dict[str, torch.Tensor] = {}
+def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: PreparedCall | None, state: _StreamState) -> Iterator[str]:
+    """The generator behind :class:`AnswerStream` (a function, so it cannot reference the stream)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
-        def work() -> None:
-            try:
-                with apply_plan(eng.model, call.plan), torch.inference_mode():
-                    out_holder["ids"] = eng.model.generate(call.input_ids.to(eng.device), streamer=timing, stopping_criteria=crit, **gen)
-            except BaseException as exc:  # re-raised in the consumer
-                errors.put(exc)
-                text_streamer.end()
+    method = kw.pop("method", "qgpm")
+    max_new_tokens = kw.pop("max_new_tokens", 64)
+    gen_args = {k: kw.pop(k) for k in ("temperature", "top_p", "stop", "seed") if k in kw}
+    prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config")
+    prep = {k: kw.pop(k) for k in prep_keys if k in kw}
+    stop = _check_generation_args(max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), gen_args.get("stop"), gen_args.get("seed"))
+    call = prepared or eng._prepare(
+        context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
+        prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", 5), prep.get("config"), max_new_tokens,
+    )
+    gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
+    text_streamer = TextIteratorStreamer(eng.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=None)
+    timing = _TimingStreamer(text_streamer)
+    cancel = threading.Event()
 
-        t0 = time.perf_counter()
-        worker = threading.Thread(target=work, name="qgpm-generate", daemon=True)
+    class _Cancel(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    crit = gen.pop("stopping_criteria", None) or StoppingCriteriaList()
+    crit.append(_Cancel())
+    errors: Queue = Queue()
+    out_holder: dict[str, torch.Tensor] = {}
+
+    def work() -> None:
         try:
-            worker.start()
-            emitted = ""
-            full = ""
-            hold = max((len(s) for s in stop), default=1) - 1
-            for piece in text_streamer:
-                full += piece
-                visible, stopped = _cut_at_stop(full, stop)
-                if stopped:
-                    cancel.set()
-                else:
-                    visible = visible[: len(visible) - hold] if hold > 0 else visible
-                visible = visible.lstrip().rstrip()  # trailing whitespace waits for what follows
-                if len(visible) > len(emitted) and visible.startswith(emitted):
-                    yield visible[len(emitted) :]
-                    emitted = visible
+            with apply_plan(eng.model, call.plan), torch.inference_mode():
+                out_holder["ids"] = eng.model.generate(call.input_ids.to(eng.device), streamer=timing, stopping_criteria=crit, **gen)
+        except BaseException as exc:  # re-raised in the consumer
+            errors.put(exc)
+            text_streamer.end()
+
+    t0 = time.perf_counter()
+    worker = threading.Thread(target=work, name="qgpm-generate", daemon=True)
+    try:
+        worker.start()
+        emitted = ""
+        full = ""
+        hold = max((len(s) for s in stop), default=1) - 1
+        for piece in text_streamer:
+            full += piece
+            visible, stopped = _cut_at_stop(full, stop)
+            if stopped:
+                cancel.set()
+            else:
+                visible = visible[: len(visible) - hold] if hold > 0 else visible
+            visible = visible.lstrip().rstrip()  # trailing whitespace waits for what follows
+            if len(visible) > len(emitted) and visible.startswith(emitted):
+                yield visible[len(emitted) :]
+                emitted = visible
+        worker.join()
+        if not errors.empty():
+            raise errors.get()
+        t1 = time.perf_counter()
+        ids = out_holder["ids"][0, call.num_tokens :].tolist()
+        text, reason = eng._finish_text(ids, stop, max_new_tokens)
+        if text.startswith(emitted) and len(text) > len(emitted):
+            yield text[len(emitted) :]
+        state.result = eng._result(call, text, reason, len(ids), t0, timing.first_token_at, t1)
+    finally:
+        cancel.set()
+        if worker.ident is not None:
             worker.join()
-            if not errors.empty():
-                raise errors.get()
-            t1 = time.perf_counter()
-            ids = out_holder["ids"][0, call.num_tokens :].tolist()
-            text, reason = eng._finish_text(ids, stop, max_new_tokens)
-            if text.startswith(emitted) and len(text) > len(emitted):
-                yield text[len(emitted) :]
-            self.result = eng._result(call, text, reason, len(ids), t0, timing.first_token_at, t1)
-        finally:
-            cancel.set()
-            if worker.is_alive() or worker.ident is not None:
-                worker.join()
