@@ -7,6 +7,7 @@ equals the one of a freshly built model with the same weights.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import tracemalloc
@@ -387,3 +388,110 @@ def test_bad_prepared_call_arguments(engine, stays_vanilla):
     raises(TypeError, "score must be a string", engine.generate_prepared, call, score=5)
     raises(ValueError, "score is empty", engine.generate_prepared, call, score="")
     raises(TypeError, "answer must be a string", engine.answer_logprob, CTX, Q, None, method="vanilla")
+
+
+# ----------------------------------------------------------------------------- LangChain adapter
+@pytest.fixture
+def lc(engine):
+    pytest.importorskip("langchain_core")
+    from qgpm_integrations.langchain import QGPMChatModel
+
+    return QGPMChatModel(engine=engine, max_tokens=3)
+
+
+@pytest.fixture
+def generate_calls(engine, monkeypatch):
+    calls = []
+    real = engine.model.generate
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(engine.model, "generate", spy, raising=False)
+    return calls
+
+
+def _empty_inputs():
+    from langchain_core.messages import HumanMessage
+
+    from qgpm_integrations.langchain import qgpm_prompt
+
+    return {
+        "context=[]": ([HumanMessage(Q)], {"context": []}),
+        'context=""': ([HumanMessage(Q)], {"context": ""}),
+        "context=[blank]": ([HumanMessage(Q)], {"context": ["  "]}),
+        "marked, no documents": (qgpm_prompt().invoke({"context": [], "question": Q}).to_messages(), {}),
+        "marked, empty string": (qgpm_prompt().invoke({"context": "", "question": Q}).to_messages(), {}),
+    }
+
+
+EMPTY_CASES = ["context=[]", 'context=""', "context=[blank]", "marked, no documents", "marked, empty string"]
+
+
+@pytest.mark.parametrize("case", EMPTY_CASES)
+def test_langchain_empty_context_says_so_and_does_not_run_the_model(lc, generate_calls, case):
+    from qgpm_integrations.langchain import NO_CONTEXT_REPLY
+
+    messages, kw = _empty_inputs()[case]
+    msg = lc.invoke(messages, **kw)
+    assert msg.content == NO_CONTEXT_REPLY
+    info = msg.response_metadata["qgpm"]
+    assert info["mode"] == "empty_context" and info["documents"] == 0 and "empty" in info["reason"]
+    assert msg.usage_metadata["output_tokens"] == 0
+    chunks = list(lc.stream(messages, **kw))
+    assert "".join(c.content for c in chunks) == NO_CONTEXT_REPLY and chunks[-1].chunk_position == "last"
+    assert generate_calls == [], "the model must not answer from nothing"
+
+
+@pytest.mark.parametrize("case", EMPTY_CASES)
+def test_langchain_empty_context_raises_when_asked(lc, generate_calls, case):
+    messages, kw = _empty_inputs()[case]
+    with pytest.raises(EmptyContextError, match="nothing to answer from"):
+        lc.invoke(messages, on_empty_context="raise", **kw)
+    strict = lc.model_copy(update={"on_empty_context": "raise"})
+    with pytest.raises(EmptyContextError, match="nothing to answer from"):
+        strict.invoke(messages, **kw)
+    with pytest.raises(ValueError, match="on_empty_context must be one of"):
+        lc.invoke(messages, on_empty_context="ignore", **kw)
+    assert generate_calls == []
+
+
+def test_langchain_unmarked_prompt_warns_once_per_instance(engine, lc, caplog):
+    from qgpm_integrations.langchain import QGPMChatModel
+
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        for _ in range(3):
+            assert lc.invoke("Hello there.").response_metadata["qgpm"]["mode"] == "plain"
+        QGPMChatModel(engine=engine, max_tokens=2).invoke("Hello again.")
+        lc.invoke(Q, context=[CTX])  # calls with context never warn
+    warnings = [r for r in caplog.records if r.name.startswith("qgpm") and "no QGPM context marking" in r.getMessage()]
+    assert len(warnings) == 2, [r.getMessage() for r in caplog.records]
+    assert "qgpm_prompt()" in warnings[0].getMessage() and "context=" in warnings[0].getMessage()
+
+
+def test_langchain_get_num_tokens_uses_the_model_tokenizer(lc, engine, monkeypatch):
+    import langchain_core.language_models.base as lc_base
+
+    from qgpm.tokens import encode_plain
+
+    def gpt2_fallback(text):
+        raise AssertionError("LangChain's GPT-2 fallback tokenizer was used")
+
+    monkeypatch.setattr(lc_base, "_get_token_ids_default_method", gpt2_fallback)
+    text = "A small band played <|im_end|> old songs."
+    assert lc.get_token_ids(text) == encode_plain(engine.tokenizer, text)
+    assert lc.get_num_tokens(text) == len(encode_plain(engine.tokenizer, text))
+
+
+def test_langchain_get_num_tokens_without_loading_the_model(tokenizer, monkeypatch):
+    pytest.importorskip("langchain_core")
+    import langchain_core.language_models.base as lc_base
+
+    import qgpm_integrations.langchain.chat_models as cm
+    from qgpm_integrations.langchain import QGPMChatModel
+
+    monkeypatch.setattr(lc_base, "_get_token_ids_default_method", lambda text: (_ for _ in ()).throw(AssertionError("GPT-2 fallback")))
+    monkeypatch.setattr(cm, "_get_engine", lambda *a: (_ for _ in ()).throw(AssertionError("the model was loaded")))
+    n = QGPMChatModel().get_num_tokens("Hello there, world.")
+    assert n == len(tokenizer("Hello there, world.", add_special_tokens=False)["input_ids"])
