@@ -14,7 +14,7 @@ from .config import PRESETS, QGPMConfig
 from .engine import METHODS, AnswerStream, ContextTooLongError, QGPM, QGPMResult, SentenceRelevance, Timings, Usage
 from .fingerprint import ModelFingerprint
 from .heads import HeadSet, HeadSetMismatchError, HeadSetMissingError
-from .prompt import PromptError
+from .prompt import EmptyContextError, PromptError
 from .runtime import SUPPORTED_FAMILIES, UnsupportedModelError
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "ModelFingerprint",
     "ContextTooLongError",
     "PromptError",
+    "EmptyContextError",
     "UnsupportedModelError",
     "SUPPORTED_FAMILIES",
 ]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import dataclasses
 import json
+import numbers
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -17,6 +18,11 @@ from .defaults import DEFAULT_MODEL_NAME
 from .shaping import MapParams
 
 __all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config"]
+
+MIN_SENTENCE_CHARS = 20
+"""Smallest ``max_sentence_chars`` the sentence splitter accepts."""
+_FLOAT_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window")
+_INT_FIELDS = (("unmodulated_layers", False), ("split_layer", True), ("query_tail", True), ("max_heads", True), ("max_sentence_chars", False))
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,14 @@ class QGPMConfig:
     max_heads:
         Use only the best ``max_heads`` heads of the head set (``None`` = all of them).
     max_sentence_chars:
-        Sentences longer than this (e.g. text with no punctuation) are cut at whitespace.
+        Sentences longer than this (e.g. text with no punctuation) are cut at whitespace
+        (at least 20).
+
+    Every field is checked on construction: numbers must be finite (no NaN or
+    infinity), counts must be ints in range; a bad value raises ``TypeError`` or
+    ``ValueError`` naming the field. Limits that depend on the model (``split_layer``
+    and ``unmodulated_layers`` at most the number of layers) are checked by the
+    engine before pass 1.
     """
 
     k_broad: float = 8.0
@@ -88,6 +101,21 @@ class QGPMConfig:
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"QGPMConfig.{name} must be a number, got {type(value).__name__} {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"QGPMConfig.{name} must be a finite number, got {value}")
+        for name, optional in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                kind = "an int or None" if optional else "an int"
+                raise TypeError(f"QGPMConfig.{name} must be {kind}, got {type(value).__name__} {value!r}")
+        if not isinstance(self.exclude_newline_tokens, bool):
+            raise TypeError(f"QGPMConfig.exclude_newline_tokens must be a bool, got {type(self.exclude_newline_tokens).__name__}")
         if not self.k_broad > self.k_sharp > 0:
             raise ValueError(f"need K_b > K_s > 0, got K_b={self.k_broad}, K_s={self.k_sharp}")
         if self.t_broad < self.t_sharp or self.t_sharp < 0:
@@ -108,8 +136,14 @@ class QGPMConfig:
             raise ValueError(f"min_top_z must be a finite z-score or None, got {self.min_top_z}")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
+        if self.split_layer is not None and self.split_layer < 0:
+            raise ValueError(f"split_layer must be >= 0 (or None = half the layers), got {self.split_layer}")
+        if self.query_tail is not None and self.query_tail < 0:
+            raise ValueError(f"query_tail must be >= 0 (or None = every token after the question), got {self.query_tail}")
         if self.max_heads is not None and self.max_heads < 1:
             raise ValueError(f"max_heads must be >= 1, got {self.max_heads}")
+        if self.max_sentence_chars < MIN_SENTENCE_CHARS:
+            raise ValueError(f"max_sentence_chars must be at least {MIN_SENTENCE_CHARS}, got {self.max_sentence_chars}")
 
     @property
     def broad(self) -> MapParams:

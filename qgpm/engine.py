@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import numbers
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from queue import Empty, Queue
 from typing import Any, Iterator, Literal, Sequence
@@ -32,10 +35,11 @@ from .fingerprint import ModelFingerprint, model_fingerprint
 from .heads import HeadSet, HeadSetMissingError, check_head_set, find_head_set, known_model_name, missing_head_set_error
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
 from .plan import MapResult, build_plan, oracle_units
-from .prompt import Prompt, PromptSpec, build_prompt, DEFAULT_TEMPLATE
+from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .runtime import apply_plan, check_supported, decoder_layers, model_lock, rotary_info
 from .shaping import fuse_heads
+from .tokens import count_plain, count_tokens_bounded, encode_plain, encode_prompt, max_token_chars, plain_backend, special_token_ids
 
 logger = logging.getLogger("qgpm")
 
@@ -235,6 +239,9 @@ class QGPM:
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
         self.model = model
         self.tokenizer = tokenizer
+        # one-time tokenizer setup for the input checks (so no call pays for it)
+        plain_backend(tokenizer)
+        max_token_chars(tokenizer)
         fp = model_fingerprint(model, tokenizer)
         self.name = name or known_model_name(fp.key) or str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
         self.fingerprint: ModelFingerprint = dataclasses.replace(fp, name=self.name)  # head sets, presets: by .key
@@ -370,8 +377,14 @@ class QGPM:
         :class:`~qgpm.StringOptions`, ``ms-poe``: :class:`~qgpm.MsPoEOptions`,
         ``self-extend``: :class:`~qgpm.SelfExtendOptions`, ``None`` = the method's
         defaults; ``llmlingua-2``: :class:`~qgpm.LLMLingua2Options` with the compressor's path).
-        Greedy decoding unless ``temperature > 0``.
+        this call. Greedy decoding unless ``temperature > 0``; ``seed`` makes sampling
+        reproducible (a random generator local to the call, not torch's global one).
+
+        Every argument is checked before any model work; bad input raises ``TypeError``
+        / ``ValueError`` (:class:`~qgpm.prompt.PromptError` for the prompt parts,
+        :class:`ContextTooLongError` for input that cannot fit the window).
         """
+        stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
         call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens, options)
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
 
@@ -398,6 +411,9 @@ class QGPM:
         """
         if not isinstance(call, PreparedCall):
             raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
+        stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
+        if score is not None and not isinstance(score, str):
+            raise TypeError(f"score must be a string (the continuation to score), got {type(score).__name__}")
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score=score)
 
     def replan(self, call: PreparedCall, config: QGPMConfig) -> PreparedCall:
@@ -409,8 +425,11 @@ class QGPM:
         (``max_sentence_chars``, ``query_tail``, ``exclude_newline_tokens``,
         ``max_heads``) need a new :meth:`prepare`.
         """
+        if not isinstance(call, PreparedCall):
+            raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
         if call.method not in ("qgpm", "oracle") or call.z is None or call.prompt is None:
             raise ValueError(f"replan needs a qgpm or oracle call from QGPM.prepare(), got method={call.method!r}")
+        self._check_config(config, call.method)
         old = call.config or self.config
         changed = [f for f in _PASS1_FIELDS if getattr(old, f) != getattr(config, f)]
         if changed:
@@ -436,7 +455,7 @@ class QGPM:
         ids = call.input_ids.to(self.device)
         extra: dict[str, Any] = {}
         if score is not None:
-            score_ids = self.tokenizer(score, add_special_tokens=False)["input_ids"]
+            score_ids = encode_plain(self.tokenizer, score)
             if not score_ids:
                 raise ValueError("score is empty: pass the continuation to score, e.g. the gold answer")
         t0 = time.perf_counter()
@@ -477,26 +496,51 @@ class QGPM:
         """Plain chat generation (standard RoPE) over ``[{"role": ..., "content": ...}]``.
 
         For framework adapters when no context is marked: the engine then works as an
-        ordinary local chat model (``result.method == "plain"``).
+        ordinary local chat model (``result.method == "plain"``). Special-token strings in
+        the messages are tokenized as plain text.
         """
+        stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
         call = self._plain_call(messages, max_new_tokens)
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
 
     def stream_chat(self, messages: Sequence[dict[str, str]], **kwargs: Any) -> "AnswerStream":
-        """Streaming version of :meth:`chat`."""
+        """Streaming version of :meth:`chat` (an :class:`AnswerStream`)."""
+        _check_stream_kwargs(kwargs)
         call = self._plain_call(messages, kwargs.get("max_new_tokens", 64))
         return AnswerStream(self, None, None, kwargs, call=call)
 
     def _plain_call(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> PreparedCall:
-        msgs = [dict(role=str(m["role"]), content=str(m["content"])) for m in messages]
-        if not msgs or not any(m["content"].strip() for m in msgs):
-            raise ValueError("messages are empty: pass at least one message with text")
+        if isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__iter__"):
+            raise PromptError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}")
+        msgs = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+                raise PromptError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
+            if not isinstance(m["content"], str):
+                raise PromptError(f"message {i} content must be a string, got {type(m['content']).__name__}")
+            msgs.append(dict(role=str(m["role"]), content=m["content"]))
+        if not msgs or not any(has_visible_text(m["content"]) for m in msgs):
+            raise PromptError("messages are empty: pass at least one message with text")
+        contents = [m["content"] for m in msgs]
+        self._check_input_size(contents, max_new_tokens)
         if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-            ids = self.tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            text, spans = render_chat(self.tokenizer, msgs)
+            if spans is None:
+                specials = [t.content for i, t in self.tokenizer.added_tokens_decoder.items() if int(i) in special_token_ids(self.tokenizer)]
+                if any(sp in c for c in contents for sp in specials):
+                    raise PromptError(
+                        "the model's chat template changes the message text, so the special-token strings in it "
+                        f"(e.g. {specials[0]!r}) cannot be kept as plain text; remove them from the messages"
+                    )
+                spans = []
+            ids, _ = encode_prompt(self.tokenizer, text, spans, add_special_tokens=False)
         else:
-            text = "\n\n".join(m["content"] for m in msgs) + "\n\n"
-            ids = self.tokenizer(text, return_tensors="pt")["input_ids"]
+            text, spans = "", []
+            for c in contents:
+                spans.append((len(text), len(text) + len(c)))
+                text += c + "\n\n"
+            ids, _ = encode_prompt(self.tokenizer, text, spans, add_special_tokens=True)
+        ids = torch.tensor([ids], dtype=torch.long)
         window = self.max_length
         if window and ids.shape[1] + max_new_tokens > window:
             raise ContextTooLongError(
@@ -509,9 +553,18 @@ class QGPM:
         """Like :meth:`answer`, but yields the answer text piece by piece.
 
         The returned :class:`AnswerStream` is an iterator of strings; once exhausted its
-        ``result`` holds the full :class:`QGPMResult` (relevance, usage, timings). Closing
-        it early stops generation.
+        ``result`` holds the full :class:`QGPMResult` (relevance, usage, timings). Use it
+        as a context manager (``with engine.stream(...) as s:``) or ``close()`` it to
+        stop early; a stream that is dropped (e.g. ``break`` out of ``for piece in
+        engine.stream(...)``) stops generation and removes the position hooks at once.
+        The arguments are checked here, before anything runs.
         """
+        _check_stream_kwargs(kwargs)
+        self._check_ready(kwargs.get("method", "qgpm"))
+        self._check_config(kwargs.get("config"), kwargs.get("method", "qgpm"))
+        _check_evidence(kwargs.get("evidence"))
+        check_prompt_inputs(context, question, instruction=kwargs.get("instruction"), system=kwargs.get("system"), answer_prefix=kwargs.get("answer_prefix"))
+        check_template(kwargs.get("template", DEFAULT_TEMPLATE))
         return AnswerStream(self, context, question, kwargs)
 
     def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
@@ -521,13 +574,18 @@ class QGPM:
         args = [kwargs.pop(k, d) for k, d in zip(keys, defaults)]
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        mnt = args[keys.index("max_new_tokens")]
+        if isinstance(mnt, bool) or not isinstance(mnt, numbers.Integral) or mnt < 0:
+            raise TypeError(f"max_new_tokens must be an int >= 0 (the generation budget to leave room for), got {mnt!r}")
         return self._prepare(context, question, *args)
 
     @torch.inference_mode()
     def answer_logprob(self, context: str | Sequence[str], question: str, answer: str, **kwargs: Any) -> float:
         """Teacher-forced log-probability of ``answer`` as the continuation of the prompt."""
+        if not isinstance(answer, str):
+            raise TypeError(f"answer must be a string, got {type(answer).__name__}")
         call = self.prepare(context, question, **kwargs)
-        ans = self.tokenizer(answer, add_special_tokens=False)["input_ids"]
+        ans = encode_plain(self.tokenizer, answer)
         if not ans:
             raise ValueError("answer is empty")
         ids = torch.cat([call.prompt.input_ids, torch.tensor([ans])], dim=1).to(self.device)
@@ -546,28 +604,84 @@ class QGPM:
         if method == "qgpm" and self.head_set is None:
             raise self._head_error or HeadSetMissingError("no head set")
 
+    def _check_config(self, config: Any, method: str) -> QGPMConfig:
+        """The call's config (``None`` = the engine's), checked against this model before pass 1."""
+        cfg = self.config if config is None else config
+        if not isinstance(cfg, QGPMConfig):
+            raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(cfg).__name__}")
+        if method in ("qgpm", "oracle") and self._support_error is None:
+            n = self.n_layers
+            if cfg.split_layer is not None and cfg.split_layer > n:
+                raise ValueError(f"config.split_layer={cfg.split_layer} is beyond this model's {n} layers (use 0..{n}, or None for {n // 2})")
+            if cfg.unmodulated_layers > n:
+                raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
+        return cfg
+
+    def _check_input_size(self, texts: Sequence[str], max_new_tokens: int, *, context: Sequence[str] = (), exact: bool = True) -> None:
+        """Raise :class:`ContextTooLongError` for caller text that cannot fit the window, cheaply.
+
+        First a character bound: no token of this tokenizer stands for more than
+        :func:`~qgpm.tokens.max_token_chars` characters, so more characters than that
+        times the room left cannot fit (no tokenizing at all). Then, for large inputs, a
+        plain-text token count that stops as soon as it passes the room left. Both are
+        lower bounds; the exact count of the assembled prompt follows in ``_check_length``.
+        ``context`` is counted with ``texts`` unless ``exact=False`` (Top-K, whose edit
+        may shorten it: there only the character bound applies to it).
+        """
+        window = self.max_length
+        if not window:
+            return
+        room = window - max_new_tokens
+        if room < 1:
+            raise ContextTooLongError(
+                f"max_new_tokens={max_new_tokens} leaves no room for the prompt in the model window of {window} tokens; "
+                "lower max_new_tokens."
+            )
+        per = max_token_chars(self.tokenizer)
+        chars = sum(len(t) for t in texts) + sum(len(d) for d in context)
+        if chars > room * per:
+            raise ContextTooLongError(
+                f"the input is {chars} characters: more than can fit the model window of {window} tokens with "
+                f"max_new_tokens={max_new_tokens} (a token of this tokenizer covers at most {per} characters, so at most "
+                f"{room * per} characters fit). Shorten the context (or retrieve fewer documents), or lower max_new_tokens."
+            )
+        counted = list(texts) + (list(context) if exact else [])
+        if sum(len(t) for t in counted) > 4 * room:
+            n = 0
+            for t in counted:
+                n += count_tokens_bounded(self.tokenizer, t, room - n)
+                if n > room:
+                    raise ContextTooLongError(
+                        f"the input is more than {room} tokens (counted until the limit): with max_new_tokens="
+                        f"{max_new_tokens} it cannot fit the model window of {window} tokens. Shorten the context "
+                        "(or retrieve fewer documents), or lower max_new_tokens."
+                    )
+
     def _prepare(self, context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens, options=None) -> PreparedCall:
         self._check_ready(method)
         options = resolve_options(method, options)  # bad settings fail before any work
-        cfg = config or self.config
+        cfg = self._check_config(config, method)
+        evidence = _check_evidence(evidence)
+        if evidence is not None and method != "oracle":
+            raise ValueError("evidence= is only used by method='oracle'")
+        docs = check_prompt_inputs(context, question, instruction=instruction, system=system, answer_prefix=answer_prefix)
+        check_template(template)
+        others = [question, instruction or "", system or "", answer_prefix or ""]
+        self._check_input_size(others, max_new_tokens, context=docs, exact=method != "topk")
         timings = Timings()
         edit = None
         details: dict[str, Any] = {}
         if method in ("topk", "reorder"):
-            if not isinstance(question, str) or not question.strip():
-                raise ValueError("question is empty: pass the question to answer")
             from .editing import edit_context
 
             t = time.perf_counter()
             edit = edit_context(
                 context, question, mode=method, reranker=reranker if reranker is not None else DEFAULT_RERANKER, k=k,
-                count_tokens=lambda s: len(self.tokenizer(s, add_special_tokens=False)["input_ids"]),
+                count_tokens=lambda s: count_plain(self.tokenizer, s),
             )
             timings.edit_s = time.perf_counter() - t
             context = edit.text
         elif method == "llmlingua-2":
-            if evidence is not None:
-                raise ValueError("evidence= is only used by method='oracle'")
             from .baselines.llmlingua import compress_context
 
             t = time.perf_counter()
@@ -575,8 +689,6 @@ class QGPM:
             timings.edit_s = time.perf_counter() - t
             details.update(original_tokens=edit.original_tokens, compressed_tokens=edit.compressed_tokens)
             context = edit.documents
-        elif evidence is not None and method != "oracle":
-            raise ValueError("evidence= is only used by method='oracle'")
         spec = PromptSpec(context=context, question=question, instruction=instruction, system=system, answer_prefix=answer_prefix, template=template)
         prompt = build_prompt(self.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail)
         self._check_length(prompt, max_new_tokens)
@@ -678,17 +790,17 @@ class QGPM:
         return out
 
     def _generate_kwargs(self, input_ids: torch.Tensor, max_new_tokens, temperature, top_p, stop, seed, extra) -> dict[str, Any]:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
+        extra = dict(extra)
         gen: dict[str, Any] = dict(max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids).to(self.device))
+        # generate() itself decodes greedily; sampling is done by _SeededSampler with a
+        # generator local to the call, so concurrent calls never share torch's global RNG
+        gen.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if temperature > 0:
-            gen.update(do_sample=True, temperature=temperature, top_p=top_p)
-            if seed is not None:
-                torch.manual_seed(seed)
-        else:
-            gen.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            sampler = _SeededSampler(temperature, top_p, seed, top_k=extra.pop("top_k", None), min_p=extra.pop("min_p", None))
+            from transformers import LogitsProcessorList
+
+            gen["logits_processor"] = LogitsProcessorList([*(extra.pop("logits_processor", None) or []), sampler])
         stops = [s for s in (stop or []) if s]
         if stops:
             gen.update(stop_strings=list(stops), tokenizer=self.tokenizer)
@@ -717,6 +829,101 @@ class QGPM:
         )
 
 
+def _check_generation_args(max_new_tokens: Any, temperature: Any, top_p: Any, stop: Any, seed: Any) -> list[str]:
+    """Check the decoding arguments (before any model work); return the stop strings as a list."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__} {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy decoding), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, (bytes, Mapping)) or not hasattr(stop, "__iter__"):
+        raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
+    stops = list(stop)
+    bad = [type(x).__name__ for x in stops if not isinstance(x, str)]
+    if bad:
+        raise TypeError(f"stop must be a string or a list of strings; it holds {', '.join(sorted(set(bad)))}")
+    return [x for x in stops if x]
+
+
+def _check_stream_kwargs(kwargs: dict[str, Any]) -> None:
+    _check_generation_args(
+        kwargs.get("max_new_tokens", 64), kwargs.get("temperature", 0.0), kwargs.get("top_p", 1.0), kwargs.get("stop"), kwargs.get("seed")
+    )
+
+
+def _check_evidence(evidence: Any) -> list[str] | None:
+    """Oracle evidence as a list of strings; a single string is one evidence item."""
+    if evidence is None:
+        return None
+    if isinstance(evidence, str):
+        return [evidence]
+    if isinstance(evidence, (bytes, Mapping)) or not hasattr(evidence, "__iter__"):
+        raise TypeError(f"evidence must be a string or a list of strings (exact substrings of the context), got {type(evidence).__name__}")
+    items = list(evidence)
+    for i, ev in enumerate(items):
+        if not isinstance(ev, str):
+            raise TypeError(f"evidence item {i} is {type(ev).__name__}, expected str (an exact substring of the context)")
+    return items
+
+
+class _SeededSampler:
+    """A logits processor that draws the next token with a generator local to the call.
+
+    ``generate()`` runs greedily with this processor last: it applies the sampling
+    warpers (temperature, top-k, top-p, min-p; the ``transformers`` classes), draws one
+    token per row with its own ``torch.Generator`` and leaves only that token
+    selectable. The generator is created and seeded on the first step, inside the
+    model lock; ``seed=None`` seeds it at random. No global RNG is read or changed, so
+    concurrent sampling calls with a seed are reproducible.
+    """
+
+    def __init__(self, temperature: float, top_p: float, seed: int | None, *, top_k: int | None = None, min_p: float | None = None) -> None:
+        from transformers import LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        warpers: list[Any] = []
+        if temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(float(temperature)))
+        if top_k:
+            warpers.append(TopKLogitsWarper(int(top_k)))
+        if top_p < 1.0:
+            warpers.append(TopPLogitsWarper(float(top_p)))
+        if min_p is not None:
+            warpers.append(MinPLogitsWarper(float(min_p)))
+        self.warpers = LogitsProcessorList(warpers)
+        self.seed = seed
+        self.generator: torch.Generator | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.generator is None:
+            self.generator = torch.Generator(device=scores.device)
+            if self.seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(int(self.seed))
+        warped = self.warpers(input_ids, scores)
+        probs = torch.softmax(warped.float(), dim=-1)
+        drawn = torch.multinomial(probs, num_samples=1, generator=self.generator)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, drawn, 0.0)
+
+
 def _cache_kwarg(fn) -> str:
     """``cache`` (transformers >= 5.2x) or ``past_key_values`` (older), whichever ``fn`` takes."""
     import inspect
@@ -734,19 +941,35 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
+class _StreamState:
+    """What an :class:`AnswerStream` shares with its generator (no reference back to the stream)."""
+
+    __slots__ = ("result",)
+
+    def __init__(self) -> None:
+        self.result: QGPMResult | None = None
+
+
 class AnswerStream:
     """Iterator of answer text pieces; ``result`` is set when the stream ends.
 
     Generation runs in a worker thread (transformers' ``TextIteratorStreamer``); an
-    exception there is re-raised here. Closing the stream early stops generation.
+    exception there is re-raised here. Use the stream as a context manager or call
+    :meth:`close` to stop early. The generator behind it holds no reference to the
+    stream, so a stream nobody holds any more (``break`` out of ``for piece in
+    engine.stream(...)``) is finalized at once: generation is cancelled, the worker is
+    joined and the model's position hooks are removed.
     """
 
     def __init__(self, engine: QGPM, context, question, kwargs: dict[str, Any], call: PreparedCall | None = None) -> None:
         self.engine = engine
-        self._args = (context, question, kwargs)
-        self._call = call
-        self.result: QGPMResult | None = None
-        self._gen = self._run()
+        self._state = _StreamState()
+        self._gen = _stream_pieces(engine, context, question, dict(kwargs), call, self._state)
+
+    @property
+    def result(self) -> QGPMResult | None:
+        """The full :class:`QGPMResult` once the stream is exhausted (``None`` before, or if closed early)."""
+        return self._state.result
 
     def __iter__(self) -> "AnswerStream":
         return self
@@ -755,75 +978,81 @@ class AnswerStream:
         return next(self._gen)
 
     def close(self) -> None:
+        """Stop generation now (waits at most one decoding step) and leave the model unpatched."""
         self._gen.close()
 
-    def _run(self) -> Iterator[str]:
-        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+    def __enter__(self) -> "AnswerStream":
+        return self
 
-        eng = self.engine
-        context, question, kw = self._args
-        kw = dict(kw)
-        method = kw.pop("method", "qgpm")
-        max_new_tokens = kw.pop("max_new_tokens", 64)
-        gen_args = {k: kw.pop(k) for k in ("temperature", "top_p", "stop", "seed") if k in kw}
-        prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "options")
-        prep = {k: kw.pop(k) for k in prep_keys if k in kw}
-        call = self._call or eng._prepare(
-            context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
-            prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", DEFAULT_K), prep.get("config"), max_new_tokens,
-            prep.get("options"),
-        )
-        stop = [s for s in (gen_args.get("stop") or []) if s]
-        gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
-        text_streamer = TextIteratorStreamer(eng.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=None)
-        timing = _TimingStreamer(text_streamer)
-        cancel = threading.Event()
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
-        class _Cancel(StoppingCriteria):
-            def __call__(self, input_ids, scores, **kwargs):
-                return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
 
-        crit = gen.pop("stopping_criteria", None) or StoppingCriteriaList()
-        crit.append(_Cancel())
-        errors: Queue = Queue()
-        out_holder: dict[str, torch.Tensor] = {}
+def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: PreparedCall | None, state: _StreamState) -> Iterator[str]:
+    """The generator behind :class:`AnswerStream` (a function, so it cannot reference the stream)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
-        def work() -> None:
-            try:
-                with apply_plan(eng.model, call.plan), torch.inference_mode():
-                    out_holder["ids"] = eng.model.generate(call.input_ids.to(eng.device), streamer=timing, stopping_criteria=crit, **gen)
-            except BaseException as exc:  # re-raised in the consumer
-                errors.put(exc)
-                text_streamer.end()
+    method = kw.pop("method", "qgpm")
+    max_new_tokens = kw.pop("max_new_tokens", 64)
+    gen_args = {k: kw.pop(k) for k in ("temperature", "top_p", "stop", "seed") if k in kw}
+    prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "options")
+    prep = {k: kw.pop(k) for k in prep_keys if k in kw}
+    stop = _check_generation_args(max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), gen_args.get("stop"), gen_args.get("seed"))
+    call = prepared or eng._prepare(
+        context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
+        prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", DEFAULT_K), prep.get("config"), max_new_tokens,
+        prep.get("options"),
+    )
+    gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
+    text_streamer = TextIteratorStreamer(eng.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=None)
+    timing = _TimingStreamer(text_streamer)
+    cancel = threading.Event()
 
-        t0 = time.perf_counter()
-        worker = threading.Thread(target=work, name="qgpm-generate", daemon=True)
+    class _Cancel(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    crit = gen.pop("stopping_criteria", None) or StoppingCriteriaList()
+    crit.append(_Cancel())
+    errors: Queue = Queue()
+    out_holder: dict[str, torch.Tensor] = {}
+
+    def work() -> None:
         try:
-            worker.start()
-            emitted = ""
-            full = ""
-            hold = max((len(s) for s in stop), default=1) - 1
-            for piece in text_streamer:
-                full += piece
-                visible, stopped = _cut_at_stop(full, stop)
-                if stopped:
-                    cancel.set()
-                else:
-                    visible = visible[: len(visible) - hold] if hold > 0 else visible
-                visible = visible.lstrip().rstrip()  # trailing whitespace waits for what follows
-                if len(visible) > len(emitted) and visible.startswith(emitted):
-                    yield visible[len(emitted) :]
-                    emitted = visible
+            with apply_plan(eng.model, call.plan), torch.inference_mode():
+                out_holder["ids"] = eng.model.generate(call.input_ids.to(eng.device), streamer=timing, stopping_criteria=crit, **gen)
+        except BaseException as exc:  # re-raised in the consumer
+            errors.put(exc)
+            text_streamer.end()
+
+    t0 = time.perf_counter()
+    worker = threading.Thread(target=work, name="qgpm-generate", daemon=True)
+    try:
+        worker.start()
+        emitted = ""
+        full = ""
+        hold = max((len(s) for s in stop), default=1) - 1
+        for piece in text_streamer:
+            full += piece
+            visible, stopped = _cut_at_stop(full, stop)
+            if stopped:
+                cancel.set()
+            else:
+                visible = visible[: len(visible) - hold] if hold > 0 else visible
+            visible = visible.lstrip().rstrip()  # trailing whitespace waits for what follows
+            if len(visible) > len(emitted) and visible.startswith(emitted):
+                yield visible[len(emitted) :]
+                emitted = visible
+        worker.join()
+        if not errors.empty():
+            raise errors.get()
+        t1 = time.perf_counter()
+        ids = out_holder["ids"][0, call.num_tokens :].tolist()
+        text, reason = eng._finish_text(ids, stop, max_new_tokens)
+        if text.startswith(emitted) and len(text) > len(emitted):
+            yield text[len(emitted) :]
+        state.result = eng._result(call, text, reason, len(ids), t0, timing.first_token_at, t1)
+    finally:
+        cancel.set()
+        if worker.ident is not None:
             worker.join()
-            if not errors.empty():
-                raise errors.get()
-            t1 = time.perf_counter()
-            ids = out_holder["ids"][0, call.num_tokens :].tolist()
-            text, reason = eng._finish_text(ids, stop, max_new_tokens)
-            if text.startswith(emitted) and len(text) > len(emitted):
-                yield text[len(emitted) :]
-            self.result = eng._result(call, text, reason, len(ids), t0, timing.first_token_at, t1)
-        finally:
-            cancel.set()
-            if worker.is_alive() or worker.ident is not None:
-                worker.join()

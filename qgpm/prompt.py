@@ -6,19 +6,38 @@ answer prefix is appended after the assistant header. Every role's character spa
 the final prompt is tracked, then mapped to tokens through the tokenizer's offsets:
 
 text -> role spans -> tokens -> (per token) sentence index, query-row flag, newline flag.
+
+Caller text is data: special-token strings inside the context, question, instruction,
+system prompt or answer prefix are tokenized as plain text, never as control tokens
+(:func:`qgpm.tokens.encode_prompt`); only the chat template's own control tokens are.
 """
 
 from __future__ import annotations
 
+import re
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from .segment import Sentence, assign_tokens_to_sentences, split_documents
+from .tokens import encode_prompt
 
-__all__ = ["PromptSpec", "Prompt", "build_prompt", "DEFAULT_TEMPLATE", "DEFAULT_INSTRUCTION", "PromptError"]
+__all__ = [
+    "PromptSpec",
+    "Prompt",
+    "build_prompt",
+    "render_chat",
+    "check_prompt_inputs",
+    "check_template",
+    "has_visible_text",
+    "DEFAULT_TEMPLATE",
+    "DEFAULT_INSTRUCTION",
+    "PromptError",
+    "EmptyContextError",
+]
 
 DEFAULT_TEMPLATE = "{instruction}\n\n{context}\n\n{question}"
 DEFAULT_INSTRUCTION = "Answer the question using the text below."
@@ -27,6 +46,87 @@ _FIELDS = ("instruction", "context", "question")
 
 class PromptError(ValueError):
     """The prompt parts are unusable (empty question, bad template, ...)."""
+
+
+class EmptyContextError(PromptError):
+    """The context holds no text to answer from (nothing given, or nothing retrieved)."""
+
+
+# Characters that show nothing: whitespace, control characters, zero-width and other
+# invisible format characters (Unicode Cf), variation selectors and blank fillers.
+_INVISIBLE = (
+    r"\s\x00-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+    r"\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb"
+    r"\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+)
+_VISIBLE = re.compile(f"[^{_INVISIBLE}]")
+
+
+def has_visible_text(text: str) -> bool:
+    """Whether ``text`` holds a character that shows (not whitespace, control or zero-width)."""
+    return _VISIBLE.search(text) is not None
+
+
+def _type_name(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def check_prompt_inputs(
+    context: Any,
+    question: Any,
+    *,
+    instruction: Any = None,
+    system: Any = None,
+    answer_prefix: Any = None,
+    check_empty: bool = True,
+) -> list[str]:
+    """Validate the caller's prompt parts; return the context as a list of documents.
+
+    Raises :class:`PromptError` naming the problem: a context that is ``None``, bytes,
+    not a string or list of strings, empty, or made only of invisible characters
+    (:class:`EmptyContextError` for the last two); a question that is not a string or
+    is empty; an instruction / system prompt / answer prefix that is not a string.
+    ``check_empty=False`` checks only the types (for a size check that must come first).
+    """
+    if context is None:
+        raise PromptError("context is None: pass the text to answer from (a string or a list of document strings)")
+    if isinstance(context, (bytes, bytearray, memoryview)):
+        raise PromptError(f"context is {type(context).__name__}, not text: decode it first, e.g. context.decode('utf-8')")
+    if isinstance(context, str):
+        docs = [context]
+    elif isinstance(context, Mapping) or not hasattr(context, "__iter__"):
+        raise PromptError(f"context must be a string or a list of document strings, got {_type_name(context)}")
+    else:
+        docs = list(context)
+        for i, d in enumerate(docs):
+            if isinstance(d, (bytes, bytearray)):
+                raise PromptError(f"context item {i} is {type(d).__name__}, not text: decode it first, e.g. .decode('utf-8')")
+            if not isinstance(d, str):
+                raise PromptError(f"context item {i} is {_type_name(d)}, expected str (the text of one document)")
+    if question is None:
+        raise PromptError("question is None: pass the question to answer")
+    if isinstance(question, (bytes, bytearray)):
+        raise PromptError(f"question is {type(question).__name__}, not text: decode it first, e.g. question.decode('utf-8')")
+    if not isinstance(question, str):
+        raise PromptError(f"question must be a string, got {_type_name(question)}")
+    for name, value in (("instruction", instruction), ("system", system), ("answer_prefix", answer_prefix)):
+        if value is not None and not isinstance(value, str):
+            raise PromptError(f"{name} must be a string or None, got {_type_name(value)}")
+    if not check_empty:
+        return docs
+    # (visible-text search stops at the first visible character: no copy of a long text)
+    if not any(has_visible_text(d) for d in docs):
+        if not any(d.strip() for d in docs):
+            raise EmptyContextError("context is empty: pass the text (or a non-empty list of documents) to answer from")
+        raise EmptyContextError(
+            "context has no visible text: it holds only whitespace and zero-width or other invisible characters "
+            "(e.g. U+200B); pass the document text to answer from"
+        )
+    if not has_visible_text(question):
+        if not question.strip():
+            raise PromptError("question is empty: pass the question to answer")
+        raise PromptError("question has no visible text (only whitespace and zero-width or invisible characters)")
+    return docs
 
 
 @dataclass(frozen=True)
@@ -79,10 +179,14 @@ class Prompt:
         return [i for i, (s, e) in enumerate(self.offsets) if s < b and max(e, s + 1) > a]
 
 
-def _render_user(template: str, parts: dict[str, str]) -> tuple[str, dict[str, tuple[int, int]]]:
-    """Render ``template`` and return the text with the char span of each field."""
+def _render_user(template: str, parts: dict[str, str]) -> tuple[str, dict[str, tuple[int, int]], list[tuple[int, int]]]:
+    """Render ``template``; return the text, the char span of each field (its first
+    occurrence) and the spans of every field occurrence (caller text)."""
+    if not isinstance(template, str):
+        raise PromptError(f"template must be a string, got {_type_name(template)}")
     out: list[str] = []
     spans: dict[str, tuple[int, int]] = {}
+    every: list[tuple[int, int]] = []
     pos = 0
     try:
         parsed = list(string.Formatter().parse(template))
@@ -101,31 +205,95 @@ def _render_user(template: str, parts: dict[str, str]) -> tuple[str, dict[str, t
         seen.add(name)
         value = parts[name]
         spans.setdefault(name, (pos, pos + len(value)))
+        every.append((pos, pos + len(value)))
         out.append(value)
         pos += len(value)
     for required in ("context", "question"):
         if required not in seen:
             raise PromptError(f"template must contain {{{required}}}: {template!r}")
-    return "".join(out), spans
+    return "".join(out), spans, every
+
+
+def check_template(template: Any) -> None:
+    """Raise :class:`PromptError` unless ``template`` is a usable user-message template."""
+    _render_user(template, {"instruction": "", "context": "", "question": ""})
+
+
+_MARK = "\ue000qgpm-message-{}\ue001"
+_MARK_RE = re.compile("\ue000qgpm-message-(\\d+)\ue001")
+
+
+def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[int, int]] | None]:
+    """The chat template applied to ``messages`` (with the generation prompt), and the
+    char span of each message's content in it (``None`` where they cannot be located).
+
+    Spans come from a second rendering with a marker in place of each content: when
+    putting the contents back into it gives the real rendering, the spans are exact.
+    Otherwise (the template changes the content, e.g. trims it) they are searched for.
+    """
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    contents = [m["content"] for m in messages]
+    try:
+        skeleton = tokenizer.apply_chat_template(
+            [dict(m, content=_MARK.format(i)) for i, m in enumerate(messages)], tokenize=False, add_generation_prompt=True
+        )
+    except Exception:  # a template that inspects the content: fall back to searching
+        skeleton = None
+    if skeleton is not None:
+        out: list[str] = []
+        spans: list[tuple[int, int] | None] = [None] * len(contents)
+        pos = last = 0
+        for m in _MARK_RE.finditer(skeleton):
+            piece = skeleton[last : m.start()]
+            out.append(piece)
+            pos += len(piece)
+            i = int(m.group(1))
+            value = contents[i] if i < len(contents) else ""
+            if i < len(contents) and spans[i] is None:
+                spans[i] = (pos, pos + len(value))
+            out.append(value)
+            pos += len(value)
+            last = m.end()
+        out.append(skeleton[last:])
+        if "".join(out) == text and all(sp is not None or not c for sp, c in zip(spans, contents)):
+            return text, [sp if sp is not None else (0, 0) for sp in spans]
+    found = _find_in_order(text, contents)
+    return text, found
+
+
+def _find_in_order(text: str, parts: Sequence[str]) -> list[tuple[int, int]] | None:
+    spans = []
+    pos = 0
+    for part in parts:
+        if not part.strip():
+            spans.append((pos, pos))
+            continue
+        at = text.find(part, pos)
+        if at < 0:
+            part = part.strip()
+            at = text.find(part, pos)
+        if at < 0:
+            return None
+        spans.append((at, at + len(part)))
+        pos = at + len(part)
+    return spans
 
 
 def build_prompt(tokenizer, spec: PromptSpec, *, max_sentence_chars: int = 600, query_tail: int | None = None) -> Prompt:
     """Assemble, tokenize and annotate a prompt.
 
-    Raises :class:`PromptError` for an empty context or question.
+    Raises :class:`PromptError` for an unusable context or question (see
+    :func:`check_prompt_inputs`). Special-token strings in the caller's text are
+    tokenized as plain text.
     """
-    docs = [spec.context] if isinstance(spec.context, str) else list(spec.context)
-    if not docs or not any(isinstance(d, str) and d.strip() for d in docs):
-        raise PromptError("context is empty: pass the text (or a non-empty list of documents) to answer from")
-    if not isinstance(spec.question, str) or not spec.question.strip():
-        raise PromptError("question is empty: pass the question to answer")
+    docs = check_prompt_inputs(spec.context, spec.question, instruction=spec.instruction, system=spec.system, answer_prefix=spec.answer_prefix)
     context_text, sentences, doc_spans = split_documents(docs, spec.document_separator, max_chars=max_sentence_chars)
 
     template = spec.template
     instruction = spec.instruction if spec.instruction is not None else DEFAULT_INSTRUCTION
     if not instruction and template == DEFAULT_TEMPLATE:
         template = "{context}\n\n{question}"
-    user, spans = _render_user(template, {"instruction": instruction, "context": context_text, "question": spec.question.strip()})
+    user, spans, field_spans = _render_user(template, {"instruction": instruction, "context": context_text, "question": spec.question.strip()})
 
     prefix = spec.answer_prefix or ""
     if getattr(tokenizer, "chat_template", None):
@@ -133,29 +301,32 @@ def build_prompt(tokenizer, spec: PromptSpec, *, max_sentence_chars: int = 600, 
         if spec.system:
             messages.append({"role": "system", "content": spec.system})
         messages.append({"role": "user", "content": user})
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        where = rendered.find(user)
+        rendered, located = render_chat(tokenizer, messages)
+        where = located[-1][0] if located is not None and rendered[located[-1][0] : located[-1][1]] == user else -1
         if where < 0:
             raise PromptError(
                 "the model's chat template changed the user message (e.g. stripped it), so role spans "
                 "cannot be located; strip surrounding whitespace from the context/question"
             )
+        system_span = located[0] if spec.system else None
         head = rendered
         add_special = False
     else:
         head = (spec.system + "\n\n" if spec.system else "") + user + "\n\n"
         where = len(spec.system) + 2 if spec.system else 0
+        system_span = (0, len(spec.system)) if spec.system else None
         add_special = True
     text = head + prefix
     role_spans = {k: (a + where, b + where) for k, (a, b) in spans.items()}
-    if spec.system:
-        s = text.find(spec.system)
-        role_spans["system"] = (s, s + len(spec.system))
+    if system_span is not None:
+        role_spans["system"] = system_span
     role_spans["answer_prefix"] = (len(head), len(text))
+    # caller text: every field of the user message, the system prompt, the answer prefix
+    protected = [(a + where, b + where) for a, b in field_spans] + [role_spans["answer_prefix"]]
+    if system_span is not None:
+        protected.append(system_span)
 
-    enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
-    ids = enc["input_ids"]
-    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    ids, offsets = encode_prompt(tokenizer, text, protected, add_special_tokens=add_special)
     c0, c1 = role_spans["context"]
     starts = []
     for s, e in offsets:

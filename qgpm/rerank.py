@@ -311,8 +311,14 @@ class LLMJudgeReranker:
 
         self.load()
         tok, model = self._tokenizer, self._model
-        before, after = self.prompt_parts(query.strip())
-        pre = tok.encode(before, add_special_tokens=False)
+        query = query.strip()
+        before, after = self.prompt_parts(query)
+        # the query and the passages are data: special-token strings in them stay text
+        from .tokens import encode_prompt, plain_backend
+
+        at = before.rfind(f"<Query>: {query}\n")
+        protected = [(at + len("<Query>: "), at + len("<Query>: ") + len(query))] if at >= 0 else []
+        pre, _ = encode_prompt(tok, before, protected)
         suf = tok.encode(after, add_special_tokens=False)
         budget = self.max_length - len(pre) - len(suf)
         if budget < 1:
@@ -320,7 +326,7 @@ class LLMJudgeReranker:
                 f"query too long for the judge: the prompt without the passage takes {len(pre) + len(suf)} "
                 f"tokens, max_length is {self.max_length}"
             )
-        docs = tok([" " + p for p in passages], add_special_tokens=False)["input_ids"]
+        docs = [list(e.ids) for e in plain_backend(tok).encode_batch([" " + p for p in passages], add_special_tokens=False)]
         seqs = [pre + d[:budget] + suf for d in docs]
 
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -296,3 +297,118 @@ def test_flat_relevance_fallback_is_logged_and_vanilla(tiny, caplog):
     with caplog.at_level(logging.WARNING, logger="qgpm"):
         normal = tiny.answer(ctx, QUESTION, method="qgpm", max_new_tokens=6)
     assert normal.details["flat_relevance"] is False and not any("flat" in r.getMessage() for r in caplog.records)
+
+
+# ----------------------------------------------------------------------------- abandoned streams
+class StepCounter:
+    """A stopping criterion that counts decoding steps (never stops)."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def __call__(self, input_ids, scores, **kw):
+        self.steps += 1
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def _lock_free(model) -> bool:
+    from qgpm.runtime import model_lock
+
+    lock = model_lock(model)
+    if lock.acquire(blocking=False):
+        lock.release()
+        return True
+    return False
+
+
+def test_break_out_of_a_stream_stops_generation_and_removes_hooks(tiny):
+    """No close(): the dropped stream is finalized at once (it is in no reference cycle)."""
+    import gc
+
+    from transformers import StoppingCriteriaList
+
+    counter = StepCounter()
+    for piece in tiny.stream(needle_context(), QUESTION, method="qgpm", max_new_tokens=500,
+                             stopping_criteria=StoppingCriteriaList([counter])):
+        break
+    gc.collect()
+    assert no_hooks(tiny.model)
+    assert _lock_free(tiny.model), "generation still runs after the consumer went away"
+    assert counter.steps < 100, f"generation ran {counter.steps} steps after the consumer left"
+
+
+def test_dropped_stream_needs_no_garbage_collector(tiny):
+    import gc
+    import weakref
+
+    from transformers import StoppingCriteriaList
+
+    counter = StepCounter()
+    gc.disable()
+    try:
+        stream = tiny.stream(needle_context(), QUESTION, method="qgpm", max_new_tokens=500,
+                             stopping_criteria=StoppingCriteriaList([counter]))
+        next(stream)
+        ref = weakref.ref(stream)
+        del stream
+        assert ref() is None, "the stream is kept alive by a reference cycle"
+        assert no_hooks(tiny.model) and _lock_free(tiny.model)
+    finally:
+        gc.enable()
+    assert counter.steps < 100
+
+
+def test_stream_is_a_context_manager(tiny):
+    full = tiny.answer(needle_context(), QUESTION, method="qgpm", max_new_tokens=6)
+    with tiny.stream(needle_context(), QUESTION, method="qgpm", max_new_tokens=6) as stream:
+        assert "".join(stream) == full.text
+    assert stream.result.text == full.text
+    with tiny.stream(needle_context(), QUESTION, method="qgpm", max_new_tokens=500) as stream:
+        next(stream)
+    assert no_hooks(tiny.model) and _lock_free(tiny.model)
+    assert stream.result is None  # closed early: no final result
+    with tiny.stream_chat([{"role": "user", "content": QUESTION}], max_new_tokens=500) as chat:
+        next(chat)
+    assert _lock_free(tiny.model)
+
+
+# ----------------------------------------------------------------------------- seeded sampling
+def test_seeded_sampling_is_reproducible_under_concurrent_calls(tiny):
+    """seed= draws from a generator local to the call: other threads (sampling, or using
+    torch's global RNG) cannot change the answer, and the global RNG is left alone."""
+    ctx = needle_context(12, 4)
+    kw = dict(method="vanilla", max_new_tokens=8, temperature=1.5)
+    ref = tiny.answer(ctx, QUESTION, seed=123, **kw).text
+    assert tiny.answer(ctx, QUESTION, seed=123, **kw).text == ref
+    assert tiny.answer(ctx, QUESTION, seed=124, **kw).text != ref  # the seed matters
+    state = torch.get_rng_state()
+    tiny.answer(ctx, QUESTION, seed=5, **kw)
+    assert torch.equal(torch.get_rng_state(), state), "seed= changed torch's global RNG"
+
+    got, errors = [], []
+    stop = threading.Event()
+
+    def sample():
+        try:
+            for _ in range(3):
+                got.append(tiny.answer(ctx, QUESTION, seed=123, **kw).text)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def noise():  # another user of the global RNG, and unseeded sampling calls
+        while not stop.is_set():
+            torch.manual_seed(int(time.time_ns() % 1000))
+            torch.rand(8)
+            tiny.answer(ctx, QUESTION, **kw)
+
+    noisy = threading.Thread(target=noise)
+    workers = [threading.Thread(target=sample) for _ in range(3)]
+    noisy.start()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    stop.set()
+    noisy.join()
+    assert not errors
+    assert got == [ref] * 9

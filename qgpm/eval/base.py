@@ -137,9 +137,18 @@ def render_prompt(tokenizer: Any, user_message: str, answer_prefix: str = "") ->
 
 
 def count_prompt_tokens(tokenizer: Any, user_message: str, answer_prefix: str = "") -> int:
-    """Tokens of :func:`render_prompt` (the chat template already holds the special tokens)."""
-    text = render_prompt(tokenizer, user_message, answer_prefix)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    """Tokens of :func:`render_prompt` (the chat template already holds the special tokens).
+
+    Counted as the engine tokenizes the prompt: special-token strings inside the user
+    message or the answer prefix are plain text (:func:`qgpm.tokens.encode_prompt`).
+    """
+    from ..prompt import render_chat
+    from ..tokens import encode_prompt
+
+    head, spans = render_chat(tokenizer, [{"role": "user", "content": user_message}])
+    protected = list(spans or []) + [(len(head), len(head) + len(answer_prefix or ""))]
+    ids, _ = encode_prompt(tokenizer, head + (answer_prefix or ""), protected)
+    return len(ids)
 
 
 class BudgetError(ValueError):

@@ -2,7 +2,7 @@
 
 * :class:`QGPMChatModel` -- a ``BaseChatModel`` answering with QGPM (or the vanilla /
   oracle / topk / reorder baselines) over a local model; a plain chat model when no
-  context is given.
+  context is marked (with a warning), :data:`NO_CONTEXT_REPLY` when the context is empty.
 * :func:`qgpm_prompt`, :class:`QGPMPromptTemplate`, :func:`format_documents` -- mark the
   context and question of an ordinary LCEL RAG chain for QGPM.
 * :class:`QGPMTopKCompressor`, :class:`QGPMReorder` -- reranker-based document
@@ -13,7 +13,7 @@
 Needs ``langchain-core`` (``pip install qgpm[langchain]``).
 """
 
-from .chat_models import QGPM_METHODS, QGPMChatModel, clear_engine_cache
+from .chat_models import NO_CONTEXT_REPLY, QGPM_METHODS, QGPMChatModel, clear_engine_cache
 from .compressors import QGPMReorder, QGPMTopKCompressor, score_documents
 from .embeddings import MiniLMEmbeddings, bundled_embeddings
 from .prompts import (
@@ -32,6 +32,7 @@ from .prompts import (
 __all__ = [
     "QGPMChatModel",
     "QGPM_METHODS",
+    "NO_CONTEXT_REPLY",
     "clear_engine_cache",
     "QGPMTopKCompressor",
     "QGPMReorder",

@@ -11,8 +11,17 @@ How the context reaches the model (two ways, usable in any LCEL chain):
    strings / ``Document`` objects; ``question`` defaults to the text of the last human
    message.
 
-Without any context the model is an ordinary local chat model (standard RoPE over the
-model's chat template) and says so: ``response_metadata["qgpm"]["mode"] == "plain"``.
+Without any context marking (no marked block, no ``context=``) the model is an
+ordinary local chat model (standard RoPE over the model's chat template) and says so:
+``response_metadata["qgpm"]["mode"] == "plain"``, and the first such call of a model
+instance logs a warning (logger ``qgpm.langchain``) saying how to mark the context.
+
+An *empty* context (``context=[]``, ``context=""``, a marked prompt whose context is
+empty, e.g. a retriever that found nothing) is never answered from nothing: by default
+the reply is :data:`NO_CONTEXT_REPLY` without running the model
+(``response_metadata["qgpm"]["mode"] == "empty_context"``); with
+``on_empty_context="raise"`` the call raises :class:`qgpm.EmptyContextError`.
+
 With context, ``response_metadata["qgpm"]`` holds ``mode == "context"``, the method,
 the top sentences of the relevance ranking with their scores, and timings.
 """
@@ -20,6 +29,7 @@ the top sentences of the relevance ranking with their scores, and timings.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -47,7 +57,22 @@ from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_M
 from .._common import check_generate_kwargs, check_heads, check_model_args, device_map_for, is_loaded_model
 from .prompts import CONTEXT_ROLE, QGPM_ROLE_KEY, QUESTION_ROLE, document_texts
 
-__all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache"]
+__all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
+
+logger = logging.getLogger("qgpm.langchain")
+
+NO_CONTEXT_REPLY = "I found no context to answer from: no documents were retrieved for this question."
+"""The reply to a call whose context is empty (``on_empty_context="reply"``, the default).
+
+The model is not run: an empty retrieval result is visible as this fixed text (and as
+``response_metadata["qgpm"]["mode"] == "empty_context"``), never as a made-up answer."""
+
+UNMARKED_WARNING = (
+    "QGPMChatModel got a prompt with no QGPM context marking and no context= argument, so it answers as a plain "
+    "chat model without QGPM (response_metadata['qgpm']['mode'] == 'plain'). To answer over documents with QGPM, "
+    "build the prompt with qgpm_prompt() (or mark its blocks with context_block() / question_block()), or pass "
+    "context=docs (and question=...) to invoke() or bind(). Logged once per model instance."
+)
 
 QGPM_METHODS: tuple[str, ...] = METHODS
 """The methods a call may use (``qgpm.defaults.METHODS``)."""
@@ -58,9 +83,10 @@ _CALL_KWARGS = frozenset(
     {
         "context", "question", "method", "evidence", "system", "instruction", "answer_prefix",
         "reranker", "k", "qgpm_config", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed",
-        "explain_k", "model", "timeout", "stream", "options",
+        "explain_k", "model", "timeout", "stream", "options", "on_empty_context",
     }
 )
+_EMPTY_POLICIES = ("reply", "raise")
 
 # generate arguments that have a field of their own on QGPMChatModel
 _GENERATE_FIELDS = {
@@ -181,7 +207,7 @@ def _history_text(messages: Sequence[BaseMessage]) -> str:
 class _Request:
     """What one call asks of the engine."""
 
-    mode: Literal["plain", "context"]
+    mode: Literal["plain", "context", "empty_context"]
     messages: list[dict[str, str]] = field(default_factory=list)  # plain mode
     context: list[str] = field(default_factory=list)
     question: str = ""
@@ -239,10 +265,9 @@ def _build_request(messages: Sequence[BaseMessage], kw: dict[str, Any]) -> _Requ
             "the last human message when you pass context=..."
         )
     if not context:
-        plain = _plain_messages([m for m in messages if _role(m) == "system"])
-        plain.append({"role": "user", "content": question.strip()})
-        return _Request(mode="plain", messages=plain, question=question.strip(), source=source,
-                        reason="the marked context is empty (no documents)")
+        what = "context= is empty" if source == "kwargs" else "the marked context is empty"
+        return _Request(mode="empty_context", question=question.strip(), source=source,
+                        reason=f"{what} (no documents, e.g. the retriever found nothing)")
     # Other turns (usually earlier ones) go into the instruction as conversation text.
     history = [m for i, m in enumerate(messages) if i != pivot and _role(m) != "system"]
     hist = _history_text(history)
@@ -277,6 +302,13 @@ def _marked_parts(msg: BaseMessage) -> tuple[list[str], str, str | None]:
     return ctx, "\n".join(t.strip() for t in other if t.strip()), None
 
 
+def _no_context_result() -> Any:
+    """The result of a call with an empty context: the fixed reply, no model run."""
+    from qgpm import QGPMResult
+
+    return QGPMResult(text=NO_CONTEXT_REPLY, method="none", finish_reason="stop", details={"empty_context": True})
+
+
 # --------------------------------------------------------------------------- the chat model
 
 
@@ -307,8 +339,11 @@ class QGPMChatModel(BaseChatModel):
     ``reranker`` / ``k`` (topk, reorder), ``options`` (the baselines string, ms-poe,
     self-extend, llmlingua-2: ``qgpm.StringOptions`` etc.), ``system``, ``instruction``,
     ``answer_prefix``, ``qgpm_config``, ``max_tokens``, ``temperature``, ``top_p``,
-    ``seed``, ``explain_k``, ``model``, ``timeout``. Without context it is a plain chat
-    model. Unknown constructor or call arguments raise.
+    ``seed``, ``explain_k``, ``model``, ``timeout``, ``on_empty_context``. Without
+    any context marking it is a plain chat model (and logs a warning once per
+    instance). An empty context gets :data:`NO_CONTEXT_REPLY` (``on_empty_context=
+    "reply"``, the default) or raises :class:`qgpm.EmptyContextError` (``"raise"``).
+    Unknown constructor or call arguments raise.
 
     Example:
         >>> llm = QGPMChatModel.from_model_id("Qwen/Qwen2.5-7B-Instruct",
@@ -350,9 +385,14 @@ class QGPMChatModel(BaseChatModel):
     k: int = Field(default=DEFAULT_K, ge=1, description="Chunks kept by method='topk'.")
     explain_k: int = Field(default=5, ge=0, description="Top sentences reported in response_metadata['qgpm'].")
     streaming: bool = False
+    on_empty_context: Literal["reply", "raise"] = Field(
+        default="reply",
+        description="Empty context (nothing retrieved): 'reply' with NO_CONTEXT_REPLY without running the model, or 'raise' qgpm.EmptyContextError.",
+    )
 
     _engine: Any = PrivateAttr(default=None)
     _load_kwargs: dict = PrivateAttr(default_factory=dict)
+    _warned_unmarked: bool = PrivateAttr(default=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -491,12 +531,48 @@ class QGPMChatModel(BaseChatModel):
             return None
         return _model_key(self.model)
 
+    def _tokenizer(self) -> Any:
+        """The model's tokenizer, without loading the weights when no engine is loaded yet."""
+        if self.engine is not None:
+            return self.engine.tokenizer
+        if self._engine is not None:
+            return self._engine.tokenizer
+        from qgpm.loading import load_tokenizer, resolve_source
+
+        return load_tokenizer(resolve_source(None if _model_key(self.model) == "smollm2" else self.model))
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` under the model's own tokenizer (as plain text, as QGPM sends it).
+
+        ``custom_get_token_ids`` still takes precedence; LangChain's GPT-2 fallback is never used.
+        """
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        from qgpm.tokens import encode_plain
+
+        return encode_plain(self._tokenizer(), text)
+
     # ------------------------------------------------------------------ call plumbing
     def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, _Request, dict[str, Any], dict[str, Any]]:
         unknown = set(kwargs) - _CALL_KWARGS
         if unknown:
             raise TypeError(f"QGPMChatModel got unexpected keyword arguments {sorted(unknown)}; allowed: {sorted(_CALL_KWARGS)}")
+        policy = kwargs.get("on_empty_context", self.on_empty_context)
+        if policy not in _EMPTY_POLICIES:
+            raise ValueError(f"on_empty_context must be one of {_EMPTY_POLICIES}, got {policy!r}")
         req = _build_request(messages, kwargs)
+        if req.mode == "empty_context":
+            if policy == "raise":
+                from qgpm import EmptyContextError
+
+                raise EmptyContextError(
+                    f"QGPMChatModel: {req.reason}; there is nothing to answer from. Check the retriever, or use "
+                    f"on_empty_context='reply' to get the fixed reply {NO_CONTEXT_REPLY!r} instead."
+                )
+            return None, req, {}, {}
+        if req.mode == "plain" and not self._warned_unmarked:
+            self._warned_unmarked = True
+            logger.warning(UNMARKED_WARNING)
         engine = self.get_engine(kwargs.get("model"))
         max_tokens = int(kwargs.get("max_tokens", kwargs.get("max_new_tokens", self.max_tokens)))
         stops = [s for s in (stop if stop is not None else []) if s] + [s for s in (self.stop or []) if s]
@@ -541,6 +617,8 @@ class QGPMChatModel(BaseChatModel):
         info: dict[str, Any] = {"mode": req.mode}
         if req.mode == "plain":
             info["reason"] = req.reason
+        elif req.mode == "empty_context":
+            info.update(reason=req.reason, source=req.source, documents=0, question=req.question)
         else:
             info.update(
                 method=result.method,
@@ -570,7 +648,7 @@ class QGPMChatModel(BaseChatModel):
             "pass1_s": round(t.pass1_s, 4), "edit_s": round(t.edit_s, 4), "decode_s": round(t.decode_s, 4),
         }
         meta = {
-            "model_name": str(engine.name),
+            "model_name": str(engine.name) if engine is not None else self.model_name,
             "method": result.method,
             "finish_reason": result.finish_reason,
             "qgpm": info,
@@ -591,7 +669,9 @@ class QGPMChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         engine, req, gen, call = self._plan(messages, stop, kwargs)
-        if req.mode == "plain":
+        if req.mode == "empty_context":
+            result = _no_context_result()
+        elif req.mode == "plain":
             result = engine.chat(req.messages, **gen)
         else:
             result = engine.answer(req.context, req.question, **call, **gen)
@@ -607,6 +687,15 @@ class QGPMChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         engine, req, gen, call = self._plan(messages, stop, kwargs)
+        if req.mode == "empty_context":
+            result = _no_context_result()
+            meta, usage = self._metadata(engine, req, result, kwargs)
+            yield ChatGenerationChunk(message=AIMessageChunk(content=result.text))
+            yield ChatGenerationChunk(
+                message=AIMessageChunk(content="", response_metadata=meta, usage_metadata=usage, chunk_position="last"),
+                generation_info={"finish_reason": result.finish_reason},
+            )
+            return
         if req.mode == "plain":
             stream = engine.stream_chat(req.messages, **gen)
         else:

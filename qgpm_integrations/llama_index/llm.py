@@ -72,6 +72,7 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from qgpm import QGPM, QGPMResult
 from qgpm.baselines import resolve_options
+from qgpm.tokens import encode_plain
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_RERANKER, METHODS
 
 from .._common import check_generate_kwargs, check_heads, check_model_args, is_loaded_model
@@ -105,6 +106,13 @@ _GENERATE_FIELDS = {"max_new_tokens": "max_new_tokens", "max_tokens": "max_new_t
                     "top_p": "top_p", "seed": "seed", "stop": "stop"}
 
 
+def _plain_ids(tok: Any, text: str) -> list[int]:
+    """Token ids of ``text`` as plain text, as QGPM tokenizes retrieved text (special-token strings are text)."""
+    if hasattr(tok, "backend_tokenizer"):
+        return encode_plain(tok, text)
+    return tok(text, add_special_tokens=False, verbose=False)["input_ids"]  # a non-HF tokenizer (test stand-ins)
+
+
 def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
     """Make LlamaIndex count tokens with ``engine``'s own tokenizer.
 
@@ -121,7 +129,7 @@ def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
     tok = engine.tokenizer
 
     def encode(text: str) -> list[int]:
-        return tok(text, add_special_tokens=False, verbose=False)["input_ids"]
+        return _plain_ids(tok, text)
 
     Settings.tokenizer = encode
     return True
@@ -294,8 +302,8 @@ class QGPMLLM(LLM):
             return self._last
 
     def count_tokens(self, text: str) -> int:
-        """Tokens of ``text`` under the model's tokenizer."""
-        return len(self._engine.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+        """Tokens of ``text`` under the model's tokenizer (special-token strings count as text, as QGPM sends them)."""
+        return len(_plain_ids(self._engine.tokenizer, text))
 
     # ------------------------------------------------------------------ prompt parsing
     def _qgpm_parts(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> Optional[dict[str, Any]]:

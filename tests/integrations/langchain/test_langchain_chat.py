@@ -11,7 +11,7 @@ from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnablePassthrough
 
-from qgpm_integrations.langchain import QGPMChatModel, format_documents, qgpm_prompt
+from qgpm_integrations.langchain import NO_CONTEXT_REPLY, QGPMChatModel, format_documents, qgpm_prompt
 from qgpm_lc_support import lc_heads
 
 USES_REAL_MODEL = True
@@ -197,8 +197,8 @@ async def test_abatch_and_async_chain(lc_engine):
     llm = QGPMChatModel(engine=lc_engine, max_tokens=6)
     chain = qgpm_prompt() | llm
     out = await chain.abatch([{"context": DOCS, "question": QUESTION}, {"context": [], "question": QUESTION}])
-    assert [m.response_metadata["qgpm"]["mode"] for m in out] == ["context", "plain"]
-    assert all(m.content for m in out)
+    assert [m.response_metadata["qgpm"]["mode"] for m in out] == ["context", "empty_context"]
+    assert out[0].content and out[1].content == NO_CONTEXT_REPLY
 
 
 @pytest.mark.asyncio
@@ -252,9 +252,10 @@ def test_no_context_is_plain_mode_and_says_so(llm):
     assert "top_sentences" not in msg.response_metadata["qgpm"]
 
 
-def test_empty_retrieval_is_plain_mode_and_says_so(llm):
+def test_empty_retrieval_says_there_is_no_context(llm):
     msg = llm.invoke(qgpm_prompt().invoke({"context": [], "question": QUESTION}), max_tokens=2)
-    assert msg.response_metadata["qgpm"]["mode"] == "plain"
+    assert msg.content == NO_CONTEXT_REPLY
+    assert msg.response_metadata["qgpm"]["mode"] == "empty_context"
     assert "empty" in msg.response_metadata["qgpm"]["reason"]
 
 

@@ -160,11 +160,14 @@ def test_request_plain_without_context():
     assert "no context" in req.reason
 
 
-def test_request_empty_context_is_plain_with_reason():
+def test_request_empty_context_is_empty_context_mode_with_reason():
     msgs = qgpm_prompt().invoke({"context": [], "question": "When?"}).to_messages()
     req = _build_request(msgs, {})
-    assert req.mode == "plain" and "empty" in req.reason
-    assert req.messages[-1] == {"role": "user", "content": "When?"}
+    assert req.mode == "empty_context" and "empty" in req.reason and req.source == "prompt"
+    assert req.question == "When?" and req.messages == []
+    for ctx in ([], "", "   ", [""]):
+        req = _build_request([HumanMessage("When?")], {"context": ctx})
+        assert req.mode == "empty_context" and req.source == "kwargs" and "context= is empty" in req.reason
 
 
 @pytest.mark.parametrize("question", ["", "   "])
