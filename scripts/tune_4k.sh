@@ -8,7 +8,7 @@
 # Tables: python benchmarks/tune_map.py runs/tune4k/coarse/*.s0 runs/tune4k/coarse/*.s1
 # --set now applies on top of the model's preset (it applied to the generic defaults when
 # these runs were made); the coarse runs name k_sharp=2 so that the configs, and with them
-# the config hashes of the committed rows, stay the same. For the Oracle K does not matter.
+# the config hashes of the committed rows, stay the same (2.0, a float, as the default was). For the Oracle K does not matter.
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -23,7 +23,7 @@ if [ "$stage" = coarse ]; then
   run() {  # name anchor_ratio s_low local_window
     d=$OUT/coarse/$1.s$i; seed "$d"
     $BASE --tasks niah_multikey_1,qa_1 --n 8 --methods oracle \
-      --set k_sharp=2 --set anchor_ratio=$2 --set s_low=$3 --set local_window=$4 --grid "s_low=$3" --out "$d" > "$d.log" 2>&1
+      --set k_sharp=2.0 --set anchor_ratio=$2 --set s_low=$3 --set local_window=$4 --grid "s_low=$3" --out "$d" > "$d.log" 2>&1
   }
   run c2_s03 2 0.3 0
   run band64_c2_s03 2 0.3 64
