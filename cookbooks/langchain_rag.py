@@ -41,7 +41,7 @@ from langchain_core.output_parsers import StrOutputParser  # noqa: E402
 from langchain_core.runnables import RunnablePassthrough  # noqa: E402
 from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
 
-from qgpm.defaults import DEFAULT_RERANKER, METHODS as ALL_METHODS  # noqa: E402
+from qgpm.defaults import COMPARISON_METHODS, DEFAULT_RERANKER  # noqa: E402
 from qgpm_integrations.langchain import (  # noqa: E402
     MiniLMEmbeddings,
     QGPMChatModel,
@@ -52,7 +52,7 @@ from qgpm_integrations.langchain import (  # noqa: E402
 )
 
 DATA = Path(__file__).resolve().parent / "data"
-METHODS = tuple(m for m in ALL_METHODS if m != "oracle")  # the oracle needs evidence labels
+METHODS = tuple(m for m in COMPARISON_METHODS if m != "oracle")  # the oracle needs evidence labels
 
 
 def load_corpus(folder: Path = DATA / "corpus") -> list[Document]:

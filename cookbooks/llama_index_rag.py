@@ -44,7 +44,7 @@ from llama_index.core import Document, VectorStoreIndex  # noqa: E402
 from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
 
 from qgpm import QGPM, HeadSetMissingError  # noqa: E402
-from qgpm.defaults import DEFAULT_RERANKER, METHODS as ALL_METHODS  # noqa: E402
+from qgpm.defaults import COMPARISON_METHODS, DEFAULT_RERANKER  # noqa: E402
 from qgpm_integrations.llama_index import (  # noqa: E402
     QGPMLLM,
     QGPMReorderPostprocessor,
@@ -54,7 +54,7 @@ from qgpm_integrations.llama_index import (  # noqa: E402
 )
 
 DATA = Path(__file__).resolve().parent / "data"
-METHODS = tuple(m for m in ALL_METHODS if m != "oracle")  # the oracle needs evidence labels
+METHODS = tuple(m for m in COMPARISON_METHODS if m != "oracle")  # the oracle needs evidence labels
 RESPONSE_MODES = ("compact", "refine", "tree_summarize", "simple_summarize")
 
 

@@ -539,7 +539,9 @@ class QGPMChatModel(BaseChatModel):
             return self._engine.tokenizer
         from qgpm.loading import load_tokenizer, resolve_source
 
-        return load_tokenizer(resolve_source(None if _model_key(self.model) == "smollm2" else self.model))
+        if is_loaded_model(self.model):
+            return self.tokenizer
+        return load_tokenizer(resolve_source(None if is_default_model(self.model) else self.model))
 
     def get_token_ids(self, text: str) -> list[int]:
         """Token ids of ``text`` under the model's own tokenizer (as plain text, as QGPM sends it).
