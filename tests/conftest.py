@@ -35,3 +35,12 @@ def smollm():
     return QGPM.from_pretrained()
 
 
+
+
+@pytest.fixture
+def one_thread():
+    """Run the test on one torch thread: the tiny models are faster so on a shared 2-core machine."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -25,11 +25,8 @@ FORCED = [5, 17, 99, 3]  # teacher-forced decode tokens
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+def _one_thread(one_thread):
+    """Every test here runs the tiny model on one thread (see conftest.one_thread)."""
 
 
 def run_steps(model, ids, plan, forced=FORCED):

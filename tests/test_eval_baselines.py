@@ -23,11 +23,8 @@ OPTIONS = {"string": StringOptions(local_window=16), "self-extend": SelfExtendOp
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+def _one_thread(one_thread):
+    """Every test here runs the tiny model on one thread (see conftest.one_thread)."""
 
 
 @pytest.fixture(scope="module")

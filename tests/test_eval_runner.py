@@ -54,12 +54,8 @@ ALL_METHODS = ["vanilla", "qgpm", "oracle", "topk", "reorder"]
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """The tiny model runs faster on one thread on a shared 2-core machine."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+def _one_thread(one_thread):
+    """Every test here runs the tiny model on one thread (see conftest.one_thread)."""
 
 
 @pytest.fixture(scope="module")

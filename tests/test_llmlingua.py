@@ -20,11 +20,8 @@ QUESTION = "Which topic does sentence 3 talk about?"
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+def _one_thread(one_thread):
+    """Every test here runs the tiny model on one thread (see conftest.one_thread)."""
 
 
 def test_settings_are_validated():
