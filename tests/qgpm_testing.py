@@ -55,3 +55,18 @@ def save_tiny(directory, tokenizer, family: str = "llama", seed: int = 0, **over
     tiny_model(family, len(tokenizer), seed=seed, **overrides).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+def spy_load_model(monkeypatch) -> list:
+    """Record every ``qgpm.loading.load_model`` call the engine makes as ``(source path, kwargs)``."""
+    import qgpm.engine
+
+    calls: list = []
+    real = qgpm.engine.load_model
+
+    def spy(source, **kwargs):
+        calls.append((source.path, kwargs))
+        return real(source, **kwargs)
+
+    monkeypatch.setattr(qgpm.engine, "load_model", spy)
+    return calls

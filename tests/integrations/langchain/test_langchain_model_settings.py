@@ -12,11 +12,10 @@ import torch
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from pydantic import ValidationError
 
-import qgpm.engine
 from qgpm import QGPM
 from qgpm_integrations.langchain import QGPMChatModel, clear_engine_cache
 
-from qgpm_testing import save_tiny, tiny_model
+from qgpm_testing import save_tiny, spy_load_model, tiny_model
 
 CONTEXT = ["The red door opens at noon. The blue door is locked.", "Bread is sold on Mondays."]
 QUESTION = "When does the red door open?"
@@ -30,14 +29,7 @@ def tiny_dir(tokenizer, tmp_path_factory):
 @pytest.fixture
 def load_calls(monkeypatch):
     """Every qgpm.loading.load_model call the engine makes: (source path, kwargs)."""
-    calls = []
-    real = qgpm.engine.load_model
-
-    def spy(source, **kwargs):
-        calls.append((source.path, kwargs))
-        return real(source, **kwargs)
-
-    monkeypatch.setattr(qgpm.engine, "load_model", spy)
+    calls = spy_load_model(monkeypatch)
     clear_engine_cache()
     yield calls
     clear_engine_cache()

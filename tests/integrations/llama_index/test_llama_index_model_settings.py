@@ -23,11 +23,10 @@ from llama_index.core.instrumentation.events.llm import (
 from llama_index.core.llms import ChatMessage
 from llama_index.core.prompts.default_prompt_selectors import DEFAULT_TEXT_QA_PROMPT_SEL
 
-import qgpm.engine
 from qgpm import QGPM
 from qgpm_integrations.llama_index import QGPMLLM
 
-from qgpm_testing import save_tiny, tiny_model
+from qgpm_testing import save_tiny, spy_load_model, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +36,7 @@ def tiny_dir(tokenizer, tmp_path_factory):
 
 @pytest.fixture
 def load_calls(monkeypatch):
-    calls = []
-    real = qgpm.engine.load_model
-
-    def spy(source, **kwargs):
-        calls.append((source.path, kwargs))
-        return real(source, **kwargs)
-
-    monkeypatch.setattr(qgpm.engine, "load_model", spy)
-    return calls
+    return spy_load_model(monkeypatch)
 
 
 @pytest.fixture
