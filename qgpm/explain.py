@@ -123,11 +123,7 @@ def plot_relevance(result: "QGPMResult", *, evidence: Sequence[str] | None = Non
     stride are drawn filled; sentences containing an ``evidence`` string are marked with
     a star; the question is the dashed line at depth 1.
     """
-    import matplotlib
-
-    if ax is None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend is left as it is
 
     rows = sentence_rows(result)
     if not rows:
@@ -135,7 +131,7 @@ def plot_relevance(result: "QGPMResult", *, evidence: Sequence[str] | None = Non
     use_z = any(r["z"] is not None for r in rows)
     ys = [(r["z"] if use_z else r["sharp"]) for r in rows]
     xs = [r["depth"] for r in rows]
-    fig = ax.figure if ax is not None else plt.figure(figsize=(9, 3.4))
+    fig = ax.figure if ax is not None else Figure(figsize=(9, 3.4))
     ax = ax or fig.add_subplot(111)
     full = [i for i, r in enumerate(rows) if r["full_stride"]]
     rest = [i for i, r in enumerate(rows) if not r["full_stride"]]

@@ -20,6 +20,7 @@ the recorded size; anything else (a crash mid-write, a truncated file) is rebuil
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -133,6 +134,13 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=32)
+def _gguf_key(path: str, size: int, mtime_ns: int) -> str:
+    """Cache key of a GGUF file: its sha256 prefix, hashed once per process per file version
+    (the tokenizer and the model loads both ask for it)."""
+    return _file_sha256(Path(path))[:32]
+
+
 def _entry_complete(folder: Path) -> bool:
     """True when ``folder`` holds a manifest and every file it lists, at its recorded size."""
     try:
@@ -151,7 +159,8 @@ def _cached_gguf_folder(source: ModelSource) -> Path | None:
     gguf = Path(source.path) / source.gguf_file
     if not gguf.is_file():
         return None
-    key = _file_sha256(gguf)[:32]
+    st = gguf.stat()
+    key = _gguf_key(str(gguf.resolve()), st.st_size, st.st_mtime_ns)
     folder = gguf_cache_dir() / key
     with _CACHE_LOCK:
         if _entry_complete(folder):
