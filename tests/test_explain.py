@@ -75,3 +75,14 @@ def test_html_renders_in_headless_chromium(engine, tmp_path):
     proc = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}", "--window-size=1000,1400", page.as_uri()],
                           capture_output=True, text=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 10_000, proc.stderr[-2000:]
+
+
+def test_text_between_sentences_is_escaped_too():
+    from qgpm.engine import QGPMResult, SentenceRelevance
+    from qgpm.explain import render_html
+
+    ctx = "First sentence here. <img src=x onerror=alert(1)> Second one."
+    rel = [SentenceRelevance(0, "First sentence here.", 0, 20, 0, 0, 1.0, 1.0, 2.0),
+           SentenceRelevance(1, "Second one.", ctx.index("Second"), len(ctx), 0, 1, 0.3, 0.3, -2.0)]
+    page = render_html(QGPMResult(text="ok", method="qgpm", relevance=rel, context=ctx, question="q?"))
+    assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
