@@ -21,7 +21,7 @@ __all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config"]
 
 MIN_SENTENCE_CHARS = 20
 """Smallest ``max_sentence_chars`` the sentence splitter accepts."""
-_FLOAT_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window")
+_FLOAT_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window", "keep_length")
 _INT_FIELDS = (("unmodulated_layers", False), ("split_layer", True), ("query_tail", True), ("max_heads", True), ("max_sentence_chars", False))
 
 
@@ -53,6 +53,13 @@ class QGPMConfig:
         Band gate (0 = off): planes whose wavelength is below this many tokens keep unit
         stride too, so only the band ``local_window <= lambda < L_a`` is modulated. The
         fastest planes carry local word order; a long distance is aliased on them anyway.
+    keep_length:
+        Strength rule for short contexts (0 = off), in tokens: the low score used in a
+        call is ``max(s_low, keep_length / N)`` for a context of ``N`` tokens, so the
+        compressed context never reads shorter than about ``keep_length`` tokens. A context
+        of at most ``keep_length`` tokens keeps vanilla positions (logged as a warning;
+        ``result.details["s_low"]`` is 1). Lost-in-the-middle is a long-context failure;
+        compressing a few hundred tokens only disturbs text the model already reads.
     unmodulated_layers:
         The first this many decoder layers keep standard positions (0 = every layer is
         modulated).
@@ -91,6 +98,7 @@ class QGPMConfig:
     tau: float = 1.0
     anchor_basis: str = "context"
     local_window: float = 0.0
+    keep_length: float = 0.0
     unmodulated_layers: int = 0
     min_top_z: float | None = None
     split_layer: int | None = None
@@ -132,6 +140,8 @@ class QGPMConfig:
             raise ValueError(f"anchor_basis must be 'context' or 'relevant', got {self.anchor_basis!r}")
         if not self.local_window >= 0:
             raise ValueError(f"local_window must be >= 0 tokens (0 = off), got {self.local_window}")
+        if not self.keep_length >= 0:
+            raise ValueError(f"keep_length must be >= 0 tokens (0 = off), got {self.keep_length}")
         if self.min_top_z is not None and not math.isfinite(self.min_top_z):
             raise ValueError(f"min_top_z must be a finite z-score or None, got {self.min_top_z}")
         if self.unmodulated_layers < 0:
@@ -186,17 +196,23 @@ PRESET_NAMES: dict[str, str] = {SMOLLM2_KEY: DEFAULT_MODEL_NAME}
 """Readable model name beside each preset's fingerprint key."""
 
 PRESETS: dict[str, QGPMConfig] = {
-    # Dev-split search in three steps, 14 configs on 12 samples at 2K tokens (4 tasks x 3 depths),
-    # docs/tuning/smollm2_dev.md. Kept from it: a wider sharp map (K_s = 4, room for NIAH-MV's
-    # four values) and milder compression (s_low = 0.6). The search's top point also opened the
-    # frequency gate (anchor 100 L), ahead by one dev sample; with the gate open the model no
-    # longer answers the plain needle test (tests/test_engine.py) that vanilla and the gated
-    # config answer, so the preset keeps the gate at 0.25 L (dev: 50.0 % vs vanilla 41.7 %).
+    # 4K dev search (issue 10), docs/tuning/smollm2_dev_4k.md. Oracle coarse stage: opening the
+    # frequency gate to c = 1-4 with s_low 0.3 lifts multi-key NIAH from 29 % to 71-79 % (the
+    # old gate, c = 0.25, had left the near/far planes unmodulated). Fine stage with the heads,
+    # five tasks: K_s 4 keeps MK-1's gain (+44 points, 4 wins / 0 losses) and single-needle
+    # accuracy, K_s 2 does not. min_top_z 2.5: the top sentence's z separated QA (<= 2.1, where
+    # modulation cost answers) from every needle task (>= 3.0), so flat relevance keeps vanilla
+    # positions. keep_length 1024: the open gate broke a plain 400-token needle that vanilla
+    # answers, so contexts up to 1K tokens keep vanilla positions and the strength reaches
+    # s_low 0.3 at ~3.4K context tokens. The earlier 2K preset (K_s 4, s_low 0.6, c 0.25) is
+    # docs/tuning/smollm2_dev.md.
     SMOLLM2_KEY: QGPMConfig(
         k_sharp=4.0,
-        s_low=0.6,
-        anchor_ratio=0.25,
-        provenance="dev-split search, 3 steps, 14 configs x 12 samples at 2K; gate kept at 0.25 L (docs/tuning/smollm2_dev.md)",
+        s_low=0.3,
+        anchor_ratio=2.0,
+        min_top_z=2.5,
+        keep_length=1024.0,
+        provenance="4K dev search: gate c 2, s_low 0.3, K_s 4, min_top_z 2.5, keep_length 1024 (docs/tuning/smollm2_dev_4k.md)",
     ),
 }
 

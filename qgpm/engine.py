@@ -103,12 +103,19 @@ class Timings:
 
 
 def _note_flat(mr: MapResult, config: QGPMConfig) -> None:
-    """Log the confidence rule's fallback (config.min_top_z): this call keeps vanilla positions."""
+    """Log the two rules that make a call keep vanilla positions: the confidence rule
+    (``config.min_top_z``) and the short-context rule (``config.keep_length``)."""
     if mr.flat:
         logger.warning(
             "qgpm: the head relevance is flat (top sentence z below min_top_z=%s), so this call keeps vanilla "
             "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None) to always modulate.",
             config.min_top_z,
+        )
+    elif config.keep_length > 0 and mr.s_low >= 1.0:
+        logger.warning(
+            "qgpm: the context is no longer than keep_length=%s tokens, so this call keeps vanilla positions "
+            "(result.details['s_low'] is 1.0). Set keep_length=0 in QGPMConfig to modulate short contexts too.",
+            config.keep_length,
         )
 
 
@@ -442,11 +449,12 @@ class QGPM:
             relevance = self._relevance(prompt, mr, call.z)
         else:
             mr = build_plan(call.units, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, dense=True)
+            _note_flat(mr, config)
             relevance = self._relevance(prompt, mr, None, call.units)
         plan = mr.plan
         plan.capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
         timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
-        details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat)
+        details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, s_low=mr.s_low)
         return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
 
     def _run_call(self, call: PreparedCall, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score: str | None = None) -> QGPMResult:
@@ -711,7 +719,7 @@ class QGPM:
             plan.capacity = capacity
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
-                           flat_relevance=mr.flat)
+                           flat_relevance=mr.flat, s_low=mr.s_low)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg)
         elif method == "oracle":
             if not evidence:
@@ -720,11 +728,12 @@ class QGPM:
             ev_tokens = self._evidence_tokens(prompt, evidence)
             units, rel = oracle_units(prompt.token_sentence, ev_tokens)
             mr = build_plan(units, rel, config=cfg, rotary=self.rotary, n_layers=self.n_layers, dense=True)
+            _note_flat(mr, cfg)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
             plan.capacity = capacity
             relevance = self._relevance(prompt, mr, None, units)
-            details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length)
+            details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, s_low=mr.s_low)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=rel, config=cfg, units=units)
         elif method in ROPE_BASELINES:  # positions change inside attention (qgpm.baselines)
             t = time.perf_counter()

@@ -16,7 +16,7 @@ from .positions import boundary_plane, cumulative_positions, frequency_gate, pro
 from .runtime import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores
 
-__all__ = ["MapResult", "build_plan", "is_flat", "anchor_basis_length", "split_layer", "oracle_units"]
+__all__ = ["MapResult", "build_plan", "is_flat", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]
 
 
 @dataclass
@@ -30,6 +30,7 @@ class MapResult:
     anchor_length: float
     plan: PositionPlan
     flat: bool = False  # relevance too flat (top z below config.min_top_z): every score 1, vanilla positions
+    s_low: float = 0.0  # the low score this call used (effective_s_low); 1.0 = vanilla positions
 
 
 def split_layer(n_layers: int, config: QGPMConfig) -> int:
@@ -50,7 +51,23 @@ def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
     return finite.numel() == 0 or float(finite.max()) < config.min_top_z
 
 
-def anchor_basis_length(token_unit: torch.Tensor, unit_scores: torch.Tensor, config: QGPMConfig) -> int:
+def effective_s_low(context_len: int, config: QGPMConfig) -> float:
+    """Strength rule for short contexts: the low score of this call,
+    ``s_low' = min(1, max(s_low, keep_length / N))`` for ``N`` context tokens.
+
+    With ``keep_length = 0`` (off) this is ``s_low``. Otherwise the irrelevant text is
+    compressed no further than to about ``keep_length`` tokens: a context of at most
+    ``keep_length`` tokens gets ``s_low' = 1`` (every score 1, vanilla positions), and the
+    configured ``s_low`` applies in full from ``N = keep_length / s_low`` up.
+    """
+    if config.keep_length <= 0:
+        return float(config.s_low)
+    if context_len <= 0:
+        return 1.0
+    return float(min(1.0, max(config.s_low, config.keep_length / context_len)))
+
+
+def anchor_basis_length(token_unit: torch.Tensor, unit_scores: torch.Tensor, config: QGPMConfig, s_low: float | None = None) -> int:
     """The length ``L`` in ``L_a = c * L`` (Eq. 3's anchor), in tokens.
 
     ``anchor_basis="context"`` (the paper): the number of context tokens.
@@ -62,7 +79,7 @@ def anchor_basis_length(token_unit: torch.Tensor, unit_scores: torch.Tensor, con
     context_len = int((token_unit >= 0).sum())
     if config.anchor_basis == "context" or unit_scores.numel() == 0:
         return context_len
-    first = protected_prefix_end(unit_scores, config.s_low)
+    first = protected_prefix_end(unit_scores, config.s_low if s_low is None else s_low)
     where = (token_unit >= first).nonzero()
     if where.numel() == 0:
         return context_len
@@ -87,18 +104,19 @@ def build_plan(
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
     flat = is_flat(unit_relevance, config) if not dense else False
+    s_low = 1.0 if flat else effective_s_low(int((token_unit >= 0).sum()), config)
     unit_scores = []
     for params in (config.broad, config.sharp):
         f = rank_shape(ranks, params) if n_units else torch.zeros(0, dtype=torch.float64)
-        unit_scores.append(torch.ones(n_units, dtype=torch.float64) if flat else sentence_scores(f, config.s_low))
-    anchor = max(config.anchor_ratio * max(anchor_basis_length(token_unit, unit_scores[0], config), 1), 1e-6)
+        unit_scores.append(torch.ones(n_units, dtype=torch.float64) if flat else sentence_scores(f, s_low))
+    anchor = max(config.anchor_ratio * max(anchor_basis_length(token_unit, unit_scores[0], config, s_low), 1), 1e-6)
     m_star = boundary_plane(anchor, rotary.inv_freq)
     gate = frequency_gate(rotary.inv_freq.numel(), m_star, config.tau)
     if config.local_window > 0:
         gate = protect_fast_planes(gate, boundary_plane(config.local_window, rotary.inv_freq), config.tau)
     tok_scores, positions = [], []
     for s in unit_scores:
-        t = token_scores(token_unit, s, config.s_low)
+        t = token_scores(token_unit, s, s_low)
         tok_scores.append(t)
         positions.append(cumulative_positions(strides(t, gate, config.eps)))
     ls = split_layer(n_layers, config)
@@ -107,7 +125,7 @@ def build_plan(
     layer_map: list[int | None] = [0] * ls + [1] * (n_layers - ls)
     layer_map[: config.unmodulated_layers] = [None] * config.unmodulated_layers
     plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary)
-    return MapResult(ranks, unit_scores, tok_scores, m_star, anchor, plan, flat)
+    return MapResult(ranks, unit_scores, tok_scores, m_star, anchor, plan, flat, s_low)
 
 
 def oracle_units(token_sentence: torch.Tensor, evidence_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

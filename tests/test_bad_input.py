@@ -163,7 +163,7 @@ def test_stop_as_one_string_is_one_stop_string(engine, stays_vanilla):
 
 
 # ----------------------------------------------------------------------------- config
-FLOAT_FIELDS = ["k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window"]
+FLOAT_FIELDS = ["k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window", "keep_length"]
 CONFIG_CASES = [
     *[(dict([(f, NAN)]), ValueError, f"QGPMConfig.{f} must be a finite number, got nan") for f in FLOAT_FIELDS],
     (dict(anchor_ratio=INF), ValueError, "anchor_ratio must be a finite number, got inf"),

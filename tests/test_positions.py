@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from qgpm.config import QGPMConfig
-from qgpm.plan import build_plan, oracle_units
+from qgpm.plan import build_plan, effective_s_low, oracle_units
 from qgpm.positions import (
     boundary_plane, boundary_plane_plain, continuation_positions, cumulative_positions,
     frequency_gate, positions_at, rope_angles, rope_tables, strides,
@@ -246,3 +246,43 @@ def test_min_top_z_falls_back_to_vanilla_positions_on_flat_relevance():
     assert not build_plan(ts, (peaked > 0).double(), config=cfg.with_(min_top_z=5.0), rotary=rot, n_layers=2, dense=True).flat
     with pytest.raises(ValueError, match="min_top_z"):
         QGPMConfig(min_top_z=float("nan"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(min_value=0, max_value=20000), s_low=st.floats(min_value=0.0, max_value=1.0),
+       keep=st.floats(min_value=0.0, max_value=5000.0))
+def test_effective_s_low_rule(n, s_low, keep):
+    cfg = QGPMConfig(s_low=s_low, keep_length=keep)
+    s = effective_s_low(n, cfg)
+    assert s_low <= s <= 1.0
+    if keep == 0:
+        assert s == s_low  # off: the configured strength
+    elif n <= keep:
+        assert s == 1.0  # short context: vanilla
+    else:
+        assert s == pytest.approx(max(s_low, keep / n))
+        assert n * s >= keep - 1e-9  # never compressed below keep_length tokens
+    if keep > 0 and n > 0:
+        assert effective_s_low(2 * n, cfg) <= s  # longer context, same or stronger compression
+
+
+def test_keep_length_keeps_short_contexts_vanilla_and_scales_longer_ones():
+    inv = plain_inv_freq(32, 1e4)
+    rot = RotaryInfo(inv, 1.0, "default", 32)
+    rel = torch.zeros(40, dtype=torch.float64)
+    rel[20] = 1.0
+    cfg = QGPMConfig(s_low=0.3, anchor_ratio=2.0, keep_length=200.0)
+    short = torch.tensor([-1] * 3 + [i // 5 for i in range(200)] + [-1] * 4)  # 200 context tokens
+    mr = build_plan(short, rel, config=cfg, rotary=rot, n_layers=2, dense=True)
+    assert mr.s_low == 1.0 and not mr.flat
+    ar = torch.arange(short.numel(), dtype=torch.float64)
+    for t, p in zip(mr.token_scores, mr.plan.positions):
+        assert bool((t == 1).all()) and all(torch.equal(p[m], ar) for m in range(p.shape[0]))
+    long = torch.tensor([-1] * 3 + [i // 10 for i in range(400)] + [-1] * 4)  # 400 tokens: s_low' = 0.5
+    mr = build_plan(long, rel, config=cfg, rotary=rot, n_layers=2, dense=True)
+    assert mr.s_low == pytest.approx(0.5)
+    assert float(mr.token_scores[1].min()) == pytest.approx(0.5)
+    off = build_plan(long, rel, config=cfg.with_(keep_length=0.0), rotary=rot, n_layers=2, dense=True)
+    assert off.s_low == 0.3 and float(off.token_scores[1].min()) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="keep_length"):
+        QGPMConfig(keep_length=-1.0)

@@ -152,7 +152,7 @@ def _reranker_name(reranker: Any) -> str:
 
 # Config fields added after rows were first committed: hashed only when they are not at
 # their "off" value, so rows made before they existed keep their config_hash.
-_HASHED_WHEN_SET = {"local_window": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None}
+_HASHED_WHEN_SET = {"local_window": 0.0, "keep_length": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None}
 
 
 def _config_dict(config) -> dict:
@@ -330,6 +330,8 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         out["top_z"] = [None if s.z is None else round(float(s.z), 3) for s in res.top_sentences(3)]
     if method in ("qgpm", "oracle"):
         out["anchor_length"] = call.details.get("anchor_length")
+        out["s_low"] = call.details.get("s_low")
+        out["flat_relevance"] = bool(call.details.get("flat_relevance", False))
     if method in BASELINE_METHODS:
         out["baseline"] = dict(call.details)  # e.g. STRING's S and W for this prompt
     if method in ("topk", "reorder") and res.edit is not None:
