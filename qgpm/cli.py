@@ -1,8 +1,10 @@
 """Command line: ``qgpm ask`` (main job), ``qgpm eval`` / ``tune`` / ``calibrate`` / ``report``.
 
-    qgpm ask                                   # bundled report + bundled question, embedded model
+    qgpm ask                                   # bundled report + question: vanilla and qgpm side by side
     qgpm ask "When does the winter ferry timetable start?"
-    qgpm ask --methods vanilla,qgpm "..."      # compare with standard RoPE
+    qgpm ask --quiet "..."                     # only the qgpm answer, for scripts
+    qgpm ask --html why.html --plot why.png    # the explanation page and the relevance plot
+    qgpm ask --methods vanilla,qgpm,topk,reorder "..."   # add the reranker baselines
     qgpm ask --methods qgpm,string,self-extend # the paper's RoPE baselines side by side
     qgpm ask --context notes.txt "..."         # your own text (use - for stdin)
     qgpm ask --methods oracle --evidence "exact sentence" "..."
@@ -95,6 +97,38 @@ def _check_heads_before_loading(args: argparse.Namespace, heads) -> None:
         )
 
 
+def _print_answer(method: str, result, *, width: int) -> None:
+    """One method's answer with its timing, aligned with the others."""
+    t = result.timings
+    timing = f"{t.total_s:.1f} s, first token {t.first_token_s:.1f} s" + (f" (pass 1 {t.pass1_s:.1f} s)" if t.pass1_s else "")
+    answer = " ".join(result.text.split()) or "(empty answer)"
+    print(f"\n{method:<{width}}  {answer}\n{'':<{width}}  [{result.usage.prompt_tokens} prompt tokens, {result.usage.answer_tokens} answer tokens; {timing}]")
+
+
+def _print_why(method: str, result, top: int) -> None:
+    """What a method did to the context: the sentences QGPM/Oracle promoted (rank, relevance,
+    score, depth in the context), the chunks Top-K/Reorder kept, a baseline's settings."""
+    from .explain import sentence_rows
+
+    if result.relevance:
+        rows = sorted(sentence_rows(result), key=lambda r: r["rank"])[:top]
+        d = result.details or {}
+        print(f"\n{method} promoted (top {len(rows)} of {len(result.relevance)} sentences; score 1 = kept a full stride, "
+              "lower = compressed on the fast rotary planes; depth = where it sits in the context):")
+        print("  rank      z  score  depth  sentence")
+        for r in rows:
+            z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
+            print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {100 * r['depth']:4.0f} %  {r['text'][:110]}")
+        if d.get("flat_relevance"):
+            print(f"  (the heads' relevance was flat, top z below min_top_z, so {method} kept vanilla positions)")
+        elif d.get("s_low") is not None and float(d["s_low"]) >= 1.0:
+            print(f"  (the context is no longer than keep_length, so {method} kept vanilla positions)")
+    if result.edit is not None:
+        print(f"\n{method} kept chunks {result.edit.kept} of {len(result.edit.chunks)}")
+    if method in BASELINE_METHODS:
+        print(f"\n{method} settings: " + ", ".join(f"{k}={v}" for k, v in result.details.items()))
+
+
 def _ask(args: argparse.Namespace) -> int:
     from .baselines import options_from_strings
     from .config import load_config
@@ -110,7 +144,14 @@ def _ask(args: argparse.Namespace) -> int:
         if not args.question:
             raise UsageError('with --context, give a question: qgpm ask --context FILE "your question"')
     question = args.question or questions[args.example]["question"]
-    methods = args.methods
+    methods = args.methods if args.methods is not None else (["qgpm"] if args.quiet else ["vanilla", "qgpm"])
+    if args.top < 0:
+        raise UsageError(f"--top must be >= 0, got {args.top}")
+    for flag, path in (("--html", args.html), ("--plot", args.plot)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UsageError(f"{flag} {path}: the folder {os.path.dirname(os.path.abspath(path))} does not exist")
+    if args.plot and not any(m in ("qgpm", "oracle") for m in methods):
+        raise UsageError("--plot draws sentence relevance, so --methods must include qgpm or oracle")
     evidence = list(args.evidence or [])
     if "oracle" in methods:
         if not evidence and bundled:
@@ -143,12 +184,16 @@ def _ask(args: argparse.Namespace) -> int:
     from .loading import resolve_device
 
     device_map = resolve_device(args.device)
-    print(f"loading {args.model or 'the embedded ' + DEFAULT_MODEL_NAME} on {device_map} ...", file=sys.stderr)
+    if not args.quiet:
+        print(f"loading {args.model or 'the embedded ' + DEFAULT_MODEL_NAME} on {device_map} ...", file=sys.stderr)
     engine = QGPM.from_pretrained(args.model, device_map=device_map, dtype=None if dtype == "auto" else dtype, heads=heads)
     config = load_config(config_file, overrides, base=engine.config)
-    print(f"question: {question}")
-    if bundled:
-        print(f"(bundled example; expected answer: {questions[args.example]['answer']})")
+    quiet = args.quiet
+    if not quiet:
+        print(f"question: {question}")
+        if bundled:
+            print(f"(bundled example; expected answer: {questions[args.example]['answer']})")
+    results = []
     for method in methods:
         kw = dict(method=method, max_new_tokens=args.max_new_tokens, config=config)
         if method in ("topk", "reorder"):
@@ -158,21 +203,26 @@ def _ask(args: argparse.Namespace) -> int:
         if method in options:
             kw["options"] = options[method]
         result = engine.answer(text, question, **kw)
-        print(f"\n[{method}] {result.text}")
-        t = result.timings
-        print(
-            f"  prompt {result.usage.prompt_tokens} tokens, answer {result.usage.answer_tokens} tokens; "
-            f"first token {t.first_token_s:.1f}s (pass 1 {t.pass1_s:.1f}s), decode {t.decode_s:.1f}s",
-        )
-        if result.relevance:
-            print(f"  sentences {method} ranked most relevant (of {len(result.relevance)}):")
-            for s in result.top_sentences(args.top):
-                z = "" if s.z is None else f" z={s.z:+.2f}"
-                print(f"   #{s.rank + 1}{z} {s.text[:160]}")
-        if result.edit is not None:
-            print(f"  {method}: kept chunks {result.edit.kept} of {len(result.edit.chunks)}")
-        if method in BASELINE_METHODS:
-            print(f"  {method} settings: " + ", ".join(f"{k}={v}" for k, v in result.details.items()))
+        results.append((method, result))
+        if quiet:
+            print(result.text.strip() if len(methods) == 1 else f"{method}\t{' '.join(result.text.split())}", flush=True)
+        else:
+            _print_answer(method, result, width=max(len(m) for m in methods))
+    if not quiet:
+        for method, result in results:
+            _print_why(method, result, args.top)
+    shown = next((r for m, r in results if m == "qgpm"), None) or next((r for _, r in results if r.relevance), results[-1][1])
+    if args.html:
+        with open(args.html, "w", encoding="utf-8") as f:
+            f.write(shown.to_html())
+        if not quiet:
+            print(f"\nwrote {args.html} ({shown.method}: the context shaded by relevance)")
+    if args.plot:
+        if not shown.relevance:
+            raise UsageError(f"--plot needs a method that ranks sentences (qgpm or oracle); got {', '.join(methods)}")
+        shown.plot().savefig(args.plot, dpi=120, bbox_inches="tight")
+        if not quiet:
+            print(f"wrote {args.plot} ({shown.method}: sentence score against position in the context)")
     return 0
 
 
@@ -190,8 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Answer a question over a long text with one or more methods and show what QGPM ranked.")
     ask.add_argument("question", nargs="?", help="the question (default: a bundled example question)")
     ask.add_argument("--context", help="text file to answer from ('-' = stdin); default: the bundled report")
-    ask.add_argument("--methods", "--method", dest="methods", type=methods_arg(), default=["qgpm"],
-                     help=f"comma list of {', '.join(METHODS)} (default qgpm; oracle needs --evidence)")
+    ask.add_argument("--methods", "--method", dest="methods", type=methods_arg(), default=None,
+                     help=f"comma list of {', '.join(METHODS)} (default vanilla,qgpm side by side; qgpm alone with "
+                     "--quiet; oracle needs --evidence)")
     ask.add_argument("--option", dest="options", action="append", default=[], metavar="METHOD.FIELD=VALUE",
                      help="a baseline setting, e.g. string.local_window=256 or llmlingua-2.model=PATH (repeatable)")
     ask.add_argument("--evidence", action="append", metavar="TEXT",
@@ -208,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")
     ask.add_argument("--top", type=int, default=3, help="how many top-ranked sentences to show (default 3)")
     ask.add_argument("--example", type=int, default=1, help="which bundled example question (0-2, default 1)")
+    ask.add_argument("--quiet", "-q", action="store_true",
+                     help="print only the answer (one line per method, 'METHOD<TAB>answer', when several), for scripts")
+    ask.add_argument("--html", metavar="OUT.html", help="write the explanation page of the qgpm answer (self-contained HTML)")
+    ask.add_argument("--plot", metavar="OUT.png", help="save the relevance plot of the qgpm answer (sentence score against position)")
     ask.set_defaults(func=_ask)
     try:
         from .eval.cli import register

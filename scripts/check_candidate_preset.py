@@ -1,14 +1,14 @@
-# Does a candidate preset keep the plain ~400-token needle of tests/test_engine.py? (docs/tuning/smollm2_dev_4k.md)
+# Does the SmolLM2 preset keep the plain ~400-token needle of tests/test_engine.py? (docs/tuning/smollm2_dev_4k.md)
+# Compares the old 2K preset, the shipped preset, and the shipped preset without its short-context rule (keep_length=0).
 # usage: python scripts/check_candidate_preset.py
 import sys, time
 sys.path.insert(0, 'tests')
-from qgpm import QGPM, QGPMConfig
+from qgpm import QGPM
 from test_engine import needle_context, QUESTION, NEEDLE
 e = QGPM.from_pretrained()
-cand = e.config.with_(k_sharp=4.0, s_low=0.3, anchor_ratio=2.0, min_top_z=2.5)
+old = e.config.with_(k_sharp=4.0, s_low=0.6, anchor_ratio=0.25, min_top_z=None, keep_length=0.0)
 ctx = needle_context()
-for name, cfg in (("old", e.config), ("new", cand)):
+for name, cfg in (("old 2K preset", old), ("shipped preset", e.config), ("shipped, keep_length=0", e.config.with_(keep_length=0.0))):
     t = time.time(); r = e.answer(ctx, QUESTION, method="qgpm", max_new_tokens=32, config=cfg)
-    print(name, repr(r.text), r.top_sentences(1)[0].text == NEEDLE, r.details.get("flat_relevance"), round(r.top_sentences(1)[0].z, 2), round(time.time()-t, 1))
-ctx = needle_context(16, 5)
-r = e.answer(ctx, QUESTION, method="qgpm", max_new_tokens=12, config=cand); print("stream-ctx", repr(r.text), r.details.get("flat_relevance"))
+    print(name, repr(r.text), r.top_sentences(1)[0].text == NEEDLE, "flat:", r.details.get("flat_relevance"),
+          "s_low':", r.details.get("s_low"), "top z:", round(r.top_sentences(1)[0].z, 2), round(time.time() - t, 1), "s")

@@ -18,16 +18,16 @@ def test_sample_document_evidence_is_exact():
 def test_ask_default_answers_bundled_question_and_shows_ranking(smollm, capsys):
     _, questions = sample_document()
     assert main(["ask", "--max-new-tokens", "24"]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
     q = questions[1]
-    assert q["question"] in out
-    answer_line = next(l for l in out.splitlines() if l.startswith("[qgpm]"))
-    assert len(answer_line) > len("[qgpm] ")
-    # The 135M model does not always phrase the answer (README "Status"); what QGPM adds
-    # and this job must show is the ranking: the evidence sentence among the top shown.
-    ranked = [l for l in out.splitlines() if l.strip().startswith("#")]
-    assert len(ranked) == 3 and ranked[0].strip().startswith("#1 z=")
-    assert any(q["evidence"][:60] in l for l in ranked)
+    assert any(q["question"] in l for l in out)
+    answers = {l.split()[0]: l.split(None, 1)[1] for l in out if l.startswith(("vanilla ", "qgpm ")) and " promoted (" not in l}
+    assert set(answers) == {"vanilla", "qgpm"} and all(a.strip() for a in answers.values())
+    # what QGPM adds and this job must show is the ranking: the evidence sentence among the top shown
+    i = next(k for k, l in enumerate(out) if l.startswith("qgpm promoted (top 3 of "))
+    ranked = out[i + 2:i + 5]
+    assert [r.split()[0] for r in ranked] == ["#1", "#2", "#3"]
+    assert any(q["evidence"][:60] in r for r in ranked)
 
 
 def test_ask_rejects_unknown_method(capsys):
@@ -117,6 +117,9 @@ def test_version_and_python_dash_m(capsys):
         (["ask", "--model", "/no/such/own.gguf"], ["GGUF file not found"]),
         (["ask", "--dtype", "bf17"], ["unknown dtype"]),
         (["ask", "--context", "/no/such/notes.txt", "Q?"], ["--context /no/such/notes.txt"]),
+        (["ask", "--html", "/no/such/dir/why.html"], ["--html /no/such/dir/why.html", "does not exist"]),
+        (["ask", "--methods", "vanilla,topk", "--plot", "why.png"], ["--plot draws sentence relevance"]),
+        (["ask", "--top", "-2"], ["--top must be >= 0"]),
     ],
 )
 def test_bad_input_is_one_line_exit_2_before_loading(argv, fragments, capsys, no_load):
@@ -163,7 +166,56 @@ def test_ask_settings_reach_the_engine(tiny_dir, tmp_path, answers, capsys):
     assert (by_method["topk"]["reranker"], by_method["topk"]["k"]) == ("bm25", 1)
     assert by_method["oracle"]["evidence"] == ["The red door opens at noon."]
     out = capsys.readouterr().out
-    assert "[oracle]" in out and "[topk]" in out and "kept chunks" in out
+    assert "\noracle  " in out and "\ntopk    " in out and "topk kept chunks" in out
+    assert "oracle promoted (top 3 of 3 sentences" in out
+
+
+def _tiny_ask(tiny_dir, tmp_path, *extra):
+    ctx = tmp_path / "notes.txt"
+    ctx.write_text("The bakery opens at seven. The red door opens at noon. The museum is closed on Mondays.")
+    return ["ask", "--model", str(tiny_dir), "--device", "cpu", "--heads", "1:0,2:1", "--context", str(ctx),
+            "--max-new-tokens", "3", *extra, "When does the red door open?"]
+
+
+def test_ask_compares_vanilla_and_qgpm_by_default_and_shows_the_promoted_sentences(tiny_dir, tmp_path, answers, capsys):
+    assert main(_tiny_ask(tiny_dir, tmp_path, "--top", "2")) == 0
+    assert [c["method"] for c in answers] == ["vanilla", "qgpm"]
+    out = capsys.readouterr().out.splitlines()
+    heads = [l for l in out if l.startswith(("vanilla ", "qgpm ")) and " promoted (" not in l]
+    assert [h.split()[0] for h in heads] == ["vanilla", "qgpm"]
+    timing = [l for l in out if "prompt tokens" in l and "first token" in l]
+    assert len(timing) == 2 and "(pass 1 " in timing[1] and "(pass 1 " not in timing[0]
+    i = next(k for k, l in enumerate(out) if l.startswith("qgpm promoted (top 2 of 3 sentences"))
+    assert out[i + 1].split() == ["rank", "z", "score", "depth", "sentence"]
+    rows = out[i + 2:i + 4]
+    assert [r.split()[0] for r in rows] == ["#1", "#2"]
+    for r in rows:  # rank, z, score in [0, 1], depth in %, sentence text
+        _, z, score, depth, pct, *text = r.split()
+        assert z[0] in "+-" and 0 <= float(score) <= 1 and pct == "%" and 0 <= int(depth) < 100
+        assert " ".join(text) in "The bakery opens at seven. The red door opens at noon. The museum is closed on Mondays."
+    assert not any(l.startswith("vanilla promoted") for l in out)  # vanilla ranks nothing
+
+
+def test_ask_quiet_prints_only_the_answer(tiny_dir, tmp_path, answers, capsys):
+    assert main(_tiny_ask(tiny_dir, tmp_path, "--quiet")) == 0
+    captured = capsys.readouterr()
+    assert [c["method"] for c in answers] == ["qgpm"]
+    lines = captured.out.strip("\n").splitlines()
+    assert len(lines) <= 1 and "question:" not in captured.out and "loading" not in captured.err
+    answers.clear()
+    assert main(_tiny_ask(tiny_dir, tmp_path, "-q", "--methods", "vanilla,qgpm")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [l.split("\t")[0] for l in lines] == ["vanilla", "qgpm"] and all("\t" in l for l in lines)
+
+
+def test_ask_writes_the_html_view_and_the_plot(tiny_dir, tmp_path, capsys):
+    page, png = tmp_path / "why.html", tmp_path / "why.png"
+    assert main(_tiny_ask(tiny_dir, tmp_path, "--html", str(page), "--plot", str(png))) == 0
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "method <b>qgpm</b>" in text and "The red door opens at noon." in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    out = capsys.readouterr().out
+    assert f"wrote {page}" in out and f"wrote {png}" in out
 
 
 def _all_parsers(parser):
