@@ -37,7 +37,8 @@ from .loading import ModelSource, load_model, load_tokenizer, resolve_source
 from .plan import MapResult, build_plan, oracle_units
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
-from .runtime import apply_plan, check_supported, decoder_layers, model_lock, rotary_info
+from .rope import rotary_info
+from .runtime import apply_plan, check_supported, decoder_layers, model_lock
 from .shaping import fuse_heads
 from .tokens import count_plain, count_tokens_bounded, encode_plain, encode_prompt, max_token_chars, plain_backend, special_token_ids
 

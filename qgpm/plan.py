@@ -2,7 +2,7 @@
 
 :func:`build_plan` takes one relevance value per context unit (sentence, or evidence
 run for Oracle), shapes it into the broad and sharp maps, turns token scores into
-per-plane positions and returns the :class:`~qgpm.runtime.PositionPlan` for pass 2.
+per-plane positions and returns the :class:`~qgpm.rope.PositionPlan` for pass 2.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from .config import QGPMConfig
 from .positions import boundary_plane, cumulative_positions, frequency_gate, protect_fast_planes, strides
-from .runtime import PositionPlan, RotaryInfo
+from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores
 
 __all__ = ["MapResult", "build_plan", "is_flat", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]

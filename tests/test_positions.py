@@ -12,9 +12,9 @@ from qgpm.config import QGPMConfig
 from qgpm.plan import build_plan, effective_s_low, oracle_units
 from qgpm.positions import (
     boundary_plane, boundary_plane_plain, continuation_positions, cumulative_positions,
-    frequency_gate, positions_at, rope_angles, rope_tables, strides,
+    frequency_gate, positions_at, strides,
 )
-from qgpm.runtime import RotaryInfo
+from qgpm.rope import RotaryInfo, rope_angles, rope_tables
 from qgpm.shaping import (
     MapParams, dense_ranks, fuse_heads, protected_prefix_end, rank_sentences, rank_shape,
     sentence_scores, token_scores,
