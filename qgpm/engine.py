@@ -444,16 +444,16 @@ class QGPM:
             raise ValueError(f"{', '.join(changed)} change pass 1 or the prompt: call prepare() again with config= instead of replan()")
         t = time.perf_counter()
         prompt = call.prompt
+        capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
         if call.method == "qgpm":
-            mr = build_plan(prompt.token_sentence, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers)
+            mr = build_plan(prompt.token_sentence, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity)
             _note_flat(mr, config)
             relevance = self._relevance(prompt, mr, call.z)
         else:
-            mr = build_plan(call.units, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, dense=True)
+            mr = build_plan(call.units, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, dense=True, capacity=capacity)
             _note_flat(mr, config)
             relevance = self._relevance(prompt, mr, None, call.units)
         plan = mr.plan
-        plan.capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
         timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
         details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, s_low=mr.s_low)
         return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
@@ -713,11 +713,10 @@ class QGPM:
             z = fuse_heads(sl)
             timings.pass1_s = time.perf_counter() - t
             t = time.perf_counter()
-            mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers)
+            mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity)
             _note_flat(mr, cfg)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
-            plan.capacity = capacity
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
                            flat_relevance=mr.flat, s_low=mr.s_low)
@@ -728,11 +727,10 @@ class QGPM:
             t = time.perf_counter()
             ev_tokens = self._evidence_tokens(prompt, evidence)
             units, rel = oracle_units(prompt.token_sentence, ev_tokens)
-            mr = build_plan(units, rel, config=cfg, rotary=self.rotary, n_layers=self.n_layers, dense=True)
+            mr = build_plan(units, rel, config=cfg, rotary=self.rotary, n_layers=self.n_layers, dense=True, capacity=capacity)
             _note_flat(mr, cfg)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
-            plan.capacity = capacity
             relevance = self._relevance(prompt, mr, None, units)
             details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, s_low=mr.s_low)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=rel, config=cfg, units=units)

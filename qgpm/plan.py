@@ -94,12 +94,14 @@ def build_plan(
     rotary: RotaryInfo,
     n_layers: int,
     dense: bool = False,
+    capacity: int = 0,
 ) -> MapResult:
     """Shape unit relevance into broad/sharp token scores and per-plane positions.
 
     ``token_unit[j]`` is the unit (sentence) of token ``j`` or -1 outside the context;
     ``unit_relevance`` is ``z_i`` (higher = more relevant). ``dense=True`` gives tied
-    units one shared rank (Oracle).
+    units one shared rank (Oracle). ``capacity``: the plan's
+    :attr:`~qgpm.rope.PositionPlan.capacity` (prompt plus generation budget, in tokens).
     """
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
@@ -124,7 +126,7 @@ def build_plan(
         raise ValueError(f"unmodulated_layers={config.unmodulated_layers} exceeds the model's {n_layers} layers")
     layer_map: list[int | None] = [0] * ls + [1] * (n_layers - ls)
     layer_map[: config.unmodulated_layers] = [None] * config.unmodulated_layers
-    plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary)
+    plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity)
     return MapResult(ranks, unit_scores, tok_scores, m_star, anchor, plan, flat, s_low)
 
 

@@ -119,24 +119,30 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotate_half(x) * sin
 
 
-@dataclass
+@dataclass(frozen=True)
 class PositionPlan:
     """Per-plane positions of each map for one prompt, and which layer uses which map.
 
     ``positions[k]`` is ``[d/2, N]`` (float64) for map ``k``; ``layer_map[l]`` is the map
     index used by decoder layer ``l``, or ``None`` for a layer that keeps the model's
-    standard positions (no hook).
+    standard positions (no hook). ``capacity``: how many token indices (prompt plus
+    generation budget) to build the cos/sin tables for up front.
+
+    The plan does not change once built (:func:`qgpm.plan.build_plan` takes the capacity);
+    it only caches the cos/sin tables it has computed, per map, device and dtype, so every
+    layer and decode step reuses them. What one installation needs per forward is kept by
+    :func:`qgpm.runtime.apply_plan`'s hooks, not by the plan.
     """
 
     positions: list[torch.Tensor]
     layer_map: list[int | None]
     rotary: RotaryInfo
-    capacity: int = 0  # token indices to build tables for up front (prompt + generation budget)
-    _tables: dict = field(default_factory=dict, repr=False)
-    _need: int = field(default=0, repr=False)
+    capacity: int = 0
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_tokens(self) -> int:
+        """``N``, the number of prompt tokens the plan covers."""
         return int(self.positions[0].shape[1])
 
     def full_tables(self, map_index: int, device: torch.device, dtype: torch.dtype, need: int) -> tuple[torch.Tensor, torch.Tensor]:

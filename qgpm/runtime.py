@@ -106,6 +106,7 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
         if len(plan.layer_map) != len(layers):
             raise ValueError(f"plan has {len(plan.layer_map)} layer entries, model has {len(layers)} layers")
         handles = []
+        need = [0]  # this installation's own state: how far the tables must reach in the current forward
 
         def make_hook(map_index: int, first: bool):
             def hook(module, args, kwargs):
@@ -118,8 +119,8 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
                 if pid.ndim == 1:
                     pid = pid.unsqueeze(0)
                 if first:  # one host sync per forward: how far the tables must reach
-                    plan._need = int(pid.max()) + 1
-                kwargs["position_embeddings"] = plan.tables(map_index, pid, hs.device, hs.dtype, need=plan._need)
+                    need[0] = int(pid.max()) + 1
+                kwargs["position_embeddings"] = plan.tables(map_index, pid, hs.device, hs.dtype, need=need[0])
                 return args, kwargs
 
             return hook

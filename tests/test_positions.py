@@ -162,6 +162,19 @@ def test_build_plan_layers_and_oracle_units():
         assert t.tolist() == pytest.approx([1, 1, 1, 1, 1, 0.1, 0.1, 1])
 
 
+def test_plan_is_immutable_and_takes_its_capacity_from_build_plan():
+    import dataclasses
+
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    ts = torch.tensor([-1, 0, 0, 1, 1, 2, 2, -1])
+    mr = build_plan(ts, torch.tensor([0.0, 2.0, 1.0]), config=QGPMConfig(), rotary=rot, n_layers=4, capacity=40)
+    assert mr.plan.capacity == 40
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mr.plan.capacity = 50
+    cos, _ = mr.plan.full_tables(0, torch.device("cpu"), torch.float32, need=9)
+    assert cos.shape[0] == max(40, mr.plan.num_tokens + 64)  # tables built up to the planned capacity
+
+
 @settings(max_examples=40, deadline=None)
 @given(m_star=st.floats(min_value=-2, max_value=40), m_local=st.floats(min_value=-2, max_value=40), tau=st.sampled_from([0.0, 0.5, 1.0, 3.0]))
 def test_band_gate_keeps_fast_and_slow_planes(m_star, m_local, tau):
