@@ -15,6 +15,7 @@ compression ``llmlingua-2`` (settings in ``options=``, see :mod:`qgpm.baselines`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import numbers
@@ -22,7 +23,6 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from queue import Empty, Queue
 from typing import Any, Iterator, Literal, Sequence
 
@@ -37,6 +37,7 @@ from .loading import ModelSource, load_model, load_tokenizer, resolve_source
 from .plan import MapResult, build_plan, oracle_units
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
+from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import rotary_info
 from .runtime import apply_plan, check_supported, decoder_layers, model_lock
 from .shaping import fuse_heads
@@ -51,56 +52,6 @@ Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder", "string", "ms-p
 
 class ContextTooLongError(ValueError):
     """The prompt plus the generation budget does not fit the model's window."""
-
-
-@dataclass
-class SentenceRelevance:
-    """One context sentence with what QGPM made of it.
-
-    ``start``/``end`` are char offsets into the context string (documents joined by the
-    separator); ``z`` is the fused head relevance (None for Oracle); ``rank`` 0 = most
-    relevant; ``broad``/``sharp`` are the sentence's scores in the two maps (1 = unit
-    stride, ``s_low`` = most compressed on fast planes).
-    """
-
-    index: int
-    text: str
-    start: int
-    end: int
-    doc: int
-    rank: int
-    broad: float
-    sharp: float
-    z: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    answer_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.answer_tokens
-
-
-@dataclass
-class Timings:
-    """Seconds spent in each phase; ``first_token_s`` = time to first token (edit + pass 1 + prefill)."""
-
-    edit_s: float = 0.0
-    pass1_s: float = 0.0
-    plan_s: float = 0.0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    total_s: float = 0.0
-
-    @property
-    def first_token_s(self) -> float:
-        return self.edit_s + self.pass1_s + self.plan_s + self.prefill_s
 
 
 def _note_flat(mr: MapResult, config: QGPMConfig) -> None:
@@ -118,85 +69,6 @@ def _note_flat(mr: MapResult, config: QGPMConfig) -> None:
             "(result.details['s_low'] is 1.0). Set keep_length=0 in QGPMConfig to modulate short contexts too.",
             config.keep_length,
         )
-
-
-@dataclass
-class QGPMResult:
-    """The answer and why it came out so."""
-
-    text: str
-    method: str
-    relevance: list[SentenceRelevance] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-    timings: Timings = field(default_factory=Timings)
-    finish_reason: str = "stop"
-    edit: Any = None  # EditedContext for topk / reorder
-    details: dict[str, Any] = field(default_factory=dict)
-    context: str | None = None  # the context as the prompt held it (relevance spans index into it)
-    question: str | None = None
-
-    def to_html(self, *, top: int = 10) -> str:
-        """A self-contained HTML page showing why this answer came out (see :mod:`qgpm.explain`)."""
-        from .explain import render_html
-
-        return render_html(self, top=top)
-
-    def plot(self, *, evidence: Sequence[str] | None = None, ax: Any = None):
-        """A matplotlib figure of sentence relevance against position in the context."""
-        from .explain import plot_relevance
-
-        return plot_relevance(self, evidence=evidence, ax=ax)
-
-    def top_sentences(self, k: int = 5) -> list[SentenceRelevance]:
-        """The ``k`` sentences ranked most relevant (best first)."""
-        return sorted(self.relevance, key=lambda s: s.rank)[:k]
-
-    def explain(self, k: int = 5) -> str:
-        """A short human-readable account of the ranking."""
-        if not self.relevance:
-            how = "query-agnostic positions" if self.method in ROPE_BASELINES else "standard positions"
-            return f"method={self.method}: no relevance ranking ({how})"
-        lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences"]
-        for s in self.top_sentences(k):
-            z = "" if s.z is None else f" z={s.z:+.2f}"
-            lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}  {s.text[:120]}")
-        return "\n".join(lines)
-
-
-@dataclass
-class PreparedCall:
-    """Everything decided before generation (what :meth:`QGPM.prepare` returns).
-
-    ``prompt``: the tokenized prompt with its role spans and sentences; ``plan``: the
-    position plan (``None`` = standard RoPE: vanilla, topk, reorder; an attention-level
-    :class:`~qgpm.baselines.BaselinePlan` for string, ms-poe, self-extend); ``relevance``: the
-    per-sentence ranks and map scores; ``edit``: the Top-K / Reorder edit, if any;
-    ``z``: QGPM's fused head relevance per sentence (qgpm only), kept so that
-    :meth:`QGPM.replan` can try other shaping settings without rerunning pass 1;
-    ``config``: the settings the plan was built with. Run it with
-    :meth:`QGPM.generate_prepared`.
-    """
-
-    prompt: Prompt | None
-    method: str
-    plan: Any
-    relevance: list[SentenceRelevance]
-    timings: Timings
-    edit: Any
-    details: dict[str, Any]
-    input_ids: torch.Tensor | None = None
-    z: torch.Tensor | None = None
-    config: QGPMConfig | None = None
-    units: Any = None
-
-    def __post_init__(self) -> None:
-        if self.input_ids is None:
-            self.input_ids = self.prompt.input_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[1])
-
 
 
 class _TimingStreamer:
@@ -516,7 +388,7 @@ class QGPM:
         """Streaming version of :meth:`chat` (an :class:`AnswerStream`)."""
         _check_stream_kwargs(kwargs)
         call = self._plain_call(messages, kwargs.get("max_new_tokens", 64))
-        return AnswerStream(self, None, None, kwargs, call=call)
+        return AnswerStream(functools.partial(_stream_pieces, self, None, None, dict(kwargs), call), engine=self)
 
     def _plain_call(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> PreparedCall:
         if isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__iter__"):
@@ -574,7 +446,7 @@ class QGPM:
         _check_evidence(kwargs.get("evidence"))
         check_prompt_inputs(context, question, instruction=kwargs.get("instruction"), system=kwargs.get("system"), answer_prefix=kwargs.get("answer_prefix"))
         check_template(kwargs.get("template", DEFAULT_TEMPLATE))
-        return AnswerStream(self, context, question, kwargs)
+        return AnswerStream(functools.partial(_stream_pieces, self, context, question, dict(kwargs), None), engine=self)
 
     def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
         """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
@@ -824,14 +696,13 @@ class QGPM:
         return text.strip(), "stop" if hit else reason
 
     def _result(self, call: PreparedCall, text: str, reason: str, n_new: int, t0: float, first: float | None, t1: float) -> QGPMResult:
-        tm = call.timings
+        """The result of running ``call``: its own copies of the timings, details and relevance list."""
         first = first if first is not None else t1
-        tm.prefill_s = first - t0
-        tm.decode_s = t1 - first
-        tm.total_s = tm.edit_s + tm.pass1_s + tm.plan_s + (t1 - t0)
+        pre = call.timings
+        tm = dataclasses.replace(pre, prefill_s=first - t0, decode_s=t1 - first, total_s=pre.edit_s + pre.pass1_s + pre.plan_s + (t1 - t0))
         return QGPMResult(
-            text=text, method=call.method, relevance=call.relevance,
-            usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=call.details,
+            text=text, method=call.method, relevance=list(call.relevance),
+            usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=dict(call.details),
             context=call.prompt.context_text if call.prompt is not None else None,
             question=call.prompt.question_text if call.prompt is not None else None,
         )
@@ -949,54 +820,7 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
-class _StreamState:
-    """What an :class:`AnswerStream` shares with its generator (no reference back to the stream)."""
-
-    __slots__ = ("result",)
-
-    def __init__(self) -> None:
-        self.result: QGPMResult | None = None
-
-
-class AnswerStream:
-    """Iterator of answer text pieces; ``result`` is set when the stream ends.
-
-    Generation runs in a worker thread (transformers' ``TextIteratorStreamer``); an
-    exception there is re-raised here. Use the stream as a context manager or call
-    :meth:`close` to stop early. The generator behind it holds no reference to the
-    stream, so a stream nobody holds any more (``break`` out of ``for piece in
-    engine.stream(...)``) is finalized at once: generation is cancelled, the worker is
-    joined and the model's position hooks are removed.
-    """
-
-    def __init__(self, engine: QGPM, context, question, kwargs: dict[str, Any], call: PreparedCall | None = None) -> None:
-        self.engine = engine
-        self._state = _StreamState()
-        self._gen = _stream_pieces(engine, context, question, dict(kwargs), call, self._state)
-
-    @property
-    def result(self) -> QGPMResult | None:
-        """The full :class:`QGPMResult` once the stream is exhausted (``None`` before, or if closed early)."""
-        return self._state.result
-
-    def __iter__(self) -> "AnswerStream":
-        return self
-
-    def __next__(self) -> str:
-        return next(self._gen)
-
-    def close(self) -> None:
-        """Stop generation now (waits at most one decoding step) and leave the model unpatched."""
-        self._gen.close()
-
-    def __enter__(self) -> "AnswerStream":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: PreparedCall | None, state: _StreamState) -> Iterator[str]:
+def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: PreparedCall | None, state: StreamState) -> Iterator[str]:
     """The generator behind :class:`AnswerStream` (a function, so it cannot reference the stream)."""
     from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
