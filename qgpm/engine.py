@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from queue import Empty, Queue
 from typing import Any, Iterator, Literal, Sequence
 
@@ -45,9 +46,44 @@ from .tokens import count_plain, count_tokens_bounded, encode_plain, encode_prom
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream", "PreparedCall"]
+__all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream", "PreparedCall", "CallOptions"]
 
 Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2"]
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How to prepare one call: the arguments of :meth:`QGPM.prepare` besides context and question.
+
+    :meth:`QGPM.answer`, :meth:`QGPM.prepare` and :meth:`QGPM.stream` take these as keyword
+    arguments (see :meth:`QGPM.answer` for each); the engine carries them as one object.
+    ``max_new_tokens`` is the generation budget the prompt must leave room for. Values are
+    stored as given and checked when the call is prepared.
+    """
+
+    method: Method = "qgpm"
+    evidence: Sequence[str] | None = None
+    system: str | None = None
+    instruction: str | None = None
+    answer_prefix: str | None = None
+    template: str = DEFAULT_TEMPLATE
+    reranker: Any = None
+    k: int = DEFAULT_K
+    config: QGPMConfig | None = None
+    max_new_tokens: int = 0
+    options: Any = None
+
+    @classmethod
+    def take(cls, kwargs: dict[str, Any], **defaults: Any) -> "CallOptions":
+        """Pop this class's fields out of ``kwargs`` (the rest stays there).
+
+        ``defaults`` replace the class defaults for fields ``kwargs`` does not hold.
+        """
+        values = dict(defaults)
+        for f in dataclasses.fields(cls):
+            if f.name in kwargs:
+                values[f.name] = kwargs.pop(f.name)
+        return cls(**values)
 
 
 class ContextTooLongError(ValueError):
@@ -265,7 +301,11 @@ class QGPM:
         :class:`ContextTooLongError` for input that cannot fit the window).
         """
         stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
-        call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens, options)
+        opts = CallOptions(
+            method=method, evidence=evidence, system=system, instruction=instruction, answer_prefix=answer_prefix, template=template,
+            reranker=reranker, k=k, config=config, max_new_tokens=max_new_tokens, options=options,
+        )
+        call = self._prepare(context, question, opts)
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
 
     def generate_prepared(
@@ -441,24 +481,23 @@ class QGPM:
         The arguments are checked here, before anything runs.
         """
         _check_stream_kwargs(kwargs)
-        self._check_ready(kwargs.get("method", "qgpm"))
-        self._check_config(kwargs.get("config"), kwargs.get("method", "qgpm"))
-        _check_evidence(kwargs.get("evidence"))
-        check_prompt_inputs(context, question, instruction=kwargs.get("instruction"), system=kwargs.get("system"), answer_prefix=kwargs.get("answer_prefix"))
-        check_template(kwargs.get("template", DEFAULT_TEMPLATE))
+        opts = CallOptions.take(dict(kwargs), max_new_tokens=64)
+        self._check_ready(opts.method)
+        self._check_config(opts.config, opts.method)
+        _check_evidence(opts.evidence)
+        check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
+        check_template(opts.template)
         return AnswerStream(functools.partial(_stream_pieces, self, context, question, dict(kwargs), None), engine=self)
 
     def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
         """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
-        keys = ("method", "evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "max_new_tokens", "options")
-        defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, DEFAULT_K, None, 0, None)
-        args = [kwargs.pop(k, d) for k, d in zip(keys, defaults)]
+        opts = CallOptions.take(kwargs)
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        mnt = args[keys.index("max_new_tokens")]
+        mnt = opts.max_new_tokens
         if isinstance(mnt, bool) or not isinstance(mnt, numbers.Integral) or mnt < 0:
             raise TypeError(f"max_new_tokens must be an int >= 0 (the generation budget to leave room for), got {mnt!r}")
-        return self._prepare(context, question, *args)
+        return self._prepare(context, question, opts)
 
     @torch.inference_mode()
     def answer_logprob(self, context: str | Sequence[str], question: str, answer: str, **kwargs: Any) -> float:
@@ -538,11 +577,15 @@ class QGPM:
                         "(or retrieve fewer documents), or lower max_new_tokens."
                     )
 
-    def _prepare(self, context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens, options=None) -> PreparedCall:
+    def _prepare(self, context: str | Sequence[str], question: str, opts: CallOptions) -> PreparedCall:
+        """Everything before generation: check the inputs (before any model work), edit the
+        context (topk / reorder / llmlingua-2), build the prompt, run pass 1 and build the plan."""
+        method, system, instruction, answer_prefix, template = opts.method, opts.system, opts.instruction, opts.answer_prefix, opts.template
+        max_new_tokens = opts.max_new_tokens
         self._check_ready(method)
-        options = resolve_options(method, options)  # bad settings fail before any work
-        cfg = self._check_config(config, method)
-        evidence = _check_evidence(evidence)
+        options = resolve_options(method, opts.options)  # bad settings fail before any work
+        cfg = self._check_config(opts.config, method)
+        evidence = _check_evidence(opts.evidence)
         if evidence is not None and method != "oracle":
             raise ValueError("evidence= is only used by method='oracle'")
         docs = check_prompt_inputs(context, question, instruction=instruction, system=system, answer_prefix=answer_prefix)
@@ -557,7 +600,7 @@ class QGPM:
 
             t = time.perf_counter()
             edit = edit_context(
-                context, question, mode=method, reranker=reranker if reranker is not None else DEFAULT_RERANKER, k=k,
+                context, question, mode=method, reranker=opts.reranker if opts.reranker is not None else DEFAULT_RERANKER, k=opts.k,
                 count_tokens=lambda s: count_plain(self.tokenizer, s),
             )
             timings.edit_s = time.perf_counter() - t
@@ -824,17 +867,11 @@ def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: P
     """The generator behind :class:`AnswerStream` (a function, so it cannot reference the stream)."""
     from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
-    method = kw.pop("method", "qgpm")
-    max_new_tokens = kw.pop("max_new_tokens", 64)
+    opts = CallOptions.take(kw, max_new_tokens=64)  # what is left in kw goes to generate()
+    max_new_tokens = opts.max_new_tokens
     gen_args = {k: kw.pop(k) for k in ("temperature", "top_p", "stop", "seed") if k in kw}
-    prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "options")
-    prep = {k: kw.pop(k) for k in prep_keys if k in kw}
     stop = _check_generation_args(max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), gen_args.get("stop"), gen_args.get("seed"))
-    call = prepared or eng._prepare(
-        context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
-        prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", DEFAULT_K), prep.get("config"), max_new_tokens,
-        prep.get("options"),
-    )
+    call = prepared or eng._prepare(context, question, opts)
     gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
     text_streamer = TextIteratorStreamer(eng.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=None)
     timing = _TimingStreamer(text_streamer)
