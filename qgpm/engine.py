@@ -382,26 +382,34 @@ class QGPM:
         t0 = time.perf_counter()
         with apply_plan(self.model, call.plan), torch.inference_mode():
             if score is not None:
-                from transformers import DynamicCache
-
-                cache = DynamicCache(config=self.model.config)
-                full = torch.cat([ids, torch.tensor([score_ids], device=ids.device)], dim=1)
-                keep = len(score_ids) + 1  # the last prompt row and the score rows (no N x vocab logits)
-                logits = self.model(input_ids=full, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(self.model.forward): cache}).logits[0, -keep:]
-                logp = torch.log_softmax(logits[:-1].float(), dim=-1)
-                extra["score_logprob"] = float(logp.gather(1, torch.tensor(score_ids, device=logp.device).unsqueeze(1)).sum())
+                extra["score_logprob"], cache = self._score_prefill(ids, score_ids)
                 extra["score_tokens"] = len(score_ids)
                 extra["score_s"] = time.perf_counter() - t0
-                cache.crop(-keep)  # back to the prompt minus its last token, which generation recomputes
+                cache.crop(-(len(score_ids) + 1))  # back to the prompt minus its last token, which generation recomputes
                 gen[_cache_kwarg(self.model.forward)] = cache  # generate takes the name forward takes
             out = self.model.generate(ids, streamer=streamer, **gen)
         t1 = time.perf_counter()
         new = out[0, call.num_tokens :].tolist()
         text, reason = self._finish_text(new, stop, max_new_tokens)
         res = self._result(call, text, reason, len(new), t0, streamer.first_token_at, t1)
-        if extra:
-            res.details = dict(res.details, **extra)
+        res.details.update(extra)
         return res
+
+    def _score_prefill(self, ids: torch.Tensor, score_ids: list[int]) -> tuple[float, Any]:
+        """The one teacher-forced log-prob path: ``log p(score_ids | ids)`` summed over the score
+        tokens, from one forward over prompt + score that fills a fresh KV cache.
+
+        Returns ``(logprob, cache)``; run it inside ``apply_plan`` and inference mode. Only the
+        last prompt row and the score rows get logits (no N x vocab tensor).
+        """
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        full = torch.cat([ids, torch.tensor([score_ids], device=ids.device)], dim=1)
+        keep = len(score_ids) + 1
+        logits = self.model(input_ids=full, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(self.model.forward): cache}).logits[0, -keep:]
+        logp = torch.log_softmax(logits[:-1].float(), dim=-1)
+        return float(logp.gather(1, torch.tensor(score_ids, device=logp.device).unsqueeze(1)).sum()), cache
 
     def chat(
         self,
@@ -499,21 +507,21 @@ class QGPM:
             raise TypeError(f"max_new_tokens must be an int >= 0 (the generation budget to leave room for), got {mnt!r}")
         return self._prepare(context, question, opts)
 
-    @torch.inference_mode()
     def answer_logprob(self, context: str | Sequence[str], question: str, answer: str, **kwargs: Any) -> float:
-        """Teacher-forced log-probability of ``answer`` as the continuation of the prompt."""
+        """Teacher-forced log-probability of ``answer`` as the continuation of the prompt.
+
+        ``kwargs`` are :meth:`prepare`'s. The same computation as ``score=`` of
+        :meth:`generate_prepared` (``result.details["score_logprob"]``), without generating.
+        """
         if not isinstance(answer, str):
             raise TypeError(f"answer must be a string, got {type(answer).__name__}")
         call = self.prepare(context, question, **kwargs)
         ans = encode_plain(self.tokenizer, answer)
         if not ans:
             raise ValueError("answer is empty")
-        ids = torch.cat([call.prompt.input_ids, torch.tensor([ans])], dim=1).to(self.device)
-        with apply_plan(self.model, call.plan):
-            # only the positions that predict the answer tokens (not N x vocab logits)
-            logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=len(ans) + 1).logits[0].float()
-        logp = torch.log_softmax(logits[:-1], dim=-1)
-        return float(logp.gather(1, torch.tensor(ans, device=logp.device).unsqueeze(1)).sum())
+        with apply_plan(self.model, call.plan), torch.inference_mode():
+            logprob, _ = self._score_prefill(call.input_ids.to(self.device), ans)
+        return logprob
 
     # ------------------------------------------------------------------ internals
     def _check_ready(self, method: str) -> None:
