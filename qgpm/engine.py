@@ -470,12 +470,7 @@ class QGPM:
                 text += c + "\n\n"
             ids, _ = encode_prompt(self.tokenizer, text, spans, add_special_tokens=True)
         ids = torch.tensor([ids], dtype=torch.long)
-        window = self.max_length
-        if window and ids.shape[1] + max_new_tokens > window:
-            raise ContextTooLongError(
-                f"the prompt is {ids.shape[1]} tokens and max_new_tokens is {max_new_tokens}: more than the model "
-                f"window of {window} tokens. Shorten the messages or lower max_new_tokens."
-            )
+        self._check_fits(ids.shape[1], max_new_tokens, shorten="the messages")
         return PreparedCall(None, "plain", None, [], Timings(), None, {}, input_ids=ids)
 
     def stream(self, context: str | Sequence[str], question: str, **kwargs: Any) -> "AnswerStream":
@@ -552,7 +547,7 @@ class QGPM:
         :func:`~qgpm.tokens.max_token_chars` characters, so more characters than that
         times the room left cannot fit (no tokenizing at all). Then, for large inputs, a
         plain-text token count that stops as soon as it passes the room left. Both are
-        lower bounds; the exact count of the assembled prompt follows in ``_check_length``.
+        lower bounds; the exact count of the assembled prompt follows in ``_check_fits``.
         ``context`` is counted with ``texts`` unless ``exact=False`` (Top-K, whose edit
         may shorten it: there only the character bound applies to it).
         """
@@ -623,7 +618,7 @@ class QGPM:
             context = edit.documents
         spec = PromptSpec(context=context, question=question, instruction=instruction, system=system, answer_prefix=answer_prefix, template=template)
         prompt = build_prompt(self.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail)
-        self._check_length(prompt, max_new_tokens)
+        self._check_fits(prompt.num_tokens, max_new_tokens, context_tokens=prompt.context_tokens)
         capacity = prompt.num_tokens + max(max_new_tokens, 1) + 1
         plan = None
         relevance: list[SentenceRelevance] = []
@@ -664,13 +659,18 @@ class QGPM:
             details.update(info)
         return PreparedCall(prompt, method, plan, relevance, timings, edit, details, config=cfg)
 
-    def _check_length(self, prompt: Prompt, max_new_tokens: int) -> None:
+    def _check_fits(self, num_tokens: int, max_new_tokens: int, *, context_tokens: int | None = None,
+                    shorten: str = "the context (or retrieve fewer documents)") -> None:
+        """The one "prompt too long" rule, for every assembled prompt: raise
+        :class:`ContextTooLongError` when ``num_tokens`` plus the generation budget exceed the
+        model window. ``shorten`` names what the caller should shorten."""
         window = self.max_length
-        if window and prompt.num_tokens + max_new_tokens > window:
+        if window and num_tokens + max_new_tokens > window:
+            ctx = "" if context_tokens is None else f" (context {context_tokens})"
             raise ContextTooLongError(
-                f"the prompt is {prompt.num_tokens} tokens (context {prompt.context_tokens}) and max_new_tokens is "
-                f"{max_new_tokens}: {prompt.num_tokens + max_new_tokens} > the model window of {window} tokens. "
-                "Shorten the context (or retrieve fewer documents), or lower max_new_tokens."
+                f"the prompt is {num_tokens} tokens{ctx} and max_new_tokens is {max_new_tokens}: "
+                f"{num_tokens + max_new_tokens} > the model window of {window} tokens. "
+                f"Shorten {shorten}, or lower max_new_tokens."
             )
 
     @staticmethod
