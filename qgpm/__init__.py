@@ -11,10 +11,11 @@ on the fast rotary planes. No token is moved or dropped, no weight is trained.
 
 from .baselines import BASELINE_METHODS, STRING_RELEASED_SCALE, LLMLingua2Options, MsPoEOptions, SelfExtendOptions, StringOptions
 from .config import PRESETS, QGPMConfig
-from .engine import METHODS, AnswerStream, ContextTooLongError, QGPM, QGPMResult, SentenceRelevance, Timings, Usage
+from .engine import METHODS, ContextTooLongError, QGPM
 from .fingerprint import ModelFingerprint
 from .heads import HeadSet, HeadSetMismatchError, HeadSetMissingError
 from .prompt import EmptyContextError, PromptError
+from .results import AnswerStream, QGPMResult, SentenceRelevance, Timings, Usage
 from .runtime import SUPPORTED_FAMILIES, UnsupportedModelError
 
 __all__ = [

@@ -15,6 +15,7 @@ compression ``llmlingua-2`` (settings in ``options=``, see :mod:`qgpm.baselines`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import numbers
@@ -22,7 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from queue import Empty, Queue
 from typing import Any, Iterator, Literal, Sequence
 
@@ -37,69 +38,56 @@ from .loading import ModelSource, load_model, load_tokenizer, resolve_source
 from .plan import MapResult, build_plan, oracle_units
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
-from .runtime import apply_plan, check_supported, decoder_layers, model_lock, rotary_info
+from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
+from .rope import rotary_info
+from .runtime import apply_plan, check_supported, decoder_layers, model_lock
 from .shaping import fuse_heads
 from .tokens import count_plain, count_tokens_bounded, encode_plain, encode_prompt, max_token_chars, plain_backend, special_token_ids
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream", "PreparedCall"]
+__all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHODS", "ContextTooLongError", "AnswerStream", "PreparedCall", "CallOptions"]
 
 Method = Literal["vanilla", "qgpm", "oracle", "topk", "reorder", "string", "ms-poe", "self-extend", "llmlingua-2"]
 
 
-class ContextTooLongError(ValueError):
-    """The prompt plus the generation budget does not fit the model's window."""
+@dataclass(frozen=True)
+class CallOptions:
+    """How to prepare one call: the arguments of :meth:`QGPM.prepare` besides context and question.
 
-
-@dataclass
-class SentenceRelevance:
-    """One context sentence with what QGPM made of it.
-
-    ``start``/``end`` are char offsets into the context string (documents joined by the
-    separator); ``z`` is the fused head relevance (None for Oracle); ``rank`` 0 = most
-    relevant; ``broad``/``sharp`` are the sentence's scores in the two maps (1 = unit
-    stride, ``s_low`` = most compressed on fast planes).
+    :meth:`QGPM.answer`, :meth:`QGPM.prepare` and :meth:`QGPM.stream` take these as keyword
+    arguments (see :meth:`QGPM.answer` for each); the engine carries them as one object.
+    ``max_new_tokens`` is the generation budget the prompt must leave room for. Values are
+    stored as given and checked when the call is prepared.
     """
 
-    index: int
-    text: str
-    start: int
-    end: int
-    doc: int
-    rank: int
-    broad: float
-    sharp: float
-    z: float | None = None
+    method: Method = "qgpm"
+    evidence: Sequence[str] | None = None
+    system: str | None = None
+    instruction: str | None = None
+    answer_prefix: str | None = None
+    template: str = DEFAULT_TEMPLATE
+    reranker: Any = None
+    k: int = DEFAULT_K
+    config: QGPMConfig | None = None
+    max_new_tokens: int = 0
+    options: Any = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    @classmethod
+    def take(cls, kwargs: dict[str, Any], **defaults: Any) -> "CallOptions":
+        """Pop this class's fields out of ``kwargs`` (the rest stays there).
+
+        ``defaults`` replace the class defaults for fields ``kwargs`` does not hold.
+        """
+        values = dict(defaults)
+        for f in dataclasses.fields(cls):
+            if f.name in kwargs:
+                values[f.name] = kwargs.pop(f.name)
+        return cls(**values)
 
 
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    answer_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.answer_tokens
-
-
-@dataclass
-class Timings:
-    """Seconds spent in each phase; ``first_token_s`` = time to first token (edit + pass 1 + prefill)."""
-
-    edit_s: float = 0.0
-    pass1_s: float = 0.0
-    plan_s: float = 0.0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    total_s: float = 0.0
-
-    @property
-    def first_token_s(self) -> float:
-        return self.edit_s + self.pass1_s + self.plan_s + self.prefill_s
+class ContextTooLongError(ValueError):
+    """The prompt plus the generation budget does not fit the model's window."""
 
 
 def _note_flat(mr: MapResult, config: QGPMConfig) -> None:
@@ -117,85 +105,6 @@ def _note_flat(mr: MapResult, config: QGPMConfig) -> None:
             "(result.details['s_low'] is 1.0). Set keep_length=0 in QGPMConfig to modulate short contexts too.",
             config.keep_length,
         )
-
-
-@dataclass
-class QGPMResult:
-    """The answer and why it came out so."""
-
-    text: str
-    method: str
-    relevance: list[SentenceRelevance] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-    timings: Timings = field(default_factory=Timings)
-    finish_reason: str = "stop"
-    edit: Any = None  # EditedContext for topk / reorder
-    details: dict[str, Any] = field(default_factory=dict)
-    context: str | None = None  # the context as the prompt held it (relevance spans index into it)
-    question: str | None = None
-
-    def to_html(self, *, top: int = 10) -> str:
-        """A self-contained HTML page showing why this answer came out (see :mod:`qgpm.explain`)."""
-        from .explain import render_html
-
-        return render_html(self, top=top)
-
-    def plot(self, *, evidence: Sequence[str] | None = None, ax: Any = None):
-        """A matplotlib figure of sentence relevance against position in the context."""
-        from .explain import plot_relevance
-
-        return plot_relevance(self, evidence=evidence, ax=ax)
-
-    def top_sentences(self, k: int = 5) -> list[SentenceRelevance]:
-        """The ``k`` sentences ranked most relevant (best first)."""
-        return sorted(self.relevance, key=lambda s: s.rank)[:k]
-
-    def explain(self, k: int = 5) -> str:
-        """A short human-readable account of the ranking."""
-        if not self.relevance:
-            how = "query-agnostic positions" if self.method in ROPE_BASELINES else "standard positions"
-            return f"method={self.method}: no relevance ranking ({how})"
-        lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences"]
-        for s in self.top_sentences(k):
-            z = "" if s.z is None else f" z={s.z:+.2f}"
-            lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}  {s.text[:120]}")
-        return "\n".join(lines)
-
-
-@dataclass
-class PreparedCall:
-    """Everything decided before generation (what :meth:`QGPM.prepare` returns).
-
-    ``prompt``: the tokenized prompt with its role spans and sentences; ``plan``: the
-    position plan (``None`` = standard RoPE: vanilla, topk, reorder; an attention-level
-    :class:`~qgpm.baselines.BaselinePlan` for string, ms-poe, self-extend); ``relevance``: the
-    per-sentence ranks and map scores; ``edit``: the Top-K / Reorder edit, if any;
-    ``z``: QGPM's fused head relevance per sentence (qgpm only), kept so that
-    :meth:`QGPM.replan` can try other shaping settings without rerunning pass 1;
-    ``config``: the settings the plan was built with. Run it with
-    :meth:`QGPM.generate_prepared`.
-    """
-
-    prompt: Prompt | None
-    method: str
-    plan: Any
-    relevance: list[SentenceRelevance]
-    timings: Timings
-    edit: Any
-    details: dict[str, Any]
-    input_ids: torch.Tensor | None = None
-    z: torch.Tensor | None = None
-    config: QGPMConfig | None = None
-    units: Any = None
-
-    def __post_init__(self) -> None:
-        if self.input_ids is None:
-            self.input_ids = self.prompt.input_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[1])
-
 
 
 class _TimingStreamer:
@@ -392,7 +301,11 @@ class QGPM:
         :class:`ContextTooLongError` for input that cannot fit the window).
         """
         stop = _check_generation_args(max_new_tokens, temperature, top_p, stop, seed)
-        call = self._prepare(context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens, options)
+        opts = CallOptions(
+            method=method, evidence=evidence, system=system, instruction=instruction, answer_prefix=answer_prefix, template=template,
+            reranker=reranker, k=k, config=config, max_new_tokens=max_new_tokens, options=options,
+        )
+        call = self._prepare(context, question, opts)
         return self._run_call(call, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
 
     def generate_prepared(
@@ -443,16 +356,16 @@ class QGPM:
             raise ValueError(f"{', '.join(changed)} change pass 1 or the prompt: call prepare() again with config= instead of replan()")
         t = time.perf_counter()
         prompt = call.prompt
+        capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
         if call.method == "qgpm":
-            mr = build_plan(prompt.token_sentence, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers)
+            mr = build_plan(prompt.token_sentence, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity)
             _note_flat(mr, config)
             relevance = self._relevance(prompt, mr, call.z)
         else:
-            mr = build_plan(call.units, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, dense=True)
+            mr = build_plan(call.units, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, dense=True, capacity=capacity)
             _note_flat(mr, config)
             relevance = self._relevance(prompt, mr, None, call.units)
         plan = mr.plan
-        plan.capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
         timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
         details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, s_low=mr.s_low)
         return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
@@ -469,26 +382,34 @@ class QGPM:
         t0 = time.perf_counter()
         with apply_plan(self.model, call.plan), torch.inference_mode():
             if score is not None:
-                from transformers import DynamicCache
-
-                cache = DynamicCache(config=self.model.config)
-                full = torch.cat([ids, torch.tensor([score_ids], device=ids.device)], dim=1)
-                keep = len(score_ids) + 1  # the last prompt row and the score rows (no N x vocab logits)
-                logits = self.model(input_ids=full, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(self.model.forward): cache}).logits[0, -keep:]
-                logp = torch.log_softmax(logits[:-1].float(), dim=-1)
-                extra["score_logprob"] = float(logp.gather(1, torch.tensor(score_ids, device=logp.device).unsqueeze(1)).sum())
+                extra["score_logprob"], cache = self._score_prefill(ids, score_ids)
                 extra["score_tokens"] = len(score_ids)
                 extra["score_s"] = time.perf_counter() - t0
-                cache.crop(-keep)  # back to the prompt minus its last token, which generation recomputes
+                cache.crop(-(len(score_ids) + 1))  # back to the prompt minus its last token, which generation recomputes
                 gen[_cache_kwarg(self.model.forward)] = cache  # generate takes the name forward takes
             out = self.model.generate(ids, streamer=streamer, **gen)
         t1 = time.perf_counter()
         new = out[0, call.num_tokens :].tolist()
         text, reason = self._finish_text(new, stop, max_new_tokens)
         res = self._result(call, text, reason, len(new), t0, streamer.first_token_at, t1)
-        if extra:
-            res.details = dict(res.details, **extra)
+        res.details.update(extra)
         return res
+
+    def _score_prefill(self, ids: torch.Tensor, score_ids: list[int]) -> tuple[float, Any]:
+        """The one teacher-forced log-prob path: ``log p(score_ids | ids)`` summed over the score
+        tokens, from one forward over prompt + score that fills a fresh KV cache.
+
+        Returns ``(logprob, cache)``; run it inside ``apply_plan`` and inference mode. Only the
+        last prompt row and the score rows get logits (no N x vocab tensor).
+        """
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        full = torch.cat([ids, torch.tensor([score_ids], device=ids.device)], dim=1)
+        keep = len(score_ids) + 1
+        logits = self.model(input_ids=full, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(self.model.forward): cache}).logits[0, -keep:]
+        logp = torch.log_softmax(logits[:-1].float(), dim=-1)
+        return float(logp.gather(1, torch.tensor(score_ids, device=logp.device).unsqueeze(1)).sum()), cache
 
     def chat(
         self,
@@ -515,7 +436,7 @@ class QGPM:
         """Streaming version of :meth:`chat` (an :class:`AnswerStream`)."""
         _check_stream_kwargs(kwargs)
         call = self._plain_call(messages, kwargs.get("max_new_tokens", 64))
-        return AnswerStream(self, None, None, kwargs, call=call)
+        return AnswerStream(functools.partial(_stream_pieces, self, None, None, dict(kwargs), call), engine=self)
 
     def _plain_call(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> PreparedCall:
         if isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__iter__"):
@@ -549,12 +470,7 @@ class QGPM:
                 text += c + "\n\n"
             ids, _ = encode_prompt(self.tokenizer, text, spans, add_special_tokens=True)
         ids = torch.tensor([ids], dtype=torch.long)
-        window = self.max_length
-        if window and ids.shape[1] + max_new_tokens > window:
-            raise ContextTooLongError(
-                f"the prompt is {ids.shape[1]} tokens and max_new_tokens is {max_new_tokens}: more than the model "
-                f"window of {window} tokens. Shorten the messages or lower max_new_tokens."
-            )
+        self._check_fits(ids.shape[1], max_new_tokens, shorten="the messages")
         return PreparedCall(None, "plain", None, [], Timings(), None, {}, input_ids=ids)
 
     def stream(self, context: str | Sequence[str], question: str, **kwargs: Any) -> "AnswerStream":
@@ -568,40 +484,39 @@ class QGPM:
         The arguments are checked here, before anything runs.
         """
         _check_stream_kwargs(kwargs)
-        self._check_ready(kwargs.get("method", "qgpm"))
-        self._check_config(kwargs.get("config"), kwargs.get("method", "qgpm"))
-        _check_evidence(kwargs.get("evidence"))
-        check_prompt_inputs(context, question, instruction=kwargs.get("instruction"), system=kwargs.get("system"), answer_prefix=kwargs.get("answer_prefix"))
-        check_template(kwargs.get("template", DEFAULT_TEMPLATE))
-        return AnswerStream(self, context, question, kwargs)
+        opts = CallOptions.take(dict(kwargs), max_new_tokens=64)
+        self._check_ready(opts.method)
+        self._check_config(opts.config, opts.method)
+        _check_evidence(opts.evidence)
+        check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
+        check_template(opts.template)
+        return AnswerStream(functools.partial(_stream_pieces, self, context, question, dict(kwargs), None), engine=self)
 
     def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
         """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
-        keys = ("method", "evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "max_new_tokens", "options")
-        defaults = ("qgpm", None, None, None, None, DEFAULT_TEMPLATE, None, DEFAULT_K, None, 0, None)
-        args = [kwargs.pop(k, d) for k, d in zip(keys, defaults)]
+        opts = CallOptions.take(kwargs)
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        mnt = args[keys.index("max_new_tokens")]
+        mnt = opts.max_new_tokens
         if isinstance(mnt, bool) or not isinstance(mnt, numbers.Integral) or mnt < 0:
             raise TypeError(f"max_new_tokens must be an int >= 0 (the generation budget to leave room for), got {mnt!r}")
-        return self._prepare(context, question, *args)
+        return self._prepare(context, question, opts)
 
-    @torch.inference_mode()
     def answer_logprob(self, context: str | Sequence[str], question: str, answer: str, **kwargs: Any) -> float:
-        """Teacher-forced log-probability of ``answer`` as the continuation of the prompt."""
+        """Teacher-forced log-probability of ``answer`` as the continuation of the prompt.
+
+        ``kwargs`` are :meth:`prepare`'s. The same computation as ``score=`` of
+        :meth:`generate_prepared` (``result.details["score_logprob"]``), without generating.
+        """
         if not isinstance(answer, str):
             raise TypeError(f"answer must be a string, got {type(answer).__name__}")
         call = self.prepare(context, question, **kwargs)
         ans = encode_plain(self.tokenizer, answer)
         if not ans:
             raise ValueError("answer is empty")
-        ids = torch.cat([call.prompt.input_ids, torch.tensor([ans])], dim=1).to(self.device)
-        with apply_plan(self.model, call.plan):
-            # only the positions that predict the answer tokens (not N x vocab logits)
-            logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=len(ans) + 1).logits[0].float()
-        logp = torch.log_softmax(logits[:-1], dim=-1)
-        return float(logp.gather(1, torch.tensor(ans, device=logp.device).unsqueeze(1)).sum())
+        with apply_plan(self.model, call.plan), torch.inference_mode():
+            logprob, _ = self._score_prefill(call.input_ids.to(self.device), ans)
+        return logprob
 
     # ------------------------------------------------------------------ internals
     def _check_ready(self, method: str) -> None:
@@ -632,7 +547,7 @@ class QGPM:
         :func:`~qgpm.tokens.max_token_chars` characters, so more characters than that
         times the room left cannot fit (no tokenizing at all). Then, for large inputs, a
         plain-text token count that stops as soon as it passes the room left. Both are
-        lower bounds; the exact count of the assembled prompt follows in ``_check_length``.
+        lower bounds; the exact count of the assembled prompt follows in ``_check_fits``.
         ``context`` is counted with ``texts`` unless ``exact=False`` (Top-K, whose edit
         may shorten it: there only the character bound applies to it).
         """
@@ -665,11 +580,15 @@ class QGPM:
                         "(or retrieve fewer documents), or lower max_new_tokens."
                     )
 
-    def _prepare(self, context, question, method, evidence, system, instruction, answer_prefix, template, reranker, k, config, max_new_tokens, options=None) -> PreparedCall:
+    def _prepare(self, context: str | Sequence[str], question: str, opts: CallOptions) -> PreparedCall:
+        """Everything before generation: check the inputs (before any model work), edit the
+        context (topk / reorder / llmlingua-2), build the prompt, run pass 1 and build the plan."""
+        method, system, instruction, answer_prefix, template = opts.method, opts.system, opts.instruction, opts.answer_prefix, opts.template
+        max_new_tokens = opts.max_new_tokens
         self._check_ready(method)
-        options = resolve_options(method, options)  # bad settings fail before any work
-        cfg = self._check_config(config, method)
-        evidence = _check_evidence(evidence)
+        options = resolve_options(method, opts.options)  # bad settings fail before any work
+        cfg = self._check_config(opts.config, method)
+        evidence = _check_evidence(opts.evidence)
         if evidence is not None and method != "oracle":
             raise ValueError("evidence= is only used by method='oracle'")
         docs = check_prompt_inputs(context, question, instruction=instruction, system=system, answer_prefix=answer_prefix)
@@ -684,7 +603,7 @@ class QGPM:
 
             t = time.perf_counter()
             edit = edit_context(
-                context, question, mode=method, reranker=reranker if reranker is not None else DEFAULT_RERANKER, k=k,
+                context, question, mode=method, reranker=opts.reranker if opts.reranker is not None else DEFAULT_RERANKER, k=opts.k,
                 count_tokens=lambda s: count_plain(self.tokenizer, s),
             )
             timings.edit_s = time.perf_counter() - t
@@ -699,7 +618,7 @@ class QGPM:
             context = edit.documents
         spec = PromptSpec(context=context, question=question, instruction=instruction, system=system, answer_prefix=answer_prefix, template=template)
         prompt = build_prompt(self.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail)
-        self._check_length(prompt, max_new_tokens)
+        self._check_fits(prompt.num_tokens, max_new_tokens, context_tokens=prompt.context_tokens)
         capacity = prompt.num_tokens + max(max_new_tokens, 1) + 1
         plan = None
         relevance: list[SentenceRelevance] = []
@@ -712,11 +631,10 @@ class QGPM:
             z = fuse_heads(sl)
             timings.pass1_s = time.perf_counter() - t
             t = time.perf_counter()
-            mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers)
+            mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity)
             _note_flat(mr, cfg)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
-            plan.capacity = capacity
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
                            flat_relevance=mr.flat, s_low=mr.s_low)
@@ -727,11 +645,10 @@ class QGPM:
             t = time.perf_counter()
             ev_tokens = self._evidence_tokens(prompt, evidence)
             units, rel = oracle_units(prompt.token_sentence, ev_tokens)
-            mr = build_plan(units, rel, config=cfg, rotary=self.rotary, n_layers=self.n_layers, dense=True)
+            mr = build_plan(units, rel, config=cfg, rotary=self.rotary, n_layers=self.n_layers, dense=True, capacity=capacity)
             _note_flat(mr, cfg)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
-            plan.capacity = capacity
             relevance = self._relevance(prompt, mr, None, units)
             details.update(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, s_low=mr.s_low)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=rel, config=cfg, units=units)
@@ -742,13 +659,18 @@ class QGPM:
             details.update(info)
         return PreparedCall(prompt, method, plan, relevance, timings, edit, details, config=cfg)
 
-    def _check_length(self, prompt: Prompt, max_new_tokens: int) -> None:
+    def _check_fits(self, num_tokens: int, max_new_tokens: int, *, context_tokens: int | None = None,
+                    shorten: str = "the context (or retrieve fewer documents)") -> None:
+        """The one "prompt too long" rule, for every assembled prompt: raise
+        :class:`ContextTooLongError` when ``num_tokens`` plus the generation budget exceed the
+        model window. ``shorten`` names what the caller should shorten."""
         window = self.max_length
-        if window and prompt.num_tokens + max_new_tokens > window:
+        if window and num_tokens + max_new_tokens > window:
+            ctx = "" if context_tokens is None else f" (context {context_tokens})"
             raise ContextTooLongError(
-                f"the prompt is {prompt.num_tokens} tokens (context {prompt.context_tokens}) and max_new_tokens is "
-                f"{max_new_tokens}: {prompt.num_tokens + max_new_tokens} > the model window of {window} tokens. "
-                "Shorten the context (or retrieve fewer documents), or lower max_new_tokens."
+                f"the prompt is {num_tokens} tokens{ctx} and max_new_tokens is {max_new_tokens}: "
+                f"{num_tokens + max_new_tokens} > the model window of {window} tokens. "
+                f"Shorten {shorten}, or lower max_new_tokens."
             )
 
     @staticmethod
@@ -825,14 +747,13 @@ class QGPM:
         return text.strip(), "stop" if hit else reason
 
     def _result(self, call: PreparedCall, text: str, reason: str, n_new: int, t0: float, first: float | None, t1: float) -> QGPMResult:
-        tm = call.timings
+        """The result of running ``call``: its own copies of the timings, details and relevance list."""
         first = first if first is not None else t1
-        tm.prefill_s = first - t0
-        tm.decode_s = t1 - first
-        tm.total_s = tm.edit_s + tm.pass1_s + tm.plan_s + (t1 - t0)
+        pre = call.timings
+        tm = dataclasses.replace(pre, prefill_s=first - t0, decode_s=t1 - first, total_s=pre.edit_s + pre.pass1_s + pre.plan_s + (t1 - t0))
         return QGPMResult(
-            text=text, method=call.method, relevance=call.relevance,
-            usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=call.details,
+            text=text, method=call.method, relevance=list(call.relevance),
+            usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=dict(call.details),
             context=call.prompt.context_text if call.prompt is not None else None,
             question=call.prompt.question_text if call.prompt is not None else None,
         )
@@ -950,68 +871,15 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
-class _StreamState:
-    """What an :class:`AnswerStream` shares with its generator (no reference back to the stream)."""
-
-    __slots__ = ("result",)
-
-    def __init__(self) -> None:
-        self.result: QGPMResult | None = None
-
-
-class AnswerStream:
-    """Iterator of answer text pieces; ``result`` is set when the stream ends.
-
-    Generation runs in a worker thread (transformers' ``TextIteratorStreamer``); an
-    exception there is re-raised here. Use the stream as a context manager or call
-    :meth:`close` to stop early. The generator behind it holds no reference to the
-    stream, so a stream nobody holds any more (``break`` out of ``for piece in
-    engine.stream(...)``) is finalized at once: generation is cancelled, the worker is
-    joined and the model's position hooks are removed.
-    """
-
-    def __init__(self, engine: QGPM, context, question, kwargs: dict[str, Any], call: PreparedCall | None = None) -> None:
-        self.engine = engine
-        self._state = _StreamState()
-        self._gen = _stream_pieces(engine, context, question, dict(kwargs), call, self._state)
-
-    @property
-    def result(self) -> QGPMResult | None:
-        """The full :class:`QGPMResult` once the stream is exhausted (``None`` before, or if closed early)."""
-        return self._state.result
-
-    def __iter__(self) -> "AnswerStream":
-        return self
-
-    def __next__(self) -> str:
-        return next(self._gen)
-
-    def close(self) -> None:
-        """Stop generation now (waits at most one decoding step) and leave the model unpatched."""
-        self._gen.close()
-
-    def __enter__(self) -> "AnswerStream":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: PreparedCall | None, state: _StreamState) -> Iterator[str]:
+def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: PreparedCall | None, state: StreamState) -> Iterator[str]:
     """The generator behind :class:`AnswerStream` (a function, so it cannot reference the stream)."""
     from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
-    method = kw.pop("method", "qgpm")
-    max_new_tokens = kw.pop("max_new_tokens", 64)
+    opts = CallOptions.take(kw, max_new_tokens=64)  # what is left in kw goes to generate()
+    max_new_tokens = opts.max_new_tokens
     gen_args = {k: kw.pop(k) for k in ("temperature", "top_p", "stop", "seed") if k in kw}
-    prep_keys = ("evidence", "system", "instruction", "answer_prefix", "template", "reranker", "k", "config", "options")
-    prep = {k: kw.pop(k) for k in prep_keys if k in kw}
     stop = _check_generation_args(max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), gen_args.get("stop"), gen_args.get("seed"))
-    call = prepared or eng._prepare(
-        context, question, method, prep.get("evidence"), prep.get("system"), prep.get("instruction"), prep.get("answer_prefix"),
-        prep.get("template", DEFAULT_TEMPLATE), prep.get("reranker"), prep.get("k", DEFAULT_K), prep.get("config"), max_new_tokens,
-        prep.get("options"),
-    )
+    call = prepared or eng._prepare(context, question, opts)
     gen = eng._generate_kwargs(call.input_ids, max_new_tokens, gen_args.get("temperature", 0.0), gen_args.get("top_p", 1.0), stop, gen_args.get("seed"), kw)
     text_streamer = TextIteratorStreamer(eng.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=None)
     timing = _TimingStreamer(text_streamer)

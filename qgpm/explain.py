@@ -17,7 +17,7 @@ import html
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .engine import QGPMResult
+    from .results import QGPMResult
 
 __all__ = ["render_html", "plot_relevance", "sentence_rows"]
 

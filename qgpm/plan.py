@@ -2,7 +2,7 @@
 
 :func:`build_plan` takes one relevance value per context unit (sentence, or evidence
 run for Oracle), shapes it into the broad and sharp maps, turns token scores into
-per-plane positions and returns the :class:`~qgpm.runtime.PositionPlan` for pass 2.
+per-plane positions and returns the :class:`~qgpm.rope.PositionPlan` for pass 2.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 
 from .config import QGPMConfig
 from .positions import boundary_plane, cumulative_positions, frequency_gate, protect_fast_planes, strides
-from .runtime import PositionPlan, RotaryInfo
+from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores
 
 __all__ = ["MapResult", "build_plan", "is_flat", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]
@@ -94,12 +94,14 @@ def build_plan(
     rotary: RotaryInfo,
     n_layers: int,
     dense: bool = False,
+    capacity: int = 0,
 ) -> MapResult:
     """Shape unit relevance into broad/sharp token scores and per-plane positions.
 
     ``token_unit[j]`` is the unit (sentence) of token ``j`` or -1 outside the context;
     ``unit_relevance`` is ``z_i`` (higher = more relevant). ``dense=True`` gives tied
-    units one shared rank (Oracle).
+    units one shared rank (Oracle). ``capacity``: the plan's
+    :attr:`~qgpm.rope.PositionPlan.capacity` (prompt plus generation budget, in tokens).
     """
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
@@ -124,7 +126,7 @@ def build_plan(
         raise ValueError(f"unmodulated_layers={config.unmodulated_layers} exceeds the model's {n_layers} layers")
     layer_map: list[int | None] = [0] * ls + [1] * (n_layers - ls)
     layer_map[: config.unmodulated_layers] = [None] * config.unmodulated_layers
-    plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary)
+    plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity)
     return MapResult(ranks, unit_scores, tok_scores, m_star, anchor, plan, flat, s_low)
 
 

@@ -6,8 +6,8 @@ in linear / llama3 / yarn scaling); wavelength ``lambda_m = 2*pi / w_m``; plane 
 fastest.
 
 Data flow: ``token scores s(j)`` -> :func:`boundary_plane` -> :func:`frequency_gate`
--> :func:`strides` -> :func:`cumulative_positions` -> :func:`rope_tables`; decoding
-continues with :func:`continuation_positions`.
+-> :func:`strides` -> :func:`cumulative_positions` -> :func:`qgpm.rope.rope_tables` (the
+RoPE side lives in :mod:`qgpm.rope`); decoding continues with :func:`continuation_positions`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ __all__ = [
     "cumulative_positions",
     "continuation_positions",
     "positions_at",
-    "rope_angles",
-    "rope_tables",
 ]
 
 
@@ -159,26 +157,3 @@ def positions_at(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     base = positions[:, inside.reshape(-1)].reshape(positions.shape[0], *idx.shape)
     extra = (idx - (n - 1)).clamp(min=0).to(positions.dtype)
     return base + extra
-
-
-def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotation angle ``w_m * p'_{m,j}`` in float32, shape ``[..., planes]`` (planes last).
-
-    ``positions`` is ``[planes, *shape]``. Computed in float32 exactly like HF's rotary
-    embedding does (``position.float() * inv_freq.float()``), so integer positions give
-    bit-identical angles to the unmodified model.
-    """
-    p = positions.to(torch.float32)
-    p = p.permute(*range(1, p.ndim), 0)  # [..., planes]
-    return p * inv_freq.detach().to(device=p.device, dtype=torch.float32)
-
-
-def rope_tables(angles: torch.Tensor, *, attention_scaling: float = 1.0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables in rotate-half layout (plane m in dims m and m + d/2), cast to ``dtype``.
-
-    Built in float32, multiplied by the model's ``attention_scaling``, then cast.
-    """
-    emb = torch.cat((angles, angles), dim=-1)
-    cos = emb.cos() * attention_scaling
-    sin = emb.sin() * attention_scaling
-    return cos.to(dtype), sin.to(dtype)

@@ -19,9 +19,10 @@ from typing import Iterable, Sequence
 
 import torch
 
+from .rope import apply_rope, head_geometry
 from .runtime import decoder_layers, model_lock
 
-__all__ = ["head_token_logits", "sentence_logits", "apply_rope", "Pass1Stats"]
+__all__ = ["head_token_logits", "sentence_logits", "Pass1Stats"]
 
 
 class _StopPass1(Exception):
@@ -33,24 +34,6 @@ class Pass1Stats:
 
     def __init__(self) -> None:
         self.layers_run: list[int] = []
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (``[..., T, d]``) with rotate-half tables ``cos``/``sin`` (``[T, d]``)."""
-    return x * cos + _rotate_half(x) * sin
-
-
-def _head_geometry(model) -> tuple[int, int, int]:
-    cfg = model.config
-    n_heads = cfg.num_attention_heads
-    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    return n_heads, n_kv, head_dim
 
 
 @torch.inference_mode()
@@ -69,7 +52,7 @@ def head_token_logits(
     """
     if not heads:
         raise ValueError("pass 1 needs at least one (layer, head)")
-    n_heads, n_kv, head_dim = _head_geometry(model)
+    n_heads, n_kv, head_dim = head_geometry(model.config)
     layers = decoder_layers(model)
     by_layer: dict[int, list[int]] = defaultdict(list)
     for i, (layer, head) in enumerate(heads):

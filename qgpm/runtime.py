@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
-from .positions import positions_at, rope_angles, rope_tables
+# RotaryInfo, rotary_info, PositionPlan and UnsupportedModelError live in qgpm.rope; they are
+# re-exported here for code that imports them from qgpm.runtime.
+from .rope import PositionPlan, RotaryInfo, UnsupportedModelError, rotary_info
 
 if TYPE_CHECKING:  # pragma: no cover
     from .baselines.plans import BaselinePlan
@@ -42,11 +43,6 @@ __all__ = [
 
 SUPPORTED_FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "granite")
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-
-
-class UnsupportedModelError(ValueError):
-    """The model family or its RoPE variant is not supported by QGPM."""
-
 
 _LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
@@ -88,77 +84,6 @@ def check_supported(model: torch.nn.Module) -> None:
         )
 
 
-@dataclass(frozen=True)
-class RotaryInfo:
-    inv_freq: torch.Tensor  # [d/2] float32, cpu
-    attention_scaling: float
-    rope_type: str
-    head_dim: int
-
-
-def rotary_info(model: torch.nn.Module) -> RotaryInfo:
-    """The model's own rotary frequencies (scaling folded in) and attention scaling."""
-    base = getattr(model, "base_model", model)
-    rot = getattr(base, "rotary_emb", None)
-    if rot is None or not hasattr(rot, "inv_freq"):
-        raise UnsupportedModelError(f"{type(model).__name__} has no rotary_emb.inv_freq (not a RoPE model?)")
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    inv = rot.inv_freq.detach().float().cpu()
-    if inv.numel() * 2 != head_dim:
-        raise UnsupportedModelError(
-            f"partial rotary embeddings ({inv.numel() * 2} of {head_dim} dims) are not supported"
-        )
-    return RotaryInfo(inv, float(getattr(rot, "attention_scaling", 1.0)), str(getattr(rot, "rope_type", "default")), head_dim)
-
-
-@dataclass
-class PositionPlan:
-    """Per-plane positions of each map for one prompt, and which layer uses which map.
-
-    ``positions[k]`` is ``[d/2, N]`` (float64) for map ``k``; ``layer_map[l]`` is the map
-    index used by decoder layer ``l``, or ``None`` for a layer that keeps the model's
-    standard positions (no hook).
-    """
-
-    positions: list[torch.Tensor]
-    layer_map: list[int | None]
-    rotary: RotaryInfo
-    capacity: int = 0  # token indices to build tables for up front (prompt + generation budget)
-    _tables: dict = field(default_factory=dict, repr=False)
-    _need: int = field(default=0, repr=False)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.positions[0].shape[1])
-
-    def full_tables(self, map_index: int, device: torch.device, dtype: torch.dtype, need: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``[T, d]`` for token indices ``0..T-1`` (``T >= need``), built on ``device``.
-
-        Built once per (map, device, dtype) and reused by every layer and decode step;
-        rebuilt longer only if generation runs past the planned capacity.
-        """
-        key = (map_index, str(device), dtype)
-        hit = self._tables.get(key)
-        if hit is not None and hit[0].shape[0] >= need:
-            return hit
-        length = max(need, self.capacity, self.num_tokens + 64)
-        idx = torch.arange(length)
-        pos = positions_at(self.positions[map_index], idx)  # [planes, T] float64
-        angles = rope_angles(pos.to(device), self.rotary.inv_freq.to(device))  # [T, planes] float32
-        out = rope_tables(angles, attention_scaling=self.rotary.attention_scaling, dtype=dtype)
-        self._tables[key] = out
-        return out
-
-    def tables(self, map_index: int, position_ids: torch.Tensor, device: torch.device, dtype: torch.dtype, need: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin ``[B, S, d]`` for the tokens at ``position_ids`` (token indices), on ``device``."""
-        if need is None:
-            need = int(position_ids.max()) + 1
-        cos, sin = self.full_tables(map_index, device, dtype, need)
-        pid = position_ids.to(cos.device)
-        return cos[pid], sin[pid]
-
-
 @contextlib.contextmanager
 def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None") -> Iterator[None]:
     """Within the block, every forward of ``model`` uses ``plan``'s positions.
@@ -181,6 +106,7 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
         if len(plan.layer_map) != len(layers):
             raise ValueError(f"plan has {len(plan.layer_map)} layer entries, model has {len(layers)} layers")
         handles = []
+        need = [0]  # this installation's own state: how far the tables must reach in the current forward
 
         def make_hook(map_index: int, first: bool):
             def hook(module, args, kwargs):
@@ -193,8 +119,8 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
                 if pid.ndim == 1:
                     pid = pid.unsqueeze(0)
                 if first:  # one host sync per forward: how far the tables must reach
-                    plan._need = int(pid.max()) + 1
-                kwargs["position_embeddings"] = plan.tables(map_index, pid, hs.device, hs.dtype, need=plan._need)
+                    need[0] = int(pid.max()) + 1
+                kwargs["position_embeddings"] = plan.tables(map_index, pid, hs.device, hs.dtype, need=need[0])
                 return args, kwargs
 
             return hook

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -259,6 +260,18 @@ def test_generate_prepared_rejects_bad_input(tiny):
         tiny.generate_prepared(call, max_new_tokens=4, score="")
     with pytest.raises(TypeError, match="PreparedCall"):
         tiny.generate_prepared("not a call", max_new_tokens=4)
+
+
+def test_generation_leaves_the_prepared_call_unchanged(tiny):
+    """A result owns its timings and details; the plan and the call are not edited by generation."""
+    call = tiny.prepare(needle_context(), QUESTION, method="qgpm", max_new_tokens=6)
+    before = (dataclasses.replace(call.timings), dict(call.details), call.plan.capacity)
+    a = tiny.generate_prepared(call, max_new_tokens=6, score=" tangerine")
+    b = tiny.generate_prepared(call, max_new_tokens=6)
+    assert a.text == b.text and a.timings is not b.timings and a.timings is not call.timings
+    assert a.details is not call.details and "score_logprob" not in b.details
+    assert (call.timings, call.details, call.plan.capacity) == before
+    assert a.timings.prefill_s > 0 and a.timings.pass1_s == call.timings.pass1_s
 
 
 def test_replan_equals_prepare_with_that_config(tiny):

@@ -78,7 +78,7 @@ def test_html_renders_in_headless_chromium(engine, tmp_path):
 
 
 def test_text_between_sentences_is_escaped_too():
-    from qgpm.engine import QGPMResult, SentenceRelevance
+    from qgpm.results import QGPMResult, SentenceRelevance
     from qgpm.explain import render_html
 
     ctx = "First sentence here. <img src=x onerror=alert(1)> Second one."

@@ -12,9 +12,9 @@ from qgpm.config import QGPMConfig
 from qgpm.plan import build_plan, effective_s_low, oracle_units
 from qgpm.positions import (
     boundary_plane, boundary_plane_plain, continuation_positions, cumulative_positions,
-    frequency_gate, positions_at, rope_angles, rope_tables, strides,
+    frequency_gate, positions_at, strides,
 )
-from qgpm.runtime import RotaryInfo
+from qgpm.rope import RotaryInfo, rope_angles, rope_tables
 from qgpm.shaping import (
     MapParams, dense_ranks, fuse_heads, protected_prefix_end, rank_sentences, rank_shape,
     sentence_scores, token_scores,
@@ -160,6 +160,19 @@ def test_build_plan_layers_and_oracle_units():
     assert mr.plan.layer_map == [0, 0, 0, 1, 1, 1]
     for t in mr.token_scores:  # evidence 1, everything else s_low, except protected prefix
         assert t.tolist() == pytest.approx([1, 1, 1, 1, 1, 0.1, 0.1, 1])
+
+
+def test_plan_is_immutable_and_takes_its_capacity_from_build_plan():
+    import dataclasses
+
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    ts = torch.tensor([-1, 0, 0, 1, 1, 2, 2, -1])
+    mr = build_plan(ts, torch.tensor([0.0, 2.0, 1.0]), config=QGPMConfig(), rotary=rot, n_layers=4, capacity=40)
+    assert mr.plan.capacity == 40
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mr.plan.capacity = 50
+    cos, _ = mr.plan.full_tables(0, torch.device("cpu"), torch.float32, need=9)
+    assert cos.shape[0] == max(40, mr.plan.num_tokens + 64)  # tables built up to the planned capacity
 
 
 @settings(max_examples=40, deadline=None)

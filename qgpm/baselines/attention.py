@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ..rope import apply_rope, rotate_half
 from ..runtime import UnsupportedModelError, decoder_layers
 
 __all__ = [
@@ -146,12 +147,6 @@ def installed(model: torch.nn.Module, plan: Any) -> Iterator[None]:
 # ----------------------------------------------------------------------------- rotations
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """``[-x2, x1]`` for the rotate-half layout (plane ``m`` in dims ``m`` and ``m + d/2``)."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def rotate(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
     """Move rotate-half RoPE vectors ``x`` ``[..., T, d]`` by ``delta`` positions.
 
@@ -162,7 +157,7 @@ def rotate(x: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torc
     ang = delta.to(torch.float64).unsqueeze(-1) * inv_freq.to(device=delta.device, dtype=torch.float64)
     cos = torch.cat((ang.cos(), ang.cos()), dim=-1).to(x.dtype)
     sin = torch.cat((ang.sin(), ang.sin()), dim=-1).to(x.dtype)
-    return x * cos + rotate_half(x) * sin
+    return apply_rope(x, cos, sin)
 
 
 def token_positions(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> torch.Tensor:

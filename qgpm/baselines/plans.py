@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..runtime import RotaryInfo
+from ..rope import RotaryInfo
 from .attention import installed, rotate, standard_attention, token_positions, two_branch_attention
 from .options import MsPoEOptions, SelfExtendOptions, StringOptions
 from .rules import ms_poe_ratios, ms_poe_unit_ratios, position_awareness_scores, self_extend_positions

@@ -1,0 +1,215 @@
+"""What a QGPM call returns: the answer, its explanation, usage and timings.
+
+:class:`QGPMResult` (from :meth:`QGPM.answer <qgpm.QGPM.answer>`, ``chat``,
+``generate_prepared``) holds the answer with one :class:`SentenceRelevance` per context
+sentence, its :class:`Usage` and :class:`Timings`. :class:`PreparedCall` is everything
+decided before generation (:meth:`QGPM.prepare <qgpm.QGPM.prepare>`), and
+:class:`AnswerStream` yields an answer piece by piece (:meth:`QGPM.stream <qgpm.QGPM.stream>`).
+Plain data: nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from .baselines import ROPE_BASELINES
+from .config import QGPMConfig
+from .prompt import Prompt
+
+__all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
+
+
+@dataclass
+class SentenceRelevance:
+    """One context sentence with what QGPM made of it.
+
+    ``start``/``end`` are char offsets into the context string (documents joined by the
+    separator); ``z`` is the fused head relevance (None for Oracle); ``rank`` 0 = most
+    relevant; ``broad``/``sharp`` are the sentence's scores in the two maps (1 = unit
+    stride, ``s_low`` = most compressed on fast planes).
+    """
+
+    index: int
+    text: str
+    start: int
+    end: int
+    doc: int
+    rank: int
+    broad: float
+    sharp: float
+    z: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a plain dict (for JSON)."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class Usage:
+    """Token counts of one call: the prompt as the model saw it and the generated answer."""
+
+    prompt_tokens: int = 0
+    answer_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """``prompt_tokens + answer_tokens``."""
+        return self.prompt_tokens + self.answer_tokens
+
+
+@dataclass
+class Timings:
+    """Seconds spent in each phase; ``first_token_s`` = time to first token (edit + pass 1 + prefill)."""
+
+    edit_s: float = 0.0
+    pass1_s: float = 0.0
+    plan_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def first_token_s(self) -> float:
+        """Time to first token: ``edit_s + pass1_s + plan_s + prefill_s``."""
+        return self.edit_s + self.pass1_s + self.plan_s + self.prefill_s
+
+
+@dataclass
+class QGPMResult:
+    """The answer and why it came out so.
+
+    ``relevance``: one :class:`SentenceRelevance` per context sentence (empty for methods
+    without a ranking); ``finish_reason``: ``"stop"`` or ``"length"``; ``edit``: the
+    Top-K / Reorder / LLMLingua-2 edit of the context, if any; ``details``: per-method
+    facts (boundary plane, flat relevance, ``score_logprob``, ...). A result owns its
+    ``timings`` and ``details``: they are not shared with the :class:`PreparedCall`.
+    """
+
+    text: str
+    method: str
+    relevance: list[SentenceRelevance] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings = field(default_factory=Timings)
+    finish_reason: str = "stop"
+    edit: Any = None  # EditedContext for topk / reorder
+    details: dict[str, Any] = field(default_factory=dict)
+    context: str | None = None  # the context as the prompt held it (relevance spans index into it)
+    question: str | None = None
+
+    def to_html(self, *, top: int = 10) -> str:
+        """A self-contained HTML page showing why this answer came out (see :mod:`qgpm.explain`)."""
+        from .explain import render_html
+
+        return render_html(self, top=top)
+
+    def plot(self, *, evidence: Sequence[str] | None = None, ax: Any = None):
+        """A matplotlib figure of sentence relevance against position in the context."""
+        from .explain import plot_relevance
+
+        return plot_relevance(self, evidence=evidence, ax=ax)
+
+    def top_sentences(self, k: int = 5) -> list[SentenceRelevance]:
+        """The ``k`` sentences ranked most relevant (best first)."""
+        return sorted(self.relevance, key=lambda s: s.rank)[:k]
+
+    def explain(self, k: int = 5) -> str:
+        """A short human-readable account of the ranking."""
+        if not self.relevance:
+            how = "query-agnostic positions" if self.method in ROPE_BASELINES else "standard positions"
+            return f"method={self.method}: no relevance ranking ({how})"
+        lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences"]
+        for s in self.top_sentences(k):
+            z = "" if s.z is None else f" z={s.z:+.2f}"
+            lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}  {s.text[:120]}")
+        return "\n".join(lines)
+
+
+@dataclass
+class PreparedCall:
+    """Everything decided before generation (what :meth:`QGPM.prepare <qgpm.QGPM.prepare>` returns).
+
+    ``prompt``: the tokenized prompt with its role spans and sentences; ``plan``: the
+    position plan (``None`` = standard RoPE: vanilla, topk, reorder; an attention-level
+    :class:`~qgpm.baselines.BaselinePlan` for string, ms-poe, self-extend); ``relevance``: the
+    per-sentence ranks and map scores; ``edit``: the Top-K / Reorder edit, if any;
+    ``z``: QGPM's fused head relevance per sentence (qgpm only), kept so that
+    :meth:`QGPM.replan <qgpm.QGPM.replan>` can try other shaping settings without rerunning
+    pass 1; ``config``: the settings the plan was built with. Run it with
+    :meth:`QGPM.generate_prepared <qgpm.QGPM.generate_prepared>` (as often as you like:
+    generation leaves the call unchanged).
+    """
+
+    prompt: Prompt | None
+    method: str
+    plan: Any
+    relevance: list[SentenceRelevance]
+    timings: Timings
+    edit: Any
+    details: dict[str, Any]
+    input_ids: torch.Tensor | None = None
+    z: torch.Tensor | None = None
+    config: QGPMConfig | None = None
+    units: Any = None
+
+    def __post_init__(self) -> None:
+        if self.input_ids is None:
+            self.input_ids = self.prompt.input_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """The number of prompt tokens the model reads."""
+        return int(self.input_ids.shape[1])
+
+
+class StreamState:
+    """What an :class:`AnswerStream` shares with the generator behind it (no reference back to the stream)."""
+
+    __slots__ = ("result",)
+
+    def __init__(self) -> None:
+        self.result: QGPMResult | None = None
+
+
+class AnswerStream:
+    """Iterator of answer text pieces; ``result`` is set when the stream ends.
+
+    Generation runs in a worker thread (transformers' ``TextIteratorStreamer``); an
+    exception there is re-raised here. Use the stream as a context manager or call
+    :meth:`close` to stop early. The generator behind it holds no reference to the
+    stream, so a stream nobody holds any more (``break`` out of ``for piece in
+    engine.stream(...)``) is finalized at once: generation is cancelled, the worker is
+    joined and the model's position hooks are removed.
+
+    Made by :meth:`QGPM.stream <qgpm.QGPM.stream>` / ``stream_chat``: ``run`` takes the
+    stream's :class:`StreamState` and returns the generator of pieces, which sets
+    ``state.result`` when it ends.
+    """
+
+    def __init__(self, run: Callable[[StreamState], Iterator[str]], *, engine: Any = None) -> None:
+        self.engine = engine
+        self._state = StreamState()
+        self._gen = run(self._state)
+
+    @property
+    def result(self) -> QGPMResult | None:
+        """The full :class:`QGPMResult` once the stream is exhausted (``None`` before, or if closed early)."""
+        return self._state.result
+
+    def __iter__(self) -> "AnswerStream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._gen)
+
+    def close(self) -> None:
+        """Stop generation now (waits at most one decoding step) and leave the model unpatched."""
+        self._gen.close()
+
+    def __enter__(self) -> "AnswerStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,175 @@
+"""RoPE in one place: the model's rotary frequencies, rotation tables and position plans.
+
+Pure torch, no transformers and no hooks (those are in :mod:`qgpm.runtime`).
+
+- :func:`head_geometry` / :func:`rotary_info`: a model's head layout and its own rotary
+  frequencies ``w_m`` (``rotary_emb.inv_freq``, scaling folded in) as :class:`RotaryInfo`.
+- :func:`rope_angles` -> :func:`rope_tables`: per-plane positions to rotate-half cos/sin
+  tables, bit-identical to HF's rotary embedding for integer positions.
+- :func:`rotate_half` / :func:`apply_rope`: rotating query/key vectors with such tables.
+- :class:`PositionPlan`: per-plane positions of each map for one prompt (what
+  :func:`qgpm.plan.build_plan` returns and :func:`qgpm.runtime.apply_plan` installs), with
+  the cos/sin tables it hands to each decoder layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .positions import positions_at
+
+__all__ = [
+    "UnsupportedModelError",
+    "RotaryInfo",
+    "head_geometry",
+    "rotary_info",
+    "rope_angles",
+    "rope_tables",
+    "rotate_half",
+    "apply_rope",
+    "PositionPlan",
+]
+
+
+class UnsupportedModelError(ValueError):
+    """The model family or its RoPE variant is not supported by QGPM."""
+
+
+@dataclass(frozen=True)
+class RotaryInfo:
+    """A model's rotary embedding: what position remapping needs to know about it.
+
+    ``inv_freq``: ``[d/2]`` float32 angular frequencies ``w_m`` on the cpu (plane 0 is the
+    fastest; linear / llama3 / yarn scaling already folded in); ``attention_scaling``: the
+    factor HF multiplies cos/sin by; ``rope_type``: HF's name of the RoPE variant;
+    ``head_dim``: ``d``, the per-head dimension (every dimension is rotated).
+    """
+
+    inv_freq: torch.Tensor  # [d/2] float32, cpu
+    attention_scaling: float
+    rope_type: str
+    head_dim: int
+
+
+def head_geometry(config: Any) -> tuple[int, int, int]:
+    """``(n_heads, n_kv_heads, head_dim)`` of a HF model config.
+
+    ``head_dim`` is the config's own ``head_dim`` when it sets one, else
+    ``hidden_size // num_attention_heads``; ``n_kv_heads`` defaults to ``n_heads`` (no GQA).
+    """
+    n_heads = config.num_attention_heads
+    n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    return n_heads, n_kv, head_dim
+
+
+def rotary_info(model: torch.nn.Module) -> RotaryInfo:
+    """The model's own rotary frequencies (scaling folded in) and attention scaling.
+
+    Raises :class:`UnsupportedModelError` for a model without ``rotary_emb.inv_freq`` or
+    with partial rotary embeddings (fewer rotated dimensions than ``head_dim``).
+    """
+    base = getattr(model, "base_model", model)
+    rot = getattr(base, "rotary_emb", None)
+    if rot is None or not hasattr(rot, "inv_freq"):
+        raise UnsupportedModelError(f"{type(model).__name__} has no rotary_emb.inv_freq (not a RoPE model?)")
+    head_dim = head_geometry(model.config)[2]
+    inv = rot.inv_freq.detach().float().cpu()
+    if inv.numel() * 2 != head_dim:
+        raise UnsupportedModelError(
+            f"partial rotary embeddings ({inv.numel() * 2} of {head_dim} dims) are not supported"
+        )
+    return RotaryInfo(inv, float(getattr(rot, "attention_scaling", 1.0)), str(getattr(rot, "rope_type", "default")), head_dim)
+
+
+def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotation angle ``w_m * p'_{m,j}`` in float32, shape ``[..., planes]`` (planes last).
+
+    ``positions`` is ``[planes, *shape]``. Computed in float32 exactly like HF's rotary
+    embedding does (``position.float() * inv_freq.float()``), so integer positions give
+    bit-identical angles to the unmodified model.
+    """
+    p = positions.to(torch.float32)
+    p = p.permute(*range(1, p.ndim), 0)  # [..., planes]
+    return p * inv_freq.detach().to(device=p.device, dtype=torch.float32)
+
+
+def rope_tables(angles: torch.Tensor, *, attention_scaling: float = 1.0, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables in rotate-half layout (plane m in dims m and m + d/2), cast to ``dtype``.
+
+    Built in float32, multiplied by the model's ``attention_scaling``, then cast.
+    """
+    emb = torch.cat((angles, angles), dim=-1)
+    cos = emb.cos() * attention_scaling
+    sin = emb.sin() * attention_scaling
+    return cos.to(dtype), sin.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``[-x2, x1]`` for the rotate-half layout (plane ``m`` in dims ``m`` and ``m + d/2``)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` (``[..., T, d]``) with rotate-half tables ``cos``/``sin`` (``[T, d]``)."""
+    return x * cos + rotate_half(x) * sin
+
+
+@dataclass(frozen=True)
+class PositionPlan:
+    """Per-plane positions of each map for one prompt, and which layer uses which map.
+
+    ``positions[k]`` is ``[d/2, N]`` (float64) for map ``k``; ``layer_map[l]`` is the map
+    index used by decoder layer ``l``, or ``None`` for a layer that keeps the model's
+    standard positions (no hook). ``capacity``: how many token indices (prompt plus
+    generation budget) to build the cos/sin tables for up front.
+
+    The plan does not change once built (:func:`qgpm.plan.build_plan` takes the capacity);
+    it only caches the cos/sin tables it has computed, per map, device and dtype, so every
+    layer and decode step reuses them. What one installation needs per forward is kept by
+    :func:`qgpm.runtime.apply_plan`'s hooks, not by the plan.
+    """
+
+    positions: list[torch.Tensor]
+    layer_map: list[int | None]
+    rotary: RotaryInfo
+    capacity: int = 0
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def num_tokens(self) -> int:
+        """``N``, the number of prompt tokens the plan covers."""
+        return int(self.positions[0].shape[1])
+
+    def full_tables(self, map_index: int, device: torch.device, dtype: torch.dtype, need: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[T, d]`` for token indices ``0..T-1`` (``T >= need``), built on ``device``.
+
+        Built once per (map, device, dtype) and reused by every layer and decode step;
+        rebuilt longer only if generation runs past the planned capacity.
+        """
+        key = (map_index, str(device), dtype)
+        hit = self._tables.get(key)
+        if hit is not None and hit[0].shape[0] >= need:
+            return hit
+        length = max(need, self.capacity, self.num_tokens + 64)
+        idx = torch.arange(length)
+        pos = positions_at(self.positions[map_index], idx)  # [planes, T] float64
+        angles = rope_angles(pos.to(device), self.rotary.inv_freq.to(device))  # [T, planes] float32
+        out = rope_tables(angles, attention_scaling=self.rotary.attention_scaling, dtype=dtype)
+        self._tables[key] = out
+        return out
+
+    def tables(self, map_index: int, position_ids: torch.Tensor, device: torch.device, dtype: torch.dtype, need: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[B, S, d]`` for the tokens at ``position_ids`` (token indices), on ``device``.
+
+        ``need``: how far the tables must reach (default: the largest index + 1).
+        """
+        if need is None:
+            need = int(position_ids.max()) + 1
+        cos, sin = self.full_tables(map_index, device, dtype, need)
+        pid = position_ids.to(cos.device)
+        return cos[pid], sin[pid]
