@@ -113,6 +113,21 @@ def _plain_ids(tok: Any, text: str) -> list[int]:
     return tok(text, add_special_tokens=False, verbose=False)["input_ids"]  # a non-HF tokenizer (test stand-ins)
 
 
+def _template_values(tmpl: BasePromptTemplate, prompt_args: dict[str, Any]) -> dict[str, Any]:
+    """The variables ``tmpl.format(**prompt_args)`` fills in, read from the template's public fields.
+
+    The same steps as LlamaIndex's own formatting: the bound ``kwargs`` merged with the
+    call's arguments, then ``function_mappings`` computed from them (a computed value wins
+    over a fixed one), then ``template_var_mappings`` renaming variables to the names the
+    template text uses.
+    """
+    args = {**tmpl.kwargs, **prompt_args}
+    values = {name: fn(**args) for name, fn in (tmpl.function_mappings or {}).items()}
+    values.update((name, v) for name, v in args.items() if name not in values)
+    renames = tmpl.template_var_mappings or {}
+    return {renames.get(name, name): v for name, v in values.items()}
+
+
 def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
     """Make LlamaIndex count tokens with ``engine``'s own tokenizer.
 
@@ -312,7 +327,7 @@ class QGPMLLM(LLM):
             return None
         tmpl = prompt.select(llm=self) if isinstance(prompt, SelectorPromptTemplate) else prompt
         try:
-            values = tmpl._map_all_vars({**tmpl.kwargs, **prompt_args})
+            values = _template_values(tmpl, prompt_args)
         except Exception:
             return None
         used = set(tmpl.template_vars or [])
@@ -422,8 +437,7 @@ class QGPMLLM(LLM):
     def _start(self, parts: Optional[dict[str, Any]]) -> Optional[QGPMTrace]:
         trace = _tracing.current_trace()
         if trace is not None:
-            with trace._lock:
-                trace.calls_started += 1
+            trace.call_started()
         return trace
 
     def _finish(self, result: QGPMResult, trace: Optional[QGPMTrace], parts: Optional[dict[str, Any]]) -> None:
@@ -433,7 +447,7 @@ class QGPMLLM(LLM):
         with self._lock:
             self._last = result
         if trace is not None:
-            trace._add(result)
+            trace.add_result(result)
 
     @staticmethod
     def _usage(result: QGPMResult) -> dict[str, int]:

@@ -171,6 +171,17 @@ def test_custom_variable_names_and_fallback(stub_engine, word_tokenizer):
     assert stub_engine.calls[-1][1] == [{"role": "user", "content": "Rewrite the question: Why?"}]
 
 
+def test_template_variable_and_function_mappings(stub_engine, word_tokenizer):
+    llm = QGPMLLM(engine=stub_engine)
+    tmpl = PromptTemplate(
+        "Context: {context_str}\nQ: {query_str}\nA:",
+        template_var_mappings={"docs": "context_str"},
+        function_mappings={"query_str": lambda **kw: kw["q"].upper()},
+    )
+    assert llm.predict(tmpl, docs="Some text.", q="why?") == "qgpm answer to WHY? from 1 docs"
+    assert stub_engine.calls[-1][1:3] == ("Some text.", "WHY?")
+
+
 def test_plain_complete_and_chat_use_engine_chat(llm, stub_engine):
     r = llm.complete("hello")
     assert r.text == "plain reply" and r.raw["usage"]["prompt_tokens"] == 11
