@@ -9,6 +9,10 @@ context is rewritten:
 * **Reorder** (:func:`reorder_edit`) keeps every chunk, sorted by ascending score so
   that the most relevant chunk comes last, right before the question.
 
+The two rules themselves are :func:`topk_order` and :func:`reorder_order`: pure functions
+from scores to indices, shared by the engine (through :func:`edit_context`) and by the
+LangChain / LlamaIndex adapters, which reorder documents or nodes instead of chunks.
+
 Chunks of the edited context are joined by ``"\\n\\n"``. The model then answers over the
 edited context with standard RoPE. Ties in score are broken by original order: Top-K
 prefers the earlier chunk, and Reorder keeps tied chunks in their original relative
@@ -30,6 +34,8 @@ __all__ = [
     "Chunk",
     "EditedContext",
     "chunk_sentences",
+    "topk_order",
+    "reorder_order",
     "topk_edit",
     "reorder_edit",
     "edit_context",
@@ -166,14 +172,18 @@ def chunk_sentences(
     return chunks
 
 
-def _check_scores(chunks: Sequence[Chunk], scores: Sequence[float]) -> list[float]:
-    if len(scores) != len(chunks):
-        raise ValueError(f"got {len(scores)} scores for {len(chunks)} chunks")
+def _finite(scores: Sequence[float]) -> list[float]:
     out = [float(s) for s in scores]
     bad = [i for i, s in enumerate(out) if not math.isfinite(s)]
     if bad:
         raise ValueError(f"non-finite scores for chunks {bad}")
     return out
+
+
+def _check_scores(chunks: Sequence[Chunk], scores: Sequence[float]) -> list[float]:
+    if len(scores) != len(chunks):
+        raise ValueError(f"got {len(scores)} scores for {len(chunks)} chunks")
+    return _finite(scores)
 
 
 def _check_k(k: int) -> int:
@@ -182,6 +192,33 @@ def _check_k(k: int) -> int:
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     return int(k)
+
+
+def topk_order(scores: Sequence[float], k: int) -> list[int]:
+    """Indices of the ``k`` highest scores, in ascending (original) order: the Top-K rule.
+
+    Ties are broken by original order (the earlier item wins). With ``k`` at least
+    ``len(scores)`` every index is kept.
+
+    Raises:
+        TypeError: If ``k`` is not an int.
+        ValueError: If ``k < 1`` or a score is not finite.
+    """
+    _check_k(k)
+    s = _finite(scores)
+    return sorted(sorted(range(len(s)), key=lambda i: (-s[i], i))[:k])
+
+
+def reorder_order(scores: Sequence[float]) -> list[int]:
+    """Every index, sorted by ascending score so the best item comes last: the Reorder rule.
+
+    Sorting is stable: items with equal scores keep their original relative order.
+
+    Raises:
+        ValueError: If a score is not finite.
+    """
+    s = _finite(scores)
+    return sorted(range(len(s)), key=lambda i: (s[i], i))
 
 
 def _build(text: str, chunks: Sequence[Chunk], scores: list[float], order: list[int], mode: str) -> EditedContext:
@@ -210,8 +247,7 @@ def topk_edit(text: str, chunks: Sequence[Chunk], scores: Sequence[float], k: in
     """
     _check_k(k)
     s = _check_scores(chunks, scores)
-    best = sorted(range(len(chunks)), key=lambda i: (-s[i], i))[:k]
-    return _build(text, chunks, s, sorted(best), "topk")
+    return _build(text, chunks, s, topk_order(s, k), "topk")
 
 
 def reorder_edit(text: str, chunks: Sequence[Chunk], scores: Sequence[float]) -> EditedContext:
@@ -232,8 +268,7 @@ def reorder_edit(text: str, chunks: Sequence[Chunk], scores: Sequence[float]) ->
         ValueError: If ``scores`` does not match ``chunks`` or has non-finite values.
     """
     s = _check_scores(chunks, scores)
-    order = sorted(range(len(chunks)), key=lambda i: (s[i], i))
-    return _build(text, chunks, s, order, "reorder")
+    return _build(text, chunks, s, reorder_order(s), "reorder")
 
 
 def edit_context(

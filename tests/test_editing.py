@@ -15,7 +15,9 @@ from qgpm.editing import (
     chunk_sentences,
     edit_context,
     reorder_edit,
+    reorder_order,
     topk_edit,
+    topk_order,
 )
 from qgpm.segment import split_documents, split_sentences
 
@@ -183,6 +185,35 @@ def test_scores_must_match_chunks_and_be_finite():
         topk_edit(text, chunks, [1.0, 2.0], k=1)
     with pytest.raises(ValueError, match="non-finite"):
         reorder_edit(text, chunks, [1.0, math.nan, 0.0])
+
+
+def test_topk_order_is_the_topk_rule_on_bare_scores():
+    assert topk_order([0.1, 0.9, 0.3, 0.8, 0.2, 0.7, 0.0, 0.6], 3) == [1, 3, 5]
+    assert topk_order([1.0, 2.0, 1.0, 2.0, 1.0, 2.0], 4) == [0, 1, 3, 5]  # ties: the earlier wins
+    assert topk_order([5, 4, 3], 10) == [0, 1, 2]
+    assert topk_order([], 2) == []
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        topk_order([1.0], 0)
+    with pytest.raises(TypeError):
+        topk_order([1.0], True)
+    with pytest.raises(ValueError, match="non-finite"):
+        topk_order([1.0, math.inf], 1)
+
+
+def test_reorder_order_is_the_reorder_rule_on_bare_scores():
+    assert reorder_order([0.5, 0.9, 0.1, 0.7, 0.3, 0.2]) == [2, 5, 4, 0, 3, 1]
+    assert reorder_order([1.0, 0.0, 1.0, 0.0, 2.0]) == [1, 3, 0, 2, 4]  # stable for ties
+    assert reorder_order([]) == []
+    with pytest.raises(ValueError, match="non-finite"):
+        reorder_order([math.nan])
+
+
+@given(st.lists(st.integers(-3, 3), max_size=12), st.integers(1, 14))
+@settings(max_examples=60, deadline=None)
+def test_edits_follow_the_order_helpers(scores, k):
+    text, chunks = _chunks(len(scores))
+    assert topk_edit(text, chunks, scores, k=k).order == topk_order(scores, k)
+    assert reorder_edit(text, chunks, scores).order == reorder_order(scores)
 
 
 # ----------------------------------------------------------------- Reorder

@@ -27,6 +27,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from pydantic import ConfigDict, Field
 
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
+from qgpm.editing import reorder_order, topk_order
 
 __all__ = ["QGPMTopKCompressor", "QGPMReorder", "score_documents"]
 
@@ -66,8 +67,7 @@ class QGPMTopKCompressor(BaseDocumentCompressor):
         if not docs:
             return []
         scores = score_documents(self.reranker, docs, query)
-        best = sorted(range(len(docs)), key=lambda i: (-scores[i], i))[: self.k]
-        return [_with_score(docs[i], scores[i]) for i in sorted(best)]
+        return [_with_score(docs[i], scores[i]) for i in topk_order(scores, self.k)]
 
 
 class QGPMReorder(BaseDocumentCompressor):
@@ -82,5 +82,4 @@ class QGPMReorder(BaseDocumentCompressor):
         if not docs:
             return []
         scores = score_documents(self.reranker, docs, query)
-        order = sorted(range(len(docs)), key=lambda i: (scores[i], i))
-        return [_with_score(docs[i], scores[i]) for i in order]
+        return [_with_score(docs[i], scores[i]) for i in reorder_order(scores)]

@@ -43,7 +43,16 @@ class QGPMTrace(list):
         self._prev: Any = None
         self._lock = threading.Lock()
 
-    def _add(self, result: Any) -> None:
+    def call_started(self) -> None:
+        """Count one more LLM call that takes part in this response (thread-safe).
+
+        A response gets ``metadata["qgpm"]`` once at least one call has started.
+        """
+        with self._lock:
+            self.calls_started += 1
+
+    def add_result(self, result: Any) -> None:
+        """Append the result of a finished call (thread-safe)."""
         with self._lock:
             self.append(result)
 

@@ -113,6 +113,21 @@ def _plain_ids(tok: Any, text: str) -> list[int]:
     return tok(text, add_special_tokens=False, verbose=False)["input_ids"]  # a non-HF tokenizer (test stand-ins)
 
 
+def _template_values(tmpl: BasePromptTemplate, prompt_args: dict[str, Any]) -> dict[str, Any]:
+    """The variables ``tmpl.format(**prompt_args)`` fills in, read from the template's public fields.
+
+    The same steps as LlamaIndex's own formatting: the bound ``kwargs`` merged with the
+    call's arguments, then ``function_mappings`` computed from them (a computed value wins
+    over a fixed one), then ``template_var_mappings`` renaming variables to the names the
+    template text uses.
+    """
+    args = {**tmpl.kwargs, **prompt_args}
+    values = {name: fn(**args) for name, fn in (tmpl.function_mappings or {}).items()}
+    values.update((name, v) for name, v in args.items() if name not in values)
+    renames = tmpl.template_var_mappings or {}
+    return {renames.get(name, name): v for name, v in values.items()}
+
+
 def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
     """Make LlamaIndex count tokens with ``engine``'s own tokenizer.
 
@@ -312,7 +327,7 @@ class QGPMLLM(LLM):
             return None
         tmpl = prompt.select(llm=self) if isinstance(prompt, SelectorPromptTemplate) else prompt
         try:
-            values = tmpl._map_all_vars({**tmpl.kwargs, **prompt_args})
+            values = _template_values(tmpl, prompt_args)
         except Exception:
             return None
         used = set(tmpl.template_vars or [])
@@ -422,8 +437,7 @@ class QGPMLLM(LLM):
     def _start(self, parts: Optional[dict[str, Any]]) -> Optional[QGPMTrace]:
         trace = _tracing.current_trace()
         if trace is not None:
-            with trace._lock:
-                trace.calls_started += 1
+            trace.call_started()
         return trace
 
     def _finish(self, result: QGPMResult, trace: Optional[QGPMTrace], parts: Optional[dict[str, Any]]) -> None:
@@ -433,7 +447,7 @@ class QGPMLLM(LLM):
         with self._lock:
             self._last = result
         if trace is not None:
-            trace._add(result)
+            trace.add_result(result)
 
     @staticmethod
     def _usage(result: QGPMResult) -> dict[str, int]:
@@ -442,6 +456,24 @@ class QGPMLLM(LLM):
             "completion_tokens": result.usage.answer_tokens,
             "total_tokens": result.usage.total_tokens,
         }
+
+    @classmethod
+    def _result_fields(cls, result: Optional[QGPMResult]) -> dict[str, Any]:
+        """What a finished call's response carries besides its text: usage and the result."""
+        if result is None:
+            return {}
+        return {
+            "raw": {"usage": cls._usage(result), "result": result},
+            "additional_kwargs": {"method": result.method, "finish_reason": result.finish_reason},
+        }
+
+    @classmethod
+    def _completion_response(cls, text: str, delta: Optional[str], result: Optional[QGPMResult]) -> CompletionResponse:
+        return CompletionResponse(text=text, delta=delta, **cls._result_fields(result))
+
+    @classmethod
+    def _chat_response(cls, text: str, delta: Optional[str], result: Optional[QGPMResult]) -> ChatResponse:
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta, **cls._result_fields(result))
 
     def _run(self, parts: Optional[dict[str, Any]], gen: dict[str, Any], messages: list[dict[str, str]]) -> QGPMResult:
         if parts is None:
@@ -455,116 +487,78 @@ class QGPMLLM(LLM):
         context, question, kw = self._answer_kwargs(parts)
         return self._engine.stream(context, question, **kw, **gen)
 
-    def _complete_sync(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
-        parts, gen = self._split_kwargs(dict(kwargs))
+    def _call(self, parts: Optional[dict[str, Any]], gen: dict[str, Any], messages: list[dict[str, str]], respond: Any, stream: bool) -> Any:
+        """Run one call on the engine; ``respond(text, delta, result)`` builds the response objects.
+
+        Streaming starts the engine's stream now and returns :meth:`_pieces` over it.
+        """
         trace = self._start(parts)
-        result = self._run(parts, gen, self._messages(prompt, formatted))
+        if stream:
+            return self._pieces(self._stream(parts, gen, messages), trace, parts, respond)
+        result = self._run(parts, gen, messages)
         self._finish(result, trace, parts)
-        return CompletionResponse(
-            text=result.text,
-            raw={"usage": self._usage(result), "result": result},
-            additional_kwargs={"method": result.method, "finish_reason": result.finish_reason},
-        )
+        return respond(result.text, None, result)
 
-    def _stream_sync(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponseGen:
+    def _pieces(self, stream: Any, trace: Optional[QGPMTrace], parts: Optional[dict[str, Any]], respond: Any) -> Generator[Any, None, None]:
+        """The one streaming generator, for completions and chat alike."""
+        text = ""
+        try:
+            for piece in stream:
+                text += piece
+                yield respond(text, piece, None)
+        finally:
+            stream.close()
+        result = stream.result
+        if result is None:
+            return
+        self._finish(result, trace, parts)
+        yield respond(text, "", result)  # a last, empty delta that carries usage and the result
+
+    def _completion(self, prompt: str, formatted: bool, kwargs: dict[str, Any], stream: bool) -> Any:
         parts, gen = self._split_kwargs(dict(kwargs))
-        trace = self._start(parts)
-        stream = self._stream(parts, gen, self._messages(prompt, formatted))
+        return self._call(parts, gen, self._messages(prompt, formatted), self._completion_response, stream)
 
-        def pieces() -> CompletionResponseGen:
-            text = ""
-            try:
-                for piece in stream:
-                    text += piece
-                    yield CompletionResponse(text=text, delta=piece)
-            finally:
-                stream.close()
-            result = stream.result
-            if result is None:
-                return
-            self._finish(result, trace, parts)
-            # a last, empty delta that carries usage and the result
-            yield CompletionResponse(
-                text=text,
-                delta="",
-                raw={"usage": self._usage(result), "result": result},
-                additional_kwargs={"method": result.method, "finish_reason": result.finish_reason},
-            )
-
-        return pieces()
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], stream: bool) -> Any:
+        _, gen = self._split_kwargs(dict(kwargs))  # chat messages never take QGPM's context path
+        return self._call(None, gen, self._chat_dicts(messages), self._chat_response, stream)
 
     # ------------------------------------------------------------------ LLM interface
+    # LlamaIndex's CustomLLM would derive chat and async from complete / stream_complete, but
+    # its chat flattens the messages into one user turn (messages_to_prompt), so the model's
+    # chat template would no longer see the roles, and its async methods run the model on
+    # the event loop. Here every entry point is one line over _completion / _chat, and the
+    # async ones run the model in a worker thread so the event loop stays free.
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return self._complete_sync(prompt, formatted, kwargs)
+        return self._completion(prompt, formatted, kwargs, stream=False)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        return self._stream_sync(prompt, formatted, kwargs)
+        return self._completion(prompt, formatted, kwargs, stream=True)
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        # the model runs in a worker thread so the event loop stays free
-        return await asyncio.to_thread(self._complete_sync, prompt, formatted, kwargs)
+        return await asyncio.to_thread(self._completion, prompt, formatted, kwargs, False)
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
-        sync_gen = await asyncio.to_thread(self._stream_sync, prompt, formatted, kwargs)
-        return _to_async(sync_gen)
+        return _to_async(await asyncio.to_thread(self._completion, prompt, formatted, kwargs, True))
 
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._chat_sync(messages, kwargs)
+        return self._chat(messages, kwargs, stream=False)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return self._stream_chat_sync(messages, kwargs)
+        return self._chat(messages, kwargs, stream=True)
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await asyncio.to_thread(self._chat_sync, messages, kwargs)
+        return await asyncio.to_thread(self._chat, messages, kwargs, False)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        sync_gen = await asyncio.to_thread(self._stream_chat_sync, messages, kwargs)
-        return _to_async(sync_gen)
-
-    def _chat_sync(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
-        _, gen = self._split_kwargs(dict(kwargs))
-        trace = self._start(None)
-        result = self._engine.chat(self._chat_dicts(messages), **gen)
-        self._finish(result, trace, None)
-        return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=result.text),
-            raw={"usage": self._usage(result), "result": result},
-            additional_kwargs={"method": result.method, "finish_reason": result.finish_reason},
-        )
-
-    def _stream_chat_sync(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
-        _, gen = self._split_kwargs(dict(kwargs))
-        trace = self._start(None)
-        stream = self._engine.stream_chat(self._chat_dicts(messages), **gen)
-
-        def pieces() -> ChatResponseGen:
-            text = ""
-            try:
-                for piece in stream:
-                    text += piece
-                    yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=piece)
-            finally:
-                stream.close()
-            result = stream.result
-            if result is None:
-                return
-            self._finish(result, trace, None)
-            yield ChatResponse(
-                message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
-                delta="",
-                raw={"usage": self._usage(result), "result": result},
-                additional_kwargs={"method": result.method, "finish_reason": result.finish_reason},
-            )
-
-        return pieces()
+        return _to_async(await asyncio.to_thread(self._chat, messages, kwargs, True))
 
 
 _DONE = object()

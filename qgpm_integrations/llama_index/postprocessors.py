@@ -10,13 +10,14 @@ Both score nodes with a :mod:`qgpm.rerank` reranker (``"bm25"``, ``"minilm"``, `
 ``"cross-encoder:<id>"``, or a :class:`qgpm.rerank.Reranker` object) and set
 ``node.score`` to the reranker score (the retrieval score is kept in
 ``node.metadata["retrieval_score"]`` with ``keep_retrieval_score=True``). Ties follow
-:mod:`qgpm.editing`: Top-K prefers the earlier node, Reorder keeps tied nodes in their
-original order. The input list and its ``NodeWithScore`` objects are not modified.
+:func:`qgpm.editing.topk_order` / :func:`qgpm.editing.reorder_order`: Top-K prefers the
+earlier node, Reorder keeps tied nodes in their original order. The input list and its
+``NodeWithScore`` objects are not modified.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.callbacks import CBEventType, EventPayload
@@ -24,7 +25,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
-from qgpm.editing import Chunk, reorder_edit, topk_edit
+from qgpm.editing import reorder_order, topk_order
 from qgpm.rerank import get_reranker
 
 __all__ = ["QGPMTopKPostprocessor", "QGPMReorderPostprocessor"]
@@ -39,7 +40,10 @@ class _QGPMRerankBase(BaseNodePostprocessor):
         if query_bundle is None:
             raise ValueError(f"{self.class_name()} needs the query (query_bundle is None)")
         texts = [n.node.get_content(metadata_mode=self.metadata_mode) for n in nodes]
-        return get_reranker(self.reranker).score(query_bundle.query_str, texts)
+        scores = get_reranker(self.reranker).score(query_bundle.query_str, texts)
+        if len(scores) != len(nodes):
+            raise ValueError(f"got {len(scores)} scores for {len(nodes)} nodes")
+        return scores
 
     def _rescored(self, nodes: List[NodeWithScore], scores: list[float], order: list[int]) -> List[NodeWithScore]:
         out = []
@@ -51,7 +55,9 @@ class _QGPMRerankBase(BaseNodePostprocessor):
             out.append(NodeWithScore(node=node, score=float(scores[i])))
         return out
 
-    def _run(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle], edit: Any, top_k: Optional[int]) -> List[NodeWithScore]:
+    def _run(
+        self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle], rule: Callable[[list[float]], list[int]], top_k: Optional[int]
+    ) -> List[NodeWithScore]:
         if not nodes:
             return []
         payload = {EventPayload.NODES: nodes, EventPayload.MODEL_NAME: str(getattr(self.reranker, "name", self.reranker))}
@@ -61,9 +67,7 @@ class _QGPMRerankBase(BaseNodePostprocessor):
             payload[EventPayload.TOP_K] = top_k
         with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
             scores = self._score(nodes, query_bundle)
-            chunks = [Chunk(index=i, start=0, end=0, text=f"node {i}") for i in range(len(nodes))]
-            order = edit(chunks, scores).order
-            new_nodes = self._rescored(nodes, scores, order)
+            new_nodes = self._rescored(nodes, scores, rule(scores))
             event.on_end(payload={EventPayload.NODES: new_nodes})
         return new_nodes
 
@@ -78,7 +82,7 @@ class QGPMTopKPostprocessor(_QGPMRerankBase):
         return "QGPMTopKPostprocessor"
 
     def _postprocess_nodes(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
-        return self._run(nodes, query_bundle, lambda chunks, scores: topk_edit("", chunks, scores, k=self.top_n), self.top_n)
+        return self._run(nodes, query_bundle, lambda scores: topk_order(scores, self.top_n), self.top_n)
 
 
 class QGPMReorderPostprocessor(_QGPMRerankBase):
@@ -89,4 +93,4 @@ class QGPMReorderPostprocessor(_QGPMRerankBase):
         return "QGPMReorderPostprocessor"
 
     def _postprocess_nodes(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
-        return self._run(nodes, query_bundle, lambda chunks, scores: reorder_edit("", chunks, scores), None)
+        return self._run(nodes, query_bundle, reorder_order, None)

@@ -171,6 +171,17 @@ def test_custom_variable_names_and_fallback(stub_engine, word_tokenizer):
     assert stub_engine.calls[-1][1] == [{"role": "user", "content": "Rewrite the question: Why?"}]
 
 
+def test_template_variable_and_function_mappings(stub_engine, word_tokenizer):
+    llm = QGPMLLM(engine=stub_engine)
+    tmpl = PromptTemplate(
+        "Context: {context_str}\nQ: {query_str}\nA:",
+        template_var_mappings={"docs": "context_str"},
+        function_mappings={"query_str": lambda **kw: kw["q"].upper()},
+    )
+    assert llm.predict(tmpl, docs="Some text.", q="why?") == "qgpm answer to WHY? from 1 docs"
+    assert stub_engine.calls[-1][1:3] == ("Some text.", "WHY?")
+
+
 def test_plain_complete_and_chat_use_engine_chat(llm, stub_engine):
     r = llm.complete("hello")
     assert r.text == "plain reply" and r.raw["usage"]["prompt_tokens"] == 11
@@ -189,6 +200,28 @@ def test_plain_complete_and_chat_use_engine_chat(llm, stub_engine):
         return [x.delta async for x in gen]
 
     assert "".join(asyncio.run(astream())) == "plain reply"
+
+
+def test_streams_end_with_one_chunk_that_carries_usage_and_result(llm, stub_engine):
+    completion = list(llm.stream_complete("hello"))
+    chat = list(llm.stream_chat([ChatMessage(role="user", content="hi")]))
+    assert [c.text for c in completion] == ["plain ", "plain reply", "plain reply"]
+    assert [c.message.content for c in chat] == ["plain ", "plain reply", "plain reply"]
+    for chunks in (completion, chat):
+        assert [c.delta for c in chunks] == ["plain ", "reply", ""]
+        assert [c.raw for c in chunks[:-1]] == [None, None]
+        assert [c.additional_kwargs for c in chunks[:-1]] == [{}, {}]
+        last = chunks[-1]
+        assert last.raw["usage"] == {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}
+        assert last.raw["result"].method == "plain"
+        assert last.additional_kwargs == {"method": "plain", "finish_reason": "stop"}
+    assert chat[-1].raw["result"] is llm.last_result
+    assert chat[-1].message.role == "assistant"
+    reply = llm.complete("hello")
+    assert reply.delta is None and reply.additional_kwargs == {"method": "plain", "finish_reason": "stop"}
+    answer = llm.chat([ChatMessage(role="user", content="hi")])
+    assert answer.delta is None and answer.raw["usage"]["total_tokens"] == 13
+    assert answer.additional_kwargs == {"method": "plain", "finish_reason": "stop"}
 
 
 def test_generation_settings_reach_the_engine(stub_engine, word_tokenizer):
