@@ -83,7 +83,7 @@ _CALL_KWARGS = frozenset(
     {
         "context", "question", "method", "evidence", "system", "instruction", "answer_prefix",
         "reranker", "k", "qgpm_config", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed",
-        "explain_k", "model", "timeout", "stream", "options", "on_empty_context",
+        "explain_k", "explain_html", "model", "timeout", "stream", "options", "on_empty_context",
     }
 )
 _EMPTY_POLICIES = ("reply", "raise")
@@ -339,7 +339,7 @@ class QGPMChatModel(BaseChatModel):
     ``reranker`` / ``k`` (topk, reorder), ``options`` (the baselines string, ms-poe,
     self-extend, llmlingua-2: ``qgpm.StringOptions`` etc.), ``system``, ``instruction``,
     ``answer_prefix``, ``qgpm_config``, ``max_tokens``, ``temperature``, ``top_p``,
-    ``seed``, ``explain_k``, ``model``, ``timeout``, ``on_empty_context``. Without
+    ``seed``, ``explain_k``, ``explain_html``, ``model``, ``timeout``, ``on_empty_context``. Without
     any context marking it is a plain chat model (and logs a warning once per
     instance). An empty context gets :data:`NO_CONTEXT_REPLY` (``on_empty_context=
     "reply"``, the default) or raises :class:`qgpm.EmptyContextError` (``"raise"``).
@@ -384,6 +384,12 @@ class QGPMChatModel(BaseChatModel):
     reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec or instance for method topk/reorder.")
     k: int = Field(default=DEFAULT_K, ge=1, description="Chunks kept by method='topk'.")
     explain_k: int = Field(default=5, ge=0, description="Top sentences reported in response_metadata['qgpm'].")
+    explain_html: bool = Field(
+        default=False,
+        description="Also put the explanation page (QGPMResult.to_html(): the context shaded by relevance, the question "
+        "and the answer; self-contained, all text escaped) and every sentence's row (qgpm.explain.sentence_rows: "
+        "rank, z, broad/sharp, depth, full stride) in response_metadata['qgpm']['html'] / ['sentences'].",
+    )
     streaming: bool = False
     on_empty_context: Literal["reply", "raise"] = Field(
         default="reply",
@@ -636,6 +642,11 @@ class QGPMChatModel(BaseChatModel):
                 ] if k else [],
                 explanation=result.explain(k) if k else "",
             )
+            if bool(kwargs.get("explain_html", self.explain_html)):
+                from qgpm.explain import sentence_rows
+
+                info["html"] = result.to_html()
+                info["sentences"] = sentence_rows(result)
             if result.edit is not None:
                 info["edit"] = {
                     "mode": getattr(result.edit, "mode", result.method),

@@ -73,6 +73,13 @@ class QGPMTrace(list):
             return self[0].explain(k)
         return "\n".join(f"call {i + 1}/{len(self)}: " + r.explain(k) for i, r in enumerate(self))
 
+    def to_html(self, **kwargs: Any) -> str:
+        """The explanation page of the final call (:meth:`qgpm.QGPMResult.to_html`: the context
+        shaded by relevance, the question and the answer; self-contained, all text escaped)."""
+        if not self:
+            raise ValueError("no QGPM call has finished yet (a streaming response fills the trace in once consumed)")
+        return self.result.to_html(**kwargs)
+
     def __repr__(self) -> str:
         return f"QGPMTrace({len(self)} result(s): {[r.method for r in self]})"
 

@@ -276,3 +276,14 @@ def test_wrong_arguments_are_clear_errors(llm, prompt_value):
         llm.invoke(prompt_value, evidence=[EVIDENCE])
     with pytest.raises(ValueError, match="text only"):
         llm.invoke([HumanMessage(content=[{"type": "image", "url": "https://example.com/x.png"}])])
+
+
+def test_explain_html_puts_the_explanation_view_in_the_metadata(llm, prompt_value, marked_answer):
+    assert "html" not in marked_answer.response_metadata["qgpm"]  # opt-in: the page repeats the whole context
+    msg = llm.invoke(prompt_value, explain_html=True, max_tokens=2)
+    info = msg.response_metadata["qgpm"]
+    assert info["html"].startswith("<!DOCTYPE html>") and "method <b>qgpm</b>" in info["html"]
+    assert QUESTION.replace("?", "") in info["html"] and EVIDENCE in info["html"]
+    rows = info["sentences"]
+    assert [r["text"] for r in sorted(rows, key=lambda r: r["rank"])[:5]] == [s["text"] for s in info["top_sentences"]]
+    assert all(0 <= r["depth"] < 1 and isinstance(r["full_stride"], bool) for r in rows)

@@ -339,3 +339,19 @@ def test_split_context():
     assert split_context("paragraph.\n\n" + b, [a, b]) == ["paragraph.", b]
     # a known text in the middle of a line is not a boundary
     assert split_context("See Second node. here", [b]) == "See Second node. here"
+
+
+def test_trace_to_html_is_the_final_calls_explanation_page():
+    class Result:
+        def __init__(self, page):
+            self.page = page
+
+        def to_html(self, top=10):
+            return f"{self.page}:{top}"
+
+    trace = QGPMTrace()
+    with pytest.raises(ValueError, match="no QGPM call has finished yet"):
+        trace.to_html()
+    trace.add_result(Result("first"))
+    trace.add_result(Result("last"))
+    assert trace.to_html() == "last:10" and trace.to_html(top=3) == "last:3"
