@@ -1,0 +1,134 @@
+"""The package's import rules, read from the source with ``ast`` (issue 15):
+
+* the pure modules (text -> spans -> scores -> positions -> plan, and the RoPE maths) import
+  nothing from ``runtime``, ``engine`` or ``eval``;
+* the core package never imports ``qgpm.eval`` or ``qgpm_integrations``; the one exception
+  is the command line (``qgpm/cli.py``, ``qgpm/_cliutil.py``), which registers the harness's subcommands;
+* no module imports or reads a ``_private`` name of another module (a package's own private
+  submodules, such as ``qgpm/_cliutil.py``, may be imported; their public names are used).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PURE = ("segment", "shaping", "positions", "plan", "rope")
+FORBIDDEN_FOR_PURE = ("runtime", "engine", "eval")
+CLI_ENTRY_POINTS = {"qgpm/cli.py", "qgpm/_cliutil.py"}  # the command line and its shared flag types
+
+
+def _modules(*packages: str) -> list[Path]:
+    return sorted(p for pkg in packages for p in (ROOT / pkg).rglob("*.py"))
+
+
+def _dotted(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _package(path: Path) -> str:
+    dotted = _dotted(path)
+    return dotted if path.name == "__init__.py" else dotted.rpartition(".")[0]
+
+
+def _absolute(path: Path, node: ast.ImportFrom) -> str:
+    """The absolute module name of ``from <module> import ...``."""
+    if not node.level:
+        return node.module or ""
+    base = _package(path).split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """Every import of a file: (absolute module, imported names, line)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((a.name, [], node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            out.append((_absolute(path, node), [a.name for a in node.names], node.lineno))
+    return out
+
+
+def _targets(module: str, names: list[str]) -> list[str]:
+    """The modules an import may load: the module itself and ``module.name`` for each name."""
+    return [module] + [f"{module}.{n}" for n in names]
+
+
+def _is_within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+@pytest.mark.parametrize("name", PURE)
+def test_pure_modules_import_no_runtime_engine_or_eval(name):
+    path = ROOT / "qgpm" / f"{name}.py"
+    assert path.exists(), path
+    bad = [
+        (t, line) for module, names, line in _imports(path) for t in _targets(module, names)
+        if any(_is_within(t, f"qgpm.{f}") for f in FORBIDDEN_FOR_PURE)
+    ]
+    assert not bad, f"qgpm/{name}.py must stay pure, but imports {bad}"
+
+
+def test_core_never_imports_the_harness_or_the_integrations():
+    bad = []
+    for path in _modules("qgpm"):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("qgpm/eval/"):
+            continue
+        for module, names, line in _imports(path):
+            for t in _targets(module, names):
+                if _is_within(t, "qgpm_integrations") or (_is_within(t, "qgpm.eval") and rel not in CLI_ENTRY_POINTS):
+                    bad.append(f"{rel}:{line} imports {t}")
+    assert not bad, "\n".join(bad)
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def test_no_module_uses_another_modules_private_names():
+    bad = []
+    for path in _modules("qgpm", "qgpm_integrations"):
+        rel = path.relative_to(ROOT).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        module_aliases: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _absolute(path, node)
+                for a in node.names:
+                    submodule = ROOT.joinpath(*source.split("."), a.name)
+                    if _is_private(a.name) and not (submodule.with_suffix(".py").exists() or submodule.is_dir()):
+                        bad.append(f"{rel}:{node.lineno} imports {a.name} from {source}")
+                    else:
+                        module_aliases.add(a.asname or a.name)  # may be a module (from . import trace)
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    module_aliases.add(a.asname or a.name.split(".")[0])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _is_private(node.attr) and isinstance(node.value, ast.Name):
+                if node.value.id in module_aliases and node.value.id not in ("self", "cls"):
+                    bad.append(f"{rel}:{node.lineno} reads {node.value.id}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_rules_catch_what_they_forbid(tmp_path, monkeypatch):
+    """The checks above can fail: a pure module importing the runtime, and a private read, are found."""
+    pkg = tmp_path / "qgpm"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "plan.py").write_text("from .runtime import apply_plan\nfrom . import engine\nx = engine._private\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    with pytest.raises(AssertionError, match="qgpm.runtime"):
+        test_pure_modules_import_no_runtime_engine_or_eval("plan")
+    with pytest.raises(AssertionError, match="reads engine._private"):
+        test_no_module_uses_another_modules_private_names()
