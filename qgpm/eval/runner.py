@@ -84,6 +84,10 @@ __all__ = [
     "ROWS_FILE",
     "MANIFEST_FILE",
     "DEFAULT_DEPTHS",
+    "norm_depth",
+    "engine_dtype",
+    "partial_state",
+    "make_sample",
 ]
 
 log = logging.getLogger("qgpm.eval")
@@ -125,19 +129,21 @@ def work_items(tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[fl
     return out
 
 
-def _norm_depth(d: Any) -> float | None:
+def norm_depth(d: Any) -> float | None:
+    """A depth as rows store and compare it: ``None`` (random placement) or rounded to 6 decimals."""
     return None if d is None else round(float(d), 6)
 
 
 def row_key(row: dict) -> tuple:
     """The identity of a row: (task, length, depth, seed, method, config_hash)."""
-    return (row["task"], int(row["length"]), _norm_depth(row.get("depth")), int(row["seed"]), row["method"], row["config_hash"])
+    return (row["task"], int(row["length"]), norm_depth(row.get("depth")), int(row["seed"]), row["method"], row["config_hash"])
 
 
 # ----------------------------------------------------------------------------- fingerprints
 
 
-def _engine_dtype(engine) -> str:
+def engine_dtype(engine) -> str:
+    """The dtype name of ``engine``'s weights (``"bfloat16"``, ...), ``"?"`` when it has none."""
     try:
         return str(next(engine.model.parameters()).dtype).replace("torch.", "")
     except (StopIteration, AttributeError):
@@ -182,7 +188,7 @@ def method_fingerprint(
     fp: dict[str, Any] = {
         "method": method,
         "model": engine.name,
-        "dtype": _engine_dtype(engine),
+        "dtype": engine_dtype(engine),
         "max_new_tokens": max_new_tokens,
         "haystack": None if haystack is None else str(getattr(haystack, "__name__", haystack)),
     }
@@ -434,8 +440,11 @@ def _update_manifest(out_dir: Path, entry: dict, fingerprints: dict[str, dict]) 
 # ----------------------------------------------------------------------------- distributed
 
 
-def _partial_state():
-    """``accelerate.PartialState`` (long barrier timeout), or None when accelerate is missing."""
+def partial_state() -> Any:
+    """``accelerate.PartialState`` (long barrier timeout), or None when accelerate is missing.
+
+    Under ``accelerate launch`` it tells this process its index and the process count;
+    a plain process gets index 0 of 1."""
     try:
         from accelerate import PartialState
     except ImportError:  # plain single process
@@ -492,7 +501,9 @@ def _haystack_for(task: str, haystack: Any) -> Any:
     return None
 
 
-def _make_sample(tokenizer, item: WorkItem, haystack: Any, max_new_tokens: int | None) -> EvalSample | Exception:
+def make_sample(tokenizer: Any, item: WorkItem, haystack: Any, max_new_tokens: int | None) -> EvalSample | BudgetError:
+    """Generate ``item``'s sample (``haystack`` only where the task takes one); the
+    :class:`BudgetError` instead of raising it when the prompt cannot fit ``item.length``."""
     try:
         s = generate(
             item.task, n=1, length=item.length, tokenizer=tokenizer, seed=item.seed,
@@ -565,7 +576,7 @@ def run_eval(
         depths = [float(d) for d in depths]
     out = Path(out_dir)
 
-    state = _partial_state() or _Single()
+    state = partial_state() or _Single()
     if shard is not None:
         rank, world = int(shard[0]), int(shard[1])
         if not 0 <= rank < world:
@@ -597,7 +608,7 @@ def run_eval(
     done = {row_key(r) for r in read_rows(out) if not r.get("error")}
 
     def todo_for(item: WorkItem) -> list[str]:
-        return [m for m in methods if (item.task, item.length, _norm_depth(item.depth), item.seed, m, hashes[m]) not in done]
+        return [m for m in methods if (item.task, item.length, norm_depth(item.depth), item.seed, m, hashes[m]) not in done]
 
     pending = [(it, todo_for(it)) for it in mine]
     pending = [(it, ms) for it, ms in pending if ms]
@@ -622,7 +633,7 @@ def run_eval(
 
             def submit(j: int) -> None:
                 if pool is not None and j < len(pending):
-                    futures.append(pool.submit(_make_sample, gen_tok, pending[j][0], haystack, max_new_tokens))
+                    futures.append(pool.submit(make_sample, gen_tok, pending[j][0], haystack, max_new_tokens))
 
             submit(0)
             for j, (item, todo) in enumerate(pending):
@@ -630,14 +641,14 @@ def run_eval(
                     sample = futures[j].result()
                     submit(j + 1)  # generate the next sample while the model works
                 else:
-                    sample = _make_sample(gen_tok, item, haystack, max_new_tokens)
+                    sample = make_sample(gen_tok, item, haystack, max_new_tokens)
                 if isinstance(sample, Exception):
                     warnings.warn(f"skipping {item.task} @ {item.length} (sample {item.index}, depth {item.depth}): {sample}")
                     if bar is not None:
                         bar.update(len(todo))
                     continue
                 base = {
-                    "task": item.task, "length": item.length, "depth": _norm_depth(item.depth), "seed": item.seed,
+                    "task": item.task, "length": item.length, "depth": norm_depth(item.depth), "seed": item.seed,
                     "index": item.index, "split": split, "metric": sample.metric, "gold": list(sample.answers),
                     "needle_depth": (sample.meta.get("needle_depths") or [None])[0],
                     "max_new_tokens": sample.max_new_tokens,
@@ -673,7 +684,7 @@ def run_eval(
         entry = {
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "model": engine.name, "dtype": _engine_dtype(engine), "device": str(engine.device),
+            "model": engine.name, "dtype": engine_dtype(engine), "device": str(engine.device),
             "heads": [list(h) for h in engine.heads] if "qgpm" in methods else None,
             "config": _config_dict(cfg), "config_provenance": getattr(cfg, "provenance", None),
             "tasks": list(tasks), "lengths": [int(x) for x in lengths], "depths": depths, "n": n, "split": split,
