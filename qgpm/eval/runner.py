@@ -27,7 +27,7 @@ answer: model, dtype, generation budget and haystack for every method, plus the 
 config (qgpm, oracle), the head set (qgpm), the reranker and ``k`` (topk, reorder), the
 method's options (string, ms-poe, self-extend: :mod:`qgpm.baselines`). So a vanilla row
 stays valid when only the QGPM config changes. ``manifest.json`` maps every hash to its
-full settings.
+full settings. Reading, merging and writing these files: :mod:`qgpm.eval.rows`.
 
 Resuming: rows already present in ``out_dir`` with the same key (task, length, depth,
 seed, method, config_hash) are skipped; a sample whose methods are all done is not even
@@ -55,15 +55,16 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from qgpm.baselines import BASELINE_METHODS, resolve_options
-from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS
+from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
 from qgpm.eval.base import BudgetError, EvalSample, split_seed
+from qgpm.eval.rows import ROWS_FILE, append_row, merge_rows, norm_depth, rank_file, rank_files, read_rows, row_key, update_manifest
 from qgpm.eval.scoring import is_correct, score
 from qgpm.eval.tasks import TASKS, generate
 
@@ -71,20 +72,14 @@ __all__ = [
     "run_eval",
     "WorkItem",
     "work_items",
-    "row_key",
     "method_fingerprint",
     "config_hash",
-    "read_rows",
-    "merge_rows",
     "load_engine",
     "parse_heads",
     "gold_continuation",
     "prepare_kwargs",
     "answer_sample",
-    "ROWS_FILE",
-    "MANIFEST_FILE",
     "DEFAULT_DEPTHS",
-    "norm_depth",
     "engine_dtype",
     "partial_state",
     "make_sample",
@@ -92,11 +87,7 @@ __all__ = [
 
 log = logging.getLogger("qgpm.eval")
 
-ROWS_FILE = "rows.jsonl"
-MANIFEST_FILE = "manifest.json"
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-METHOD_ORDER = METHODS
-KEY_FIELDS = ("task", "length", "depth", "seed", "method", "config_hash")
 
 
 # ----------------------------------------------------------------------------- work
@@ -127,16 +118,6 @@ def work_items(tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[fl
                 for d in ds:
                     out.append(WorkItem(task, int(length), d, i, split_seed(split, i)))
     return out
-
-
-def norm_depth(d: Any) -> float | None:
-    """A depth as rows store and compare it: ``None`` (random placement) or rounded to 6 decimals."""
-    return None if d is None else round(float(d), 6)
-
-
-def row_key(row: dict) -> tuple:
-    """The identity of a row: (task, length, depth, seed, method, config_hash)."""
-    return (row["task"], int(row["length"]), norm_depth(row.get("depth")), int(row["seed"]), row["method"], row["config_hash"])
 
 
 # ----------------------------------------------------------------------------- fingerprints
@@ -350,63 +331,6 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
 # ----------------------------------------------------------------------------- files
 
 
-def read_rows(out_dir: str | os.PathLike[str], *, include_ranks: bool = True) -> list[dict]:
-    """Rows of ``rows.jsonl`` and (by default) every ``rows.rank*.jsonl``, in file order.
-
-    A torn last line (a run killed mid-write) is skipped.
-    """
-    out_dir = Path(out_dir)
-    files = [out_dir / ROWS_FILE] if (out_dir / ROWS_FILE).is_file() else []
-    if include_ranks:
-        files += sorted(out_dir.glob("rows.rank*.jsonl"))
-    rows = []
-    for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return rows
-
-
-def _sort_key(row: dict) -> tuple:
-    task = row["task"]
-    t_i = TASKS.index(task) if task in TASKS else len(TASKS)
-    m = row["method"]
-    m_i = METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER)
-    d = row.get("depth")
-    return (int(row["length"]), t_i, task, int(row.get("index", 0)), -1.0 if d is None else float(d), int(row["seed"]), m_i, m, row["config_hash"])
-
-
-def dedupe_rows(rows: Iterable[dict]) -> list[dict]:
-    """One row per key: a successful row beats an error row, later beats earlier."""
-    best: dict[tuple, dict] = {}
-    for r in rows:
-        key = row_key(r)
-        old = best.get(key)
-        if old is None or not (r.get("error") and not old.get("error")):
-            best[key] = r
-    return sorted(best.values(), key=_sort_key)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def merge_rows(out_dir: str | os.PathLike[str]) -> list[dict]:
-    """Merge ``rows.jsonl`` and the rank files into ``rows.jsonl`` (atomic); returns the rows."""
-    out_dir = Path(out_dir)
-    rows = dedupe_rows(read_rows(out_dir))
-    _atomic_write(out_dir / ROWS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    return rows
-
-
 def _versions() -> dict:
     import platform
 
@@ -423,18 +347,6 @@ def _versions() -> dict:
     except Exception:  # pragma: no cover
         pass
     return v
-
-
-def _update_manifest(out_dir: Path, entry: dict, fingerprints: dict[str, dict]) -> None:
-    path = out_dir / MANIFEST_FILE
-    try:
-        man = json.loads(path.read_text()) if path.is_file() else {}
-    except json.JSONDecodeError:
-        man = {}
-    man.setdefault("configs", {}).update(fingerprints)
-    man.setdefault("runs", []).append(entry)
-    man["latest"] = entry
-    _atomic_write(path, json.dumps(man, indent=1, default=str) + "\n")
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -588,9 +500,9 @@ def run_eval(
     out.mkdir(parents=True, exist_ok=True)
     if not resume:  # start afresh: the main process clears every rows file (a manual shard only its own)
         if shard is not None:
-            (out / f"rows.rank{rank}.jsonl").unlink(missing_ok=True)
+            rank_file(out, rank).unlink(missing_ok=True)
         elif rank == 0:
-            for f in [out / ROWS_FILE, *out.glob("rows.rank*.jsonl")]:
+            for f in [out / ROWS_FILE, *rank_files(out)]:
                 f.unlink(missing_ok=True)
     if distributed:
         state.wait_for_everyone()
@@ -623,7 +535,7 @@ def run_eval(
 
         bar = tqdm(total=n_calls, desc=f"eval[{rank}/{world}]" if world > 1 else "eval", unit="answer", position=rank if world > 1 else None, dynamic_ncols=True, file=sys.stderr)
     tally = _Tally()
-    rows_path = out / f"rows.rank{rank}.jsonl"
+    rows_path = rank_file(out, rank)
     gen_tok = copy.deepcopy(engine.tokenizer) if prefetch else engine.tokenizer
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qgpm-eval-gen") if prefetch and pending else None
     errors = 0
@@ -664,8 +576,7 @@ def run_eval(
                         row.update(answer=None, correct=False, score=0.0, logprob_gold=None, error=f"{type(exc).__name__}: {exc}")
                         log.warning("error in %s/%s @%s sample %s depth %s: %s", item.task, m, item.length, item.index, item.depth, row["error"])
                     row["rank"] = rank
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    fh.flush()
+                    append_row(fh, row)
                     if not row.get("error"):
                         tally.add(m, row["correct"])
                     if bar is not None:
@@ -694,7 +605,7 @@ def run_eval(
             "processes": world, "shard": list(shard) if shard else None, "answers_run_by_main": n_calls,
             "errors_main": errors, "wall_s": round(time.time() - started, 1), "rows": len(rows), "versions": _versions(),
         }
-        _update_manifest(out, entry, {hashes[m]: fps[m] for m in methods})
+        update_manifest(out, entry, {hashes[m]: fps[m] for m in methods})
         if write_report:
             from qgpm.eval.report import report
 

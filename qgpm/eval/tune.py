@@ -49,11 +49,10 @@ from qgpm.eval.runner import (
     engine_dtype,
     make_sample,
     method_fingerprint,
-    norm_depth,
-    row_key,
     prepare_kwargs,
     work_items,
 )
+from qgpm.eval.rows import norm_depth, row_key
 from qgpm.eval.scoring import is_correct, score
 from qgpm.eval.stats import mcnemar_exact
 
