@@ -3,9 +3,10 @@ of the evidence sentence under that head's own sentence signal, keep the best.
 
 Samples are anything with ``context``, ``question`` and ``evidence`` (exact substrings of
 the context), plus optional ``instruction``/``answer_prefix``/``template`` attributes: the
-same prompts and query rows as at inference. By default they come from the synthetic
-calibration split of :mod:`qgpm.eval.tasks`, whose seeds and needle keys are disjoint
-from every evaluation split.
+same prompts and query rows as at inference. The caller provides them; ``qgpm
+calibrate`` uses the synthetic calibration split (:func:`qgpm.eval.tasks.calibration_samples`),
+whose seeds and needle keys are disjoint from every evaluation split. This module
+imports nothing from :mod:`qgpm.eval`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .prompt import DEFAULT_TEMPLATE, Prompt, PromptSpec, build_prompt
 from .relevance import head_token_logits, sentence_logits
 from .shaping import fuse_heads
 
-__all__ = ["HeadScores", "score_heads", "calibrate_heads", "fused_mrr", "sample_head_logits", "evidence_sentences", "default_calibration_samples"]
+__all__ = ["HeadScores", "score_heads", "calibrate_heads", "fused_mrr", "sample_head_logits", "evidence_sentences"]
 
 
 @dataclass
@@ -106,16 +107,9 @@ def fused_mrr(per_sample: Sequence[tuple[torch.Tensor, list[int]]], rows: Sequen
     return sum(rr) / max(len(rr), 1)
 
 
-def default_calibration_samples(tokenizer, *, n: int = 24, lengths: Sequence[int] = (1024, 2048)) -> list[Any]:
-    """Synthetic calibration samples (calibration split: disjoint seeds and keys)."""
-    from .eval.tasks import calibration_samples
-
-    return calibration_samples(tokenizer, n=n, lengths=lengths)
-
-
 def calibrate_heads(
     engine,
-    samples: Sequence[Any] | None = None,
+    samples: Sequence[Any],
     *,
     top: int = 8,
     holdout: Sequence[Any] | None = None,
@@ -125,11 +119,11 @@ def calibrate_heads(
 ) -> HeadSet:
     """Select the ``top`` heads by calibration MRR; report held-out fused MRR vs random heads.
 
-    ``holdout`` samples (default: none) measure the chosen set's fused MRR next to the
-    mean fused MRR of ``random_draws`` random head sets of the same size.
+    ``samples``: the calibration samples (see the module docs), e.g.
+    ``qgpm.eval.tasks.calibration_samples(engine.tokenizer)``. ``holdout`` samples
+    (default: none) measure the chosen set's fused MRR next to the mean fused MRR of
+    ``random_draws`` random head sets of the same size.
     """
-    if samples is None:
-        samples = default_calibration_samples(engine.tokenizer)
     if not samples:
         raise ValueError("calibration needs at least one sample")
     scores = score_heads(engine, samples, progress=progress)

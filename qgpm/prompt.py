@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -29,6 +29,10 @@ __all__ = [
     "PromptSpec",
     "Prompt",
     "build_prompt",
+    "RenderedPrompt",
+    "render_prompt",
+    "normalize_spec",
+    "count_prompt_tokens",
     "render_chat",
     "check_prompt_inputs",
     "check_template",
@@ -279,6 +283,111 @@ def _find_in_order(text: str, parts: Sequence[str]) -> list[tuple[int, int]] | N
     return spans
 
 
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A prompt's text before tokenization, with the character spans needed to tokenize it.
+
+    ``head`` is the prompt without the answer prefix (``text[head:]`` is the prefix).
+    ``user_start`` is where the user message starts in ``text``; it is ``None`` when the
+    model's chat template changed the user message (e.g. stripped it), so the roles in
+    it cannot be located (:func:`build_prompt` raises then). ``fields`` holds the span of
+    every field occurrence in the user message and ``first`` the span of each field's
+    first occurrence, both relative to the user message. ``messages`` are the spans of the
+    chat messages' contents as the chat template placed them (``None`` if not found).
+    """
+
+    text: str
+    head: int
+    user_start: int | None
+    fields: tuple[tuple[int, int], ...]
+    first: dict[str, tuple[int, int]]
+    messages: tuple[tuple[int, int], ...] | None
+    system_span: tuple[int, int] | None
+    add_special_tokens: bool
+
+    @property
+    def role_spans(self) -> dict[str, tuple[int, int]]:
+        """Char spans in ``text`` of the user-message fields, the system prompt and the answer prefix."""
+        where = self.user_start if self.user_start is not None else 0
+        spans = {k: (a + where, b + where) for k, (a, b) in self.first.items()}
+        if self.system_span is not None:
+            spans["system"] = self.system_span
+        spans["answer_prefix"] = (self.head, len(self.text))
+        return spans
+
+    @property
+    def protected(self) -> list[tuple[int, int]]:
+        """The caller's text in ``text`` (read as plain text when tokenized): every field of
+        the user message, the system prompt and the answer prefix. Where the user message
+        was not located: the message contents as found, and the answer prefix."""
+        prefix = (self.head, len(self.text))
+        if self.user_start is None:
+            return list(self.messages or []) + [prefix]
+        out = [(a + self.user_start, b + self.user_start) for a, b in self.fields] + [prefix]
+        if self.system_span is not None:
+            out.append(self.system_span)
+        return out
+
+
+def normalize_spec(spec: PromptSpec) -> PromptSpec:
+    """The parts as :func:`build_prompt` renders them: the default instruction for ``None``,
+    the template without ``{instruction}`` for an empty instruction with the default
+    template, and the question without surrounding whitespace."""
+    instruction = spec.instruction if spec.instruction is not None else DEFAULT_INSTRUCTION
+    template = spec.template
+    if not instruction and template == DEFAULT_TEMPLATE:
+        template = "{context}\n\n{question}"
+    return replace(spec, instruction=instruction, template=template, question=spec.question.strip())
+
+
+def _render(tokenizer: Any, spec: PromptSpec, context_text: str) -> RenderedPrompt:
+    """Render ``spec`` as given (no defaults, no stripping) around ``context_text``."""
+    user, first, fields = _render_user(spec.template, {"instruction": spec.instruction or "", "context": context_text, "question": spec.question})
+    if getattr(tokenizer, "chat_template", None):
+        messages = []
+        if spec.system:
+            messages.append({"role": "system", "content": spec.system})
+        messages.append({"role": "user", "content": user})
+        head, located = render_chat(tokenizer, messages)
+        where = located[-1][0] if located is not None and head[located[-1][0] : located[-1][1]] == user else None
+        system_span = located[0] if spec.system and located is not None else None
+        add_special = False
+    else:
+        head = (spec.system + "\n\n" if spec.system else "") + user + "\n\n"
+        where = len(spec.system) + 2 if spec.system else 0
+        system_span = (0, len(spec.system)) if spec.system else None
+        located = ([system_span] if system_span else []) + [(where, where + len(user))]
+        add_special = True
+    return RenderedPrompt(
+        text=head + (spec.answer_prefix or ""),
+        head=len(head),
+        user_start=where,
+        fields=tuple(fields),
+        first=first,
+        messages=None if located is None else tuple(located),
+        system_span=system_span,
+        add_special_tokens=add_special,
+    )
+
+
+def render_prompt(tokenizer: Any, spec: PromptSpec) -> RenderedPrompt:
+    """The prompt text of ``spec``, rendered as :func:`build_prompt` renders it, but from
+    the parts exactly as given (:func:`build_prompt` first applies :func:`normalize_spec`).
+
+    Raises :class:`PromptError` for an unusable context or question (see
+    :func:`check_prompt_inputs`) or template.
+    """
+    docs = check_prompt_inputs(spec.context, spec.question, instruction=spec.instruction, system=spec.system, answer_prefix=spec.answer_prefix)
+    return _render(tokenizer, spec, spec.document_separator.join(docs))
+
+
+def count_prompt_tokens(tokenizer: Any, spec: PromptSpec) -> int:
+    """Tokens of :func:`render_prompt`'s prompt, tokenized as :func:`build_prompt` does
+    (special-token strings in the caller's parts count as plain text)."""
+    r = render_prompt(tokenizer, spec)
+    return len(encode_prompt(tokenizer, r.text, r.protected, add_special_tokens=r.add_special_tokens)[0])
+
+
 def build_prompt(tokenizer, spec: PromptSpec, *, max_sentence_chars: int = 600, query_tail: int | None = None) -> Prompt:
     """Assemble, tokenize and annotate a prompt.
 
@@ -288,45 +397,14 @@ def build_prompt(tokenizer, spec: PromptSpec, *, max_sentence_chars: int = 600, 
     """
     docs = check_prompt_inputs(spec.context, spec.question, instruction=spec.instruction, system=spec.system, answer_prefix=spec.answer_prefix)
     context_text, sentences, doc_spans = split_documents(docs, spec.document_separator, max_chars=max_sentence_chars)
-
-    template = spec.template
-    instruction = spec.instruction if spec.instruction is not None else DEFAULT_INSTRUCTION
-    if not instruction and template == DEFAULT_TEMPLATE:
-        template = "{context}\n\n{question}"
-    user, spans, field_spans = _render_user(template, {"instruction": instruction, "context": context_text, "question": spec.question.strip()})
-
-    prefix = spec.answer_prefix or ""
-    if getattr(tokenizer, "chat_template", None):
-        messages = []
-        if spec.system:
-            messages.append({"role": "system", "content": spec.system})
-        messages.append({"role": "user", "content": user})
-        rendered, located = render_chat(tokenizer, messages)
-        where = located[-1][0] if located is not None and rendered[located[-1][0] : located[-1][1]] == user else -1
-        if where < 0:
-            raise PromptError(
-                "the model's chat template changed the user message (e.g. stripped it), so role spans "
-                "cannot be located; strip surrounding whitespace from the context/question"
-            )
-        system_span = located[0] if spec.system else None
-        head = rendered
-        add_special = False
-    else:
-        head = (spec.system + "\n\n" if spec.system else "") + user + "\n\n"
-        where = len(spec.system) + 2 if spec.system else 0
-        system_span = (0, len(spec.system)) if spec.system else None
-        add_special = True
-    text = head + prefix
-    role_spans = {k: (a + where, b + where) for k, (a, b) in spans.items()}
-    if system_span is not None:
-        role_spans["system"] = system_span
-    role_spans["answer_prefix"] = (len(head), len(text))
-    # caller text: every field of the user message, the system prompt, the answer prefix
-    protected = [(a + where, b + where) for a, b in field_spans] + [role_spans["answer_prefix"]]
-    if system_span is not None:
-        protected.append(system_span)
-
-    ids, offsets = encode_prompt(tokenizer, text, protected, add_special_tokens=add_special)
+    rendered = _render(tokenizer, normalize_spec(spec), context_text)
+    if rendered.user_start is None:
+        raise PromptError(
+            "the model's chat template changed the user message (e.g. stripped it), so role spans "
+            "cannot be located; strip surrounding whitespace from the context/question"
+        )
+    text, role_spans = rendered.text, rendered.role_spans
+    ids, offsets = encode_prompt(tokenizer, text, rendered.protected, add_special_tokens=rendered.add_special_tokens)
     c0, c1 = role_spans["context"]
     starts = []
     for s, e in offsets:

@@ -24,12 +24,10 @@ from qgpm.config import QGPMConfig
 from qgpm.eval import runner as runner_mod
 from qgpm.eval.base import split_seed
 from qgpm.eval.report import report
+from qgpm.eval.rows import merge_rows, read_rows, row_key
 from qgpm.eval.runner import (
     answer_sample,
     gold_continuation,
-    merge_rows,
-    read_rows,
-    row_key,
     run_eval,
 )
 from qgpm.eval.stats import (

@@ -163,13 +163,17 @@ def test_gold_answer_scoring_reads_special_strings_as_text(case):
 
 
 def test_eval_prompt_count_reads_special_strings_as_text(case):
-    from qgpm.eval.base import count_prompt_tokens, render_prompt
+    from qgpm.prompt import PromptSpec, count_prompt_tokens, render_prompt  # the eval sizes its prompts with these
 
     engine, inj = case
     tok = engine.tokenizer
-    n = count_prompt_tokens(tok, "Some text." + inj, "Answer:" + inj)
-    naive = len(tok(render_prompt(tok, "Some text." + inj, "Answer:" + inj), add_special_tokens=False)["input_ids"])
-    clean = count_prompt_tokens(tok, "Some text.", "Answer:")
+
+    def spec(text: str, prefix: str) -> PromptSpec:  # the text ends the user message, as before
+        return PromptSpec(context=text, question="Q?", instruction="", template="{question}\n{context}", answer_prefix=prefix)
+
+    n = count_prompt_tokens(tok, spec("Some text." + inj, "Answer:" + inj))
+    naive = len(tok(render_prompt(tok, spec("Some text." + inj, "Answer:" + inj)).text, add_special_tokens=False)["input_ids"])
+    clean = count_prompt_tokens(tok, spec("Some text.", "Answer:"))
     assert n > naive and n == clean + 2 * len(encode_plain(tok, inj))
 
 

@@ -1,5 +1,6 @@
-"""Shared pieces of the task generators: the sample type, seed splits, prompt
-measurement, token-budget fitting and needle placement.
+"""Shared pieces of the task generators: the sample type and its builder, seed splits,
+token-budget fitting and needle placement. Prompts are rendered and measured with the
+engine's own builder (:func:`qgpm.prompt.count_prompt_tokens`).
 
 Seed splits
 -----------
@@ -19,6 +20,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
+from qgpm.prompt import PromptSpec
+
 __all__ = [
     "EvalSample",
     "SPLITS",
@@ -29,8 +32,7 @@ __all__ = [
     "split_pool",
     "sample_rng",
     "render_user_message",
-    "render_prompt",
-    "count_prompt_tokens",
+    "build_sample",
     "BudgetError",
     "fit_units",
     "join_items",
@@ -118,6 +120,12 @@ class EvalSample:
     def user_message(self) -> str:
         return render_user_message(self.template, self.instruction, self.context, self.question)
 
+    def prompt_spec(self) -> PromptSpec:
+        """The prompt parts as the engine takes them; the generator fitted the token budget
+        on exactly this spec (:func:`qgpm.prompt.count_prompt_tokens`)."""
+        return PromptSpec(context=self.context, question=self.question, instruction=self.instruction,
+                          answer_prefix=self.answer_prefix, template=self.template)
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -128,27 +136,39 @@ def render_user_message(template: str, instruction: str, context: str | Sequence
     return template.format(instruction=instruction, context=context, question=question)
 
 
-def render_prompt(tokenizer: Any, user_message: str, answer_prefix: str = "") -> str:
-    """The full prompt text: the chat template around one user turn, then the answer prefix."""
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True
+def build_sample(
+    spec: PromptSpec,
+    *,
+    task: str,
+    length: int,
+    depth: float | None,
+    seed: int,
+    index: int,
+    answers: list[str],
+    evidence: list[str],
+    metric: str,
+    max_new_tokens: int,
+    meta: dict,
+) -> EvalSample:
+    """The :class:`EvalSample` that asks ``spec`` (its instruction, context, question,
+    answer prefix and template, as the generator measured them)."""
+    return EvalSample(
+        task=task,
+        length=length,
+        depth=depth,
+        seed=seed,
+        index=index,
+        instruction=spec.instruction,
+        context=spec.context,
+        question=spec.question,
+        answer_prefix=spec.answer_prefix,
+        template=spec.template,
+        answers=answers,
+        evidence=evidence,
+        metric=metric,
+        max_new_tokens=max_new_tokens,
+        meta=meta,
     )
-    return text + (answer_prefix or "")
-
-
-def count_prompt_tokens(tokenizer: Any, user_message: str, answer_prefix: str = "") -> int:
-    """Tokens of :func:`render_prompt` (the chat template already holds the special tokens).
-
-    Counted as the engine tokenizes the prompt: special-token strings inside the user
-    message or the answer prefix are plain text (:func:`qgpm.tokens.encode_prompt`).
-    """
-    from ..prompt import render_chat
-    from ..tokens import encode_prompt
-
-    head, spans = render_chat(tokenizer, [{"role": "user", "content": user_message}])
-    protected = list(spans or []) + [(len(head), len(head) + len(answer_prefix or ""))]
-    ids, _ = encode_prompt(tokenizer, head + (answer_prefix or ""), protected)
-    return len(ids)
 
 
 class BudgetError(ValueError):

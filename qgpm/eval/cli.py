@@ -177,13 +177,13 @@ def _setup_logging() -> None:
 
 
 def _engine(args, config=None, heads=None):
-    from qgpm.eval.runner import _partial_state, load_engine
+    from qgpm.eval.runner import load_engine, partial_state
 
     kw = {}
     if getattr(args, "attn_implementation", None):
         kw["attn_implementation"] = args.attn_implementation
     return load_engine(args.model, device=args.device, dtype=args.dtype, heads=heads if heads is not None else getattr(args, "heads", None),
-                       config=config, state=_partial_state(), **kw)
+                       config=config, state=partial_state(), **kw)
 
 
 def _engine_and_config(args):
@@ -215,9 +215,9 @@ def main_eval(args) -> int:
         progress=args.progress, shard=_shard(args.shard), haystack=args.haystack, max_new_tokens=args.max_new_tokens,
         on_error="raise" if args.fail_fast else "record", command=_command(args), options=options,
     )
-    from qgpm.eval.runner import _partial_state
+    from qgpm.eval.runner import partial_state
 
-    state = _partial_state()
+    state = partial_state()
     if state is None or state.is_main_process:
         print(f"done in {time.time() - t:.0f} s: {out / 'rows.jsonl'}, {out / 'report.md'}")
     return 0

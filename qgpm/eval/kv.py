@@ -26,13 +26,13 @@ from typing import Any, Sequence
 
 from qgpm.eval.base import (
     EvalSample,
-    count_prompt_tokens,
+    build_sample,
     fit_units,
-    render_user_message,
     sample_rng,
     split_of_seed,
     split_slot,
 )
+from qgpm.prompt import PromptSpec, count_prompt_tokens
 
 __all__ = ["KV_TASKS", "generate_kv"]
 
@@ -112,36 +112,25 @@ def _one(task, split, seed, i, depth, u, length, max_new, tokenizer, key, value,
         recs.insert(position(k), (key, value))
         return recs
 
+    def prompt(k: int) -> PromptSpec:
+        return PromptSpec(context=format_records(records(k)), question=question, instruction=_INSTRUCTION, answer_prefix="", template=_TEMPLATE)
+
     def measure(k: int) -> int:
-        msg = render_user_message(_TEMPLATE, _INSTRUCTION, format_records(records(k)), question)
-        return count_prompt_tokens(tokenizer, msg, "") + max_new
+        return count_prompt_tokens(tokenizer, prompt(k)) + max_new
 
     k, total = fit_units(measure, length, 2, 10**6, 60.0)
-    context = format_records(records(k))
+    spec = prompt(k)
+    context = spec.context
     gold_line = f'"{key}": "{value}"'
     pos = position(k)
-    return EvalSample(
-        task=task,
-        length=length,
-        depth=depth,
-        seed=seed,
-        index=i,
-        instruction=_INSTRUCTION,
-        context=context,
-        question=question,
-        answer_prefix="",
-        template=_TEMPLATE,
-        answers=[value],
-        evidence=[gold_line],
-        metric="string_match_part",
-        max_new_tokens=max_new,
-        meta={
-            "split": split,
-            "num_records": k,
-            "gold_index": pos,
-            "gold_record_depth": pos / max(1, k - 1),
-            "key": key,
-            "prompt_tokens": total - max_new,
-            "needle_depths": [context.find(gold_line) / max(1, len(context) - len(gold_line))],
-        },
-    )
+    meta = {
+        "split": split,
+        "num_records": k,
+        "gold_index": pos,
+        "gold_record_depth": pos / max(1, k - 1),
+        "key": key,
+        "prompt_tokens": total - max_new,
+        "needle_depths": [context.find(gold_line) / max(1, len(context) - len(gold_line))],
+    }
+    return build_sample(spec, task=task, length=length, depth=depth, seed=seed, index=i, max_new_tokens=max_new,
+                        answers=[value], evidence=[gold_line], metric="string_match_part", meta=meta)

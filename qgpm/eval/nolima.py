@@ -40,15 +40,15 @@ from typing import Any, Sequence
 from qgpm.eval import resources
 from qgpm.eval.base import (
     EvalSample,
+    build_sample,
     closest_gap,
-    count_prompt_tokens,
     fit_units,
     join_items,
-    render_user_message,
     sample_rng,
     split_of_seed,
     split_pool,
 )
+from qgpm.prompt import PromptSpec, count_prompt_tokens
 
 __all__ = ["NOLIMA_TASKS", "NoLiMaNeedle", "NEEDLES", "CHARACTER_NAMES", "NOLIMA_DEPTHS", "generate_nolima"]
 
@@ -243,36 +243,24 @@ def _one(task, variant, split, seed, i, depth, length, max_new, tokenizer, hay_n
         text, starts = join_items(seq)
         return text, starts[g]
 
+    def prompt(context: str) -> PromptSpec:
+        return PromptSpec(context=context, question=question, instruction=_INSTRUCTION, answer_prefix="", template=_TEMPLATE)
+
     def measure(k: int) -> int:
-        msg = render_user_message(_TEMPLATE, _INSTRUCTION, build(k)[0], question)
-        return count_prompt_tokens(tokenizer, msg, "") + max_new
+        return count_prompt_tokens(tokenizer, prompt(build(k)[0])) + max_new
 
     k, total = fit_units(measure, length, 0, len(items), 30.0)
     context, pos = build(k)
-    return EvalSample(
-        task=task,
-        length=length,
-        depth=depth,
-        seed=seed,
-        index=i,
-        instruction=_INSTRUCTION,
-        context=context,
-        question=question,
-        answer_prefix="",
-        template=_TEMPLATE,
-        answers=[name],
-        evidence=[needle],
-        metric="contains_case_sensitive",
-        max_new_tokens=max_new,
-        meta={
-            "split": split,
-            "haystack": hay_name,
-            "haystack_units": k,
-            "prompt_tokens": total - max_new,
-            "template_id": t,
-            "character": name,
-            "variant": variant,
-            "target_depth": used_depth,
-            "needle_depths": [pos / max(1, len(context) - len(needle))],
-        },
-    )
+    meta = {
+        "split": split,
+        "haystack": hay_name,
+        "haystack_units": k,
+        "prompt_tokens": total - max_new,
+        "template_id": t,
+        "character": name,
+        "variant": variant,
+        "target_depth": used_depth,
+        "needle_depths": [pos / max(1, len(context) - len(needle))],
+    }
+    return build_sample(prompt(context), task=task, length=length, depth=depth, seed=seed, index=i, max_new_tokens=max_new,
+                        answers=[name], evidence=[needle], metric="contains_case_sensitive", meta=meta)

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from qgpm.eval.runner import MANIFEST_FILE, METHOD_ORDER, dedupe_rows, read_rows
+from qgpm.eval.rows import METHOD_ORDER, dedupe_rows, read_manifest, read_rows
 from qgpm.eval.stats import group_accuracy, group_paired, series_labels, summarize
 
 __all__ = ["report", "plot_depth_curves", "REPORT_FILE", "STATS_FILE"]
@@ -125,12 +125,7 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
     rows = dedupe_rows(read_rows(out))
     if not rows:
         raise FileNotFoundError(f"no rows in {out} (expected {out / 'rows.jsonl'})")
-    manifest: dict = {}
-    if (out / MANIFEST_FILE).is_file():
-        try:
-            manifest = json.loads((out / MANIFEST_FILE).read_text())
-        except json.JSONDecodeError:
-            manifest = {}
+    manifest = read_manifest(out)
     labels = series_labels(rows)
     order = _series_order(labels.values())
     summary = summarize(rows, baseline=baseline, n_boot=n_boot, seed=seed)

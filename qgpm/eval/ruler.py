@@ -45,7 +45,7 @@ Beyond RULER
     document(s) go at document index ``round(depth * (n_docs - n_gold))`` (HotpotQA's two
     gold documents as one adjacent block) and the distractors keep their random order.
   * The token budget is fitted per sample by search on the haystack size, on the full
-    chat-templated prompt (see :func:`qgpm.eval.base.count_prompt_tokens`).
+    chat-templated prompt (see :func:`qgpm.prompt.count_prompt_tokens`).
   * Keys (NIAH) and questions (QA: SQuAD by article, HotpotQA by question) are partitioned
     across the calibration / dev / test splits.
   * At small budgets HotpotQA may keep fewer than its eight own distractors (RULER would
@@ -61,14 +61,14 @@ from typing import Any, Sequence
 from qgpm.eval import resources
 from qgpm.eval.base import (
     EvalSample,
+    build_sample,
     closest_gap,
-    count_prompt_tokens,
     fit_units,
-    render_user_message,
     sample_rng,
     split_of_seed,
     split_pool,
 )
+from qgpm.prompt import PromptSpec, count_prompt_tokens
 from qgpm.segment import split_sentences
 
 __all__ = ["NIAH_TASKS", "QA_TASKS", "RULER_DEPTHS", "NEEDLE", "generate_niah", "generate_qa"]
@@ -265,39 +265,28 @@ def _one_niah(task, cfg, split, seed, i, depth, length, budget, max_new, tokeniz
 
         lo, hi, rate = 1, len(words), 1.3
 
+    def prompt(k: int) -> PromptSpec:
+        return PromptSpec(context=build(k), question=question, instruction=instruction, answer_prefix=answer_prefix, template=_NIAH_TEMPLATE)
+
     def measure(k: int) -> int:
-        msg = render_user_message(_NIAH_TEMPLATE, instruction, build(k), question)
-        return count_prompt_tokens(tokenizer, msg, answer_prefix) + max_new
+        return count_prompt_tokens(tokenizer, prompt(k)) + max_new
 
     k, total = fit_units(measure, length, lo, hi, rate)
-    context = build(k)
-    return EvalSample(
-        task=task,
-        length=length,
-        depth=depth,
-        seed=seed,
-        index=i,
-        instruction=instruction,
-        context=context,
-        question=question,
-        answer_prefix=answer_prefix,
-        template=_NIAH_TEMPLATE,
-        answers=answers,
-        evidence=evidence,
-        metric="string_match_all",
-        max_new_tokens=max_new,
-        meta={
-            "split": split,
-            "haystack": hay_name,
-            "haystack_units": k,
-            "prompt_tokens": total - max_new,
-            "query_key": query,
-            "keys": keys,
-            "needle_depths": _depths_of(context, evidence),
-            "distractor_needles": others,
-            "distractor_depths": _depths_of(context, others),
-        },
-    )
+    spec = prompt(k)
+    context = spec.context
+    meta = {
+        "split": split,
+        "haystack": hay_name,
+        "haystack_units": k,
+        "prompt_tokens": total - max_new,
+        "query_key": query,
+        "keys": keys,
+        "needle_depths": _depths_of(context, evidence),
+        "distractor_needles": others,
+        "distractor_depths": _depths_of(context, others),
+    }
+    return build_sample(spec, task=task, length=length, depth=depth, seed=seed, index=i, max_new_tokens=max_new,
+                        answers=answers, evidence=evidence, metric="string_match_all", meta=meta)
 
 
 # ---------------------------------------------------------------------------- QA
@@ -354,9 +343,11 @@ def _one_qa(task, dataset, item, docs, split, seed, i, depth, length, max_new, t
     def build(dis: list[int]) -> str:
         return "\n\n".join(f"Document {j + 1}:\n{docs[d]}" for j, d in enumerate(doc_order(dis)))
 
+    def prompt(dis: list[int]) -> PromptSpec:
+        return PromptSpec(context=build(dis), question=item.question, instruction=_QA_INSTRUCTION, answer_prefix=_QA_ANSWER_PREFIX, template=_QA_TEMPLATE)
+
     def measure_dis(dis: list[int]) -> int:
-        msg = render_user_message(_QA_TEMPLATE, _QA_INSTRUCTION, build(dis), item.question)
-        return count_prompt_tokens(tokenizer, msg, _QA_ANSWER_PREFIX) + max_new
+        return count_prompt_tokens(tokenizer, prompt(dis)) + max_new
 
     avg = sum(len(docs[d]) for d in candidates[:20]) / max(1, min(20, len(candidates))) / 4.0 + 5
     k, total = fit_units(lambda k: measure_dis(candidates[: k - ng]), length, ng, ng + len(candidates), avg)
@@ -375,32 +366,19 @@ def _one_qa(task, dataset, item, docs, split, seed, i, depth, length, max_new, t
             dis, total = dis + [c], t
     k = ng + len(dis)
     order = doc_order(dis)
-    context = build(dis)
+    spec = prompt(dis)
+    context = spec.context
     evidence = [docs[d] for d in gold]
-    return EvalSample(
-        task=task,
-        length=length,
-        depth=depth,
-        seed=seed,
-        index=i,
-        instruction=_QA_INSTRUCTION,
-        context=context,
-        question=item.question,
-        answer_prefix=_QA_ANSWER_PREFIX,
-        template=_QA_TEMPLATE,
-        answers=list(item.answers),
-        evidence=evidence,
-        metric="string_match_part",
-        max_new_tokens=max_new,
-        meta={
-            "split": split,
-            "dataset": dataset,
-            "group": item.group,
-            "num_docs": k,
-            "gold_positions": [order.index(d) for d in gold],
-            "gold_doc_depths": [order.index(d) / max(1, k - 1) for d in gold],
-            "num_related_docs": sum(1 for d in order if d in set(item.related)),
-            "prompt_tokens": total - max_new,
-            "needle_depths": _depths_of(context, evidence),
-        },
-    )
+    meta = {
+        "split": split,
+        "dataset": dataset,
+        "group": item.group,
+        "num_docs": k,
+        "gold_positions": [order.index(d) for d in gold],
+        "gold_doc_depths": [order.index(d) / max(1, k - 1) for d in gold],
+        "num_related_docs": sum(1 for d in order if d in set(item.related)),
+        "prompt_tokens": total - max_new,
+        "needle_depths": _depths_of(context, evidence),
+    }
+    return build_sample(spec, task=task, length=length, depth=depth, seed=seed, index=i, max_new_tokens=max_new,
+                        answers=list(item.answers), evidence=evidence, metric="string_match_part", meta=meta)

@@ -27,7 +27,7 @@ answer: model, dtype, generation budget and haystack for every method, plus the 
 config (qgpm, oracle), the head set (qgpm), the reranker and ``k`` (topk, reorder), the
 method's options (string, ms-poe, self-extend: :mod:`qgpm.baselines`). So a vanilla row
 stays valid when only the QGPM config changes. ``manifest.json`` maps every hash to its
-full settings.
+full settings. Reading, merging and writing these files: :mod:`qgpm.eval.rows`.
 
 Resuming: rows already present in ``out_dir`` with the same key (task, length, depth,
 seed, method, config_hash) are skipped; a sample whose methods are all done is not even
@@ -43,6 +43,7 @@ exists when it finishes, atomically, so the last one to finish leaves the full f
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import datetime as _dt
@@ -55,15 +56,16 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from qgpm.baselines import BASELINE_METHODS, resolve_options
-from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS
+from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
 from qgpm.eval.base import BudgetError, EvalSample, split_seed
+from qgpm.eval.rows import ROWS_FILE, append_row, merge_rows, norm_depth, rank_file, rank_files, read_rows, row_key, update_manifest
 from qgpm.eval.scoring import is_correct, score
 from qgpm.eval.tasks import TASKS, generate
 
@@ -71,28 +73,22 @@ __all__ = [
     "run_eval",
     "WorkItem",
     "work_items",
-    "row_key",
     "method_fingerprint",
     "config_hash",
-    "read_rows",
-    "merge_rows",
     "load_engine",
     "parse_heads",
     "gold_continuation",
     "prepare_kwargs",
     "answer_sample",
-    "ROWS_FILE",
-    "MANIFEST_FILE",
     "DEFAULT_DEPTHS",
+    "engine_dtype",
+    "partial_state",
+    "make_sample",
 ]
 
 log = logging.getLogger("qgpm.eval")
 
-ROWS_FILE = "rows.jsonl"
-MANIFEST_FILE = "manifest.json"
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-METHOD_ORDER = METHODS
-KEY_FIELDS = ("task", "length", "depth", "seed", "method", "config_hash")
 
 
 # ----------------------------------------------------------------------------- work
@@ -125,19 +121,11 @@ def work_items(tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[fl
     return out
 
 
-def _norm_depth(d: Any) -> float | None:
-    return None if d is None else round(float(d), 6)
-
-
-def row_key(row: dict) -> tuple:
-    """The identity of a row: (task, length, depth, seed, method, config_hash)."""
-    return (row["task"], int(row["length"]), _norm_depth(row.get("depth")), int(row["seed"]), row["method"], row["config_hash"])
-
-
 # ----------------------------------------------------------------------------- fingerprints
 
 
-def _engine_dtype(engine) -> str:
+def engine_dtype(engine) -> str:
+    """The dtype name of ``engine``'s weights (``"bfloat16"``, ...), ``"?"`` when it has none."""
     try:
         return str(next(engine.model.parameters()).dtype).replace("torch.", "")
     except (StopIteration, AttributeError):
@@ -182,7 +170,7 @@ def method_fingerprint(
     fp: dict[str, Any] = {
         "method": method,
         "model": engine.name,
-        "dtype": _engine_dtype(engine),
+        "dtype": engine_dtype(engine),
         "max_new_tokens": max_new_tokens,
         "haystack": None if haystack is None else str(getattr(haystack, "__name__", haystack)),
     }
@@ -344,63 +332,6 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
 # ----------------------------------------------------------------------------- files
 
 
-def read_rows(out_dir: str | os.PathLike[str], *, include_ranks: bool = True) -> list[dict]:
-    """Rows of ``rows.jsonl`` and (by default) every ``rows.rank*.jsonl``, in file order.
-
-    A torn last line (a run killed mid-write) is skipped.
-    """
-    out_dir = Path(out_dir)
-    files = [out_dir / ROWS_FILE] if (out_dir / ROWS_FILE).is_file() else []
-    if include_ranks:
-        files += sorted(out_dir.glob("rows.rank*.jsonl"))
-    rows = []
-    for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for line in fh:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return rows
-
-
-def _sort_key(row: dict) -> tuple:
-    task = row["task"]
-    t_i = TASKS.index(task) if task in TASKS else len(TASKS)
-    m = row["method"]
-    m_i = METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER)
-    d = row.get("depth")
-    return (int(row["length"]), t_i, task, int(row.get("index", 0)), -1.0 if d is None else float(d), int(row["seed"]), m_i, m, row["config_hash"])
-
-
-def dedupe_rows(rows: Iterable[dict]) -> list[dict]:
-    """One row per key: a successful row beats an error row, later beats earlier."""
-    best: dict[tuple, dict] = {}
-    for r in rows:
-        key = row_key(r)
-        old = best.get(key)
-        if old is None or not (r.get("error") and not old.get("error")):
-            best[key] = r
-    return sorted(best.values(), key=_sort_key)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def merge_rows(out_dir: str | os.PathLike[str]) -> list[dict]:
-    """Merge ``rows.jsonl`` and the rank files into ``rows.jsonl`` (atomic); returns the rows."""
-    out_dir = Path(out_dir)
-    rows = dedupe_rows(read_rows(out_dir))
-    _atomic_write(out_dir / ROWS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    return rows
-
-
 def _versions() -> dict:
     import platform
 
@@ -419,23 +350,14 @@ def _versions() -> dict:
     return v
 
 
-def _update_manifest(out_dir: Path, entry: dict, fingerprints: dict[str, dict]) -> None:
-    path = out_dir / MANIFEST_FILE
-    try:
-        man = json.loads(path.read_text()) if path.is_file() else {}
-    except json.JSONDecodeError:
-        man = {}
-    man.setdefault("configs", {}).update(fingerprints)
-    man.setdefault("runs", []).append(entry)
-    man["latest"] = entry
-    _atomic_write(path, json.dumps(man, indent=1, default=str) + "\n")
-
-
 # ----------------------------------------------------------------------------- distributed
 
 
-def _partial_state():
-    """``accelerate.PartialState`` (long barrier timeout), or None when accelerate is missing."""
+def partial_state() -> Any:
+    """``accelerate.PartialState`` (long barrier timeout), or None when accelerate is missing.
+
+    Under ``accelerate launch`` it tells this process its index and the process count;
+    a plain process gets index 0 of 1."""
     try:
         from accelerate import PartialState
     except ImportError:  # plain single process
@@ -460,22 +382,67 @@ class _Single:
         pass
 
 
+@dataclasses.dataclass(frozen=True)
+class _Processes:
+    """This process's share of a run: it takes work items ``rank, rank + world, ...``."""
+
+    state: Any  # accelerate.PartialState or _Single: barriers
+    rank: int
+    world: int
+    distributed: bool  # several processes of one accelerate launch (not a manual shard)
+
+    def barrier(self) -> None:
+        if self.distributed:
+            self.state.wait_for_everyone()
+
+
+def _processes(shard: tuple[int, int] | None) -> _Processes:
+    """The process split: ``shard=(r, P)`` by hand, else accelerate's (one process without it)."""
+    state = partial_state() or _Single()
+    if shard is None:
+        return _Processes(state, state.process_index, state.num_processes, state.num_processes > 1)
+    rank, world = int(shard[0]), int(shard[1])
+    if not 0 <= rank < world:
+        raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
+    return _Processes(state, rank, world, False)
+
+
 # ----------------------------------------------------------------------------- progress
 
 
-class _Tally:
-    """Running accuracy per method, for the progress bar."""
+class _Progress:
+    """The progress bar (when asked for) with the running accuracy per method."""
 
-    def __init__(self) -> None:
+    def __init__(self, total: int, procs: _Processes, enabled: bool) -> None:
         self.right: dict[str, int] = {}
         self.total: dict[str, int] = {}
+        self.bar = None
+        if enabled:
+            from tqdm.auto import tqdm
 
-    def add(self, method: str, ok: bool) -> None:
-        self.total[method] = self.total.get(method, 0) + 1
-        self.right[method] = self.right.get(method, 0) + int(ok)
+            multi = procs.world > 1
+            self.bar = tqdm(total=total, desc=f"eval[{procs.rank}/{procs.world}]" if multi else "eval", unit="answer",
+                            position=procs.rank if multi else None, dynamic_ncols=True, file=sys.stderr)
 
-    def postfix(self) -> str:
-        return " ".join(f"{m}={100 * self.right[m] / self.total[m]:.0f}%" for m in self.total)
+    def skip(self, answers: int) -> None:
+        if self.bar is not None:
+            self.bar.update(answers)
+
+    def add(self, row: dict) -> None:
+        if not row.get("error"):
+            m = row["method"]
+            self.total[m] = self.total.get(m, 0) + 1
+            self.right[m] = self.right.get(m, 0) + int(row["correct"])
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(" ".join(f"{m}={100 * self.right[m] / self.total[m]:.0f}%" for m in self.total), refresh=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ----------------------------------------------------------------------------- samples
 
 
 def _haystack_for(task: str, haystack: Any) -> Any:
@@ -492,7 +459,9 @@ def _haystack_for(task: str, haystack: Any) -> Any:
     return None
 
 
-def _make_sample(tokenizer, item: WorkItem, haystack: Any, max_new_tokens: int | None) -> EvalSample | Exception:
+def make_sample(tokenizer: Any, item: WorkItem, haystack: Any, max_new_tokens: int | None) -> EvalSample | BudgetError:
+    """Generate ``item``'s sample (``haystack`` only where the task takes one); the
+    :class:`BudgetError` instead of raising it when the prompt cannot fit ``item.length``."""
     try:
         s = generate(
             item.task, n=1, length=item.length, tokenizer=tokenizer, seed=item.seed,
@@ -504,7 +473,118 @@ def _make_sample(tokenizer, item: WorkItem, haystack: Any, max_new_tokens: int |
         return exc
 
 
+def _samples(pending: Sequence[tuple[WorkItem, list[str]]], tokenizer: Any, haystack: Any, max_new_tokens: int | None,
+             prefetch: bool) -> Iterator[tuple[WorkItem, list[str], EvalSample | BudgetError]]:
+    """``(item, methods, sample)`` for every pending item, in order. With ``prefetch`` a
+    worker thread generates the next sample while the caller answers the current one."""
+    if not (prefetch and pending):
+        for item, todo in pending:
+            yield item, todo, make_sample(tokenizer, item, haystack, max_new_tokens)
+        return
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qgpm-eval-gen")
+    try:
+        future = pool.submit(make_sample, tokenizer, pending[0][0], haystack, max_new_tokens)
+        for j, (item, todo) in enumerate(pending):
+            sample = future.result()
+            if j + 1 < len(pending):  # generate the next sample while the model works
+                future = pool.submit(make_sample, tokenizer, pending[j + 1][0], haystack, max_new_tokens)
+            yield item, todo, sample
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 # ----------------------------------------------------------------------------- the runner
+
+
+def _check_run(methods: Sequence[str], tasks: Sequence[str], n: int, on_error: str) -> list[str]:
+    """The methods without repeats; ValueError for an unknown method or task, ``n < 1``
+    or a bad ``on_error``."""
+    from qgpm.engine import METHODS
+
+    methods = list(dict.fromkeys(methods))
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown methods {bad}; choose from {METHODS}")
+    bad = [t for t in tasks if t not in TASKS]
+    if bad:
+        raise ValueError(f"unknown tasks {bad}; choose from {TASKS}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if on_error not in ("record", "raise"):
+        raise ValueError("on_error must be 'record' or 'raise'")
+    return methods
+
+
+def _prepare_out(out: Path, procs: _Processes, shard: tuple[int, int] | None, resume: bool) -> None:
+    """Create ``out``; without ``resume`` the main process clears every rows file (a manual
+    shard only its own)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        if shard is not None:
+            rank_file(out, procs.rank).unlink(missing_ok=True)
+        elif procs.rank == 0:
+            for f in [out / ROWS_FILE, *rank_files(out)]:
+                f.unlink(missing_ok=True)
+    procs.barrier()
+
+
+def _pending(items: Sequence[WorkItem], methods: Sequence[str], hashes: dict[str, str], out: Path) -> list[tuple[WorkItem, list[str]]]:
+    """``(item, methods still to run)`` for the items with a method whose row is not in ``out``
+    yet (rows that recorded an error are run again)."""
+    done = {row_key(r) for r in read_rows(out) if not r.get("error")}
+    pending = []
+    for it in items:
+        todo = [m for m in methods if (it.task, it.length, norm_depth(it.depth), it.seed, m, hashes[m]) not in done]
+        if todo:
+            pending.append((it, todo))
+    return pending
+
+
+def _answer_row(engine, sample: EvalSample, item: WorkItem, method: str, base: dict, config_hash: str, rank: int, on_error: str,
+                answer_kw: dict) -> dict:
+    """The row of one method on one sample; an error is recorded in it (``on_error="record"``)."""
+    row = dict(base, method=method, config_hash=config_hash)
+    try:
+        row.update(answer_sample(engine, sample, method, **answer_kw))
+    except Exception as exc:  # noqa: BLE001 - recorded, retried on resume
+        if on_error == "raise":
+            raise
+        row.update(answer=None, correct=False, score=0.0, logprob_gold=None, error=f"{type(exc).__name__}: {exc}")
+        log.warning("error in %s/%s @%s sample %s depth %s: %s", item.task, method, item.length, item.index, item.depth, row["error"])
+    row["rank"] = rank
+    return row
+
+
+def _run_pending(engine, pending: Sequence[tuple[WorkItem, list[str]]], out: Path, procs: _Processes, *, split: str,
+                 hashes: dict[str, str], answer_kw: dict, on_error: str, haystack: Any, max_new_tokens: int | None,
+                 prefetch: bool, progress: bool) -> int:
+    """Answer every pending (item, method), appending rows to this process's rank file;
+    returns the number of rows that recorded an error."""
+    bar = _Progress(sum(len(ms) for _, ms in pending), procs, progress)
+    tokenizer = copy.deepcopy(engine.tokenizer) if prefetch else engine.tokenizer  # the worker's own copy
+    errors = 0
+    try:
+        with open(rank_file(out, procs.rank), "a", encoding="utf-8") as fh, \
+                contextlib.closing(_samples(pending, tokenizer, haystack, max_new_tokens, prefetch)) as samples:
+            for item, todo, sample in samples:
+                if isinstance(sample, Exception):
+                    warnings.warn(f"skipping {item.task} @ {item.length} (sample {item.index}, depth {item.depth}): {sample}")
+                    bar.skip(len(todo))
+                    continue
+                base = {
+                    "task": item.task, "length": item.length, "depth": norm_depth(item.depth), "seed": item.seed,
+                    "index": item.index, "split": split, "metric": sample.metric, "gold": list(sample.answers),
+                    "needle_depth": (sample.meta.get("needle_depths") or [None])[0],
+                    "max_new_tokens": sample.max_new_tokens,
+                }
+                for m in todo:
+                    row = _answer_row(engine, sample, item, m, base, hashes[m], procs.rank, on_error, answer_kw)
+                    errors += "error" in row
+                    append_row(fh, row)
+                    bar.add(row)
+    finally:
+        bar.close()
+    return errors
 
 
 def run_eval(
@@ -547,147 +627,50 @@ def run_eval(
     ``on_error="record"`` writes a row with ``error`` and goes on (retried on
     resume); ``"raise"`` stops. ``shard=(r, P)`` overrides the accelerate process split.
     """
-    from qgpm.engine import METHODS
-
-    methods = list(dict.fromkeys(methods))
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise ValueError(f"unknown methods {bad}; choose from {METHODS}")
-    bad = [t for t in tasks if t not in TASKS]
-    if bad:
-        raise ValueError(f"unknown tasks {bad}; choose from {TASKS}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if on_error not in ("record", "raise"):
-        raise ValueError("on_error must be 'record' or 'raise'")
+    methods = _check_run(methods, tasks, n, on_error)
     options = check_options(options)
     if depths is not None:
         depths = [float(d) for d in depths]
     out = Path(out_dir)
-
-    state = _partial_state() or _Single()
-    if shard is not None:
-        rank, world = int(shard[0]), int(shard[1])
-        if not 0 <= rank < world:
-            raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
-        distributed = False
-    else:
-        rank, world = state.process_index, state.num_processes
-        distributed = world > 1
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume:  # start afresh: the main process clears every rows file (a manual shard only its own)
-        if shard is not None:
-            (out / f"rows.rank{rank}.jsonl").unlink(missing_ok=True)
-        elif rank == 0:
-            for f in [out / ROWS_FILE, *out.glob("rows.rank*.jsonl")]:
-                f.unlink(missing_ok=True)
-    if distributed:
-        state.wait_for_everyone()
-
+    procs = _processes(shard)
+    _prepare_out(out, procs, shard, resume)
     if engine is None or isinstance(engine, (str, os.PathLike)):
-        engine = load_engine(engine if engine is not None else model, device=device, dtype=dtype, heads=heads, config=config, state=state)
+        engine = load_engine(engine if engine is not None else model, device=device, dtype=dtype, heads=heads, config=config, state=procs.state)
     cfg = config or engine.config
 
     fps = {m: method_fingerprint(engine, m, config=cfg, reranker=reranker, k=k, max_new_tokens=max_new_tokens, haystack=haystack, options=options)
            for m in methods}
     hashes = {m: config_hash(fps[m]) for m in methods}
     items = work_items(tasks, lengths, depths, n, split)
-    mine = items[rank::world]
-
-    done = {row_key(r) for r in read_rows(out) if not r.get("error")}
-
-    def todo_for(item: WorkItem) -> list[str]:
-        return [m for m in methods if (item.task, item.length, _norm_depth(item.depth), item.seed, m, hashes[m]) not in done]
-
-    pending = [(it, todo_for(it)) for it in mine]
-    pending = [(it, ms) for it, ms in pending if ms]
+    pending = _pending(items[procs.rank::procs.world], methods, hashes, out)
     n_calls = sum(len(ms) for _, ms in pending)
     started = time.time()
-    if rank == 0:
-        log.info("qgpm eval: %d samples x %d methods (%d processes); %d answers to run here", len(items), len(methods), world, n_calls)
+    if procs.rank == 0:
+        log.info("qgpm eval: %d samples x %d methods (%d processes); %d answers to run here", len(items), len(methods), procs.world, n_calls)
+    errors = _run_pending(engine, pending, out, procs, split=split, hashes=hashes, on_error=on_error, haystack=haystack,
+                          max_new_tokens=max_new_tokens, prefetch=prefetch, progress=progress,
+                          answer_kw=dict(config=cfg, reranker=reranker, k=k, logprob=logprob, options=options))
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n_calls, desc=f"eval[{rank}/{world}]" if world > 1 else "eval", unit="answer", position=rank if world > 1 else None, dynamic_ncols=True, file=sys.stderr)
-    tally = _Tally()
-    rows_path = out / f"rows.rank{rank}.jsonl"
-    gen_tok = copy.deepcopy(engine.tokenizer) if prefetch else engine.tokenizer
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="qgpm-eval-gen") if prefetch and pending else None
-    errors = 0
-    try:
-        with open(rows_path, "a", encoding="utf-8") as fh:
-            futures: list = []
-
-            def submit(j: int) -> None:
-                if pool is not None and j < len(pending):
-                    futures.append(pool.submit(_make_sample, gen_tok, pending[j][0], haystack, max_new_tokens))
-
-            submit(0)
-            for j, (item, todo) in enumerate(pending):
-                if pool is not None:
-                    sample = futures[j].result()
-                    submit(j + 1)  # generate the next sample while the model works
-                else:
-                    sample = _make_sample(gen_tok, item, haystack, max_new_tokens)
-                if isinstance(sample, Exception):
-                    warnings.warn(f"skipping {item.task} @ {item.length} (sample {item.index}, depth {item.depth}): {sample}")
-                    if bar is not None:
-                        bar.update(len(todo))
-                    continue
-                base = {
-                    "task": item.task, "length": item.length, "depth": _norm_depth(item.depth), "seed": item.seed,
-                    "index": item.index, "split": split, "metric": sample.metric, "gold": list(sample.answers),
-                    "needle_depth": (sample.meta.get("needle_depths") or [None])[0],
-                    "max_new_tokens": sample.max_new_tokens,
-                }
-                for m in todo:
-                    row = dict(base, method=m, config_hash=hashes[m])
-                    try:
-                        row.update(answer_sample(engine, sample, m, config=cfg, reranker=reranker, k=k, logprob=logprob, options=options))
-                    except Exception as exc:  # noqa: BLE001 - recorded, retried on resume
-                        if on_error == "raise":
-                            raise
-                        errors += 1
-                        row.update(answer=None, correct=False, score=0.0, logprob_gold=None, error=f"{type(exc).__name__}: {exc}")
-                        log.warning("error in %s/%s @%s sample %s depth %s: %s", item.task, m, item.length, item.index, item.depth, row["error"])
-                    row["rank"] = rank
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    fh.flush()
-                    if not row.get("error"):
-                        tally.add(m, row["correct"])
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix_str(tally.postfix(), refresh=False)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-        if bar is not None:
-            bar.close()
-
-    if distributed:
-        state.wait_for_everyone()
-    if rank == 0 or not distributed:
+    procs.barrier()
+    if procs.rank == 0 or not procs.distributed:
         rows = merge_rows(out)
         entry = {
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-            "model": engine.name, "dtype": _engine_dtype(engine), "device": str(engine.device),
+            "model": engine.name, "dtype": engine_dtype(engine), "device": str(engine.device),
             "heads": [list(h) for h in engine.heads] if "qgpm" in methods else None,
             "config": _config_dict(cfg), "config_provenance": getattr(cfg, "provenance", None),
             "tasks": list(tasks), "lengths": [int(x) for x in lengths], "depths": depths, "n": n, "split": split,
             "methods": methods, "config_hashes": hashes, "reranker": _reranker_name(reranker), "k": k,
             "options": {m: fps[m]["options"] for m in methods if "options" in fps[m]},
             "haystack": fps[methods[0]]["haystack"], "max_new_tokens": max_new_tokens, "logprob": logprob,
-            "processes": world, "shard": list(shard) if shard else None, "answers_run_by_main": n_calls,
+            "processes": procs.world, "shard": list(shard) if shard else None, "answers_run_by_main": n_calls,
             "errors_main": errors, "wall_s": round(time.time() - started, 1), "rows": len(rows), "versions": _versions(),
         }
-        _update_manifest(out, entry, {hashes[m]: fps[m] for m in methods})
+        update_manifest(out, entry, {hashes[m]: fps[m] for m in methods})
         if write_report:
             from qgpm.eval.report import report
 
             report(out)
-    if distributed:
-        state.wait_for_everyone()
+    procs.barrier()
     return out

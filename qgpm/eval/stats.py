@@ -35,6 +35,7 @@ __all__ = [
     "Paired",
     "accuracy",
     "paired",
+    "pair_key",
     "series_labels",
     "group_accuracy",
     "group_paired",
@@ -182,15 +183,17 @@ def accuracy(rows: Sequence[dict], confidence: float = 0.95) -> Accuracy:
     )
 
 
-def _pair_key(r: dict) -> tuple:
+def pair_key(r: dict) -> tuple:
+    """The sample a row answers, ``(task, length, depth, seed)``: rows of two methods with
+    the same key are a pair."""
     d = r.get("depth")
     return (r["task"], int(r["length"]), None if d is None else round(float(d), 6), int(r["seed"]))
 
 
 def paired(rows: Sequence[dict], base_rows: Sequence[dict], *, n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0) -> Paired:
     """Pair ``rows`` with ``base_rows`` by sample and compare (see module docs)."""
-    base = {_pair_key(r): r for r in _ok(base_rows)}
-    pairs = [(r, base[_pair_key(r)]) for r in _ok(rows) if _pair_key(r) in base]
+    base = {pair_key(r): r for r in _ok(base_rows)}
+    pairs = [(r, base[pair_key(r)]) for r in _ok(rows) if pair_key(r) in base]
     a = [float(r["correct"]) for r, _ in pairs]
     v = [float(q["correct"]) for _, q in pairs]
     diff, lo, hi = paired_bootstrap_diff(a, v, n_boot=n_boot, confidence=confidence, seed=seed)

@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from qgpm.eval.stats import _pair_key as _key, paired, series_labels
+from qgpm.eval.stats import pair_key, paired, series_labels
 
 __all__ = ["TargetCheck", "check_targets", "diagnose", "RETRIEVAL_TASKS", "GUARD_TASKS", "MID_DEPTHS"]
 
@@ -104,7 +104,7 @@ def diagnose(rows: Sequence[dict], *, method: str = "qgpm", baseline: str = "van
     out = []
     for t in sorted({r["task"] for r in m}):
         mt = _task(m, t)
-        vt = {(_key(r)): r for r in _task(v, t)}
+        vt = {(pair_key(r)): r for r in _task(v, t)}
         ranks = [r.get("evidence_rank") for r in mt]
         known = [x for x in ranks if x is not None]
         top1 = [r for r in mt if r.get("evidence_rank") == 0]
@@ -119,11 +119,11 @@ def diagnose(rows: Sequence[dict], *, method: str = "qgpm", baseline: str = "van
         if v:
             pq = paired(mt, _task(v, t), n_boot=n_boot, seed=seed)
             d.update(qgpm_delta=100 * pq.diff, qgpm_lo=100 * pq.lo, qgpm_hi=100 * pq.hi, qgpm_logprob=pq.logprob_diff)
-            same = [r["answer"].strip() == vt[_key(r)]["answer"].strip() for r in mt
-                    if _key(r) in vt and isinstance(r.get("answer"), str) and isinstance(vt[_key(r)].get("answer"), str)]
+            same = [r["answer"].strip() == vt[pair_key(r)]["answer"].strip() for r in mt
+                    if pair_key(r) in vt and isinstance(r.get("answer"), str) and isinstance(vt[pair_key(r)].get("answer"), str)]
             d["same_answer"] = sum(same) / len(same) if same else None
             for name, sub in (("top1", top1), ("rest", rest)):
-                pairs = [(r, vt[_key(r)]) for r in sub if _key(r) in vt]
+                pairs = [(r, vt[pair_key(r)]) for r in sub if pair_key(r) in vt]
                 d[f"qgpm_delta_{name}"] = (100 * (_acc([a for a, _ in pairs]) - _acc([b for _, b in pairs]))) if pairs else None
                 d[f"n_{name}"] = len(pairs)
             if o:

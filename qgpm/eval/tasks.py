@@ -15,13 +15,17 @@ Tasks (:data:`TASKS`)
 
 Token budget
 ------------
-``length`` is the total budget in tokens of ``tokenizer``: the chat-templated prompt
-(``tokenizer.apply_chat_template([{"role": "user", "content": sample.user_message()}],
-tokenize=False, add_generation_prompt=True) + sample.answer_prefix``, tokenized without
-extra special tokens) plus ``sample.max_new_tokens`` is at most ``length``, with the
+``length`` is the total budget in tokens of ``tokenizer``: the prompt as the engine's
+builder renders and tokenizes it from the sample's parts
+(``qgpm.prompt.count_prompt_tokens(tokenizer, sample.prompt_spec())``: the chat template
+around ``sample.user_message()``, then ``sample.answer_prefix``; no extra special
+tokens) plus ``sample.max_new_tokens`` is at most ``length``, with the
 haystack size chosen by search to come as close as the haystack's unit allows (a word
 for essays, a sentence, a needle line, a JSON record, a document). The reached prompt
-size is in ``sample.meta["prompt_tokens"]``.
+size is in ``sample.meta["prompt_tokens"]``. The parts are measured as they are: the
+engine strips surrounding whitespace from the question before answering
+(:func:`qgpm.prompt.normalize_spec`), so the few QA questions that end in a space are
+answered with a prompt that can be a token shorter than measured.
 
 Depth
 -----
@@ -62,8 +66,6 @@ from qgpm.eval.base import (
     SPLITS,
     BudgetError,
     EvalSample,
-    count_prompt_tokens,
-    render_prompt,
     render_user_message,
     split_of_seed,
     split_seed,
@@ -71,6 +73,7 @@ from qgpm.eval.base import (
 from qgpm.eval.kv import KV_TASKS, generate_kv
 from qgpm.eval.nolima import NOLIMA_TASKS, generate_nolima
 from qgpm.eval.ruler import NIAH_TASKS, QA_TASKS, generate_niah, generate_qa
+from qgpm.prompt import render_prompt
 
 __all__ = [
     "TASKS",
@@ -81,8 +84,6 @@ __all__ = [
     "split_seed",
     "split_of_seed",
     "render_user_message",
-    "render_prompt",
-    "count_prompt_tokens",
     "sample_prompt",
     "BudgetError",
     "calibration_samples",
@@ -132,8 +133,9 @@ def generate(
 
 
 def sample_prompt(sample: EvalSample, tokenizer: Any) -> str:
-    """The exact prompt text the budget was measured on (chat template + answer prefix)."""
-    return render_prompt(tokenizer, sample.user_message(), sample.answer_prefix)
+    """The exact prompt text the budget was measured on (chat template + answer prefix),
+    rendered by the engine's prompt builder (:func:`qgpm.prompt.render_prompt`)."""
+    return render_prompt(tokenizer, sample.prompt_spec()).text
 
 
 CALIBRATION_TASKS: tuple[str, ...] = ("niah_single_2", "niah_multikey_1", "nolima_direct", "nolima_assoc", "kv_retrieval", "qa_1")

@@ -44,16 +44,15 @@ from qgpm.defaults import PASS1_FIELDS
 from qgpm.eval.base import EvalSample, split_seed
 from qgpm.eval.runner import (
     DEFAULT_DEPTHS,
-    _engine_dtype,
-    _make_sample,
-    _norm_depth,
     answer_sample,
     config_hash,
+    engine_dtype,
+    make_sample,
     method_fingerprint,
-    row_key,
     prepare_kwargs,
     work_items,
 )
+from qgpm.eval.rows import norm_depth, row_key
 from qgpm.eval.scoring import is_correct, score
 from qgpm.eval.stats import mcnemar_exact
 
@@ -160,7 +159,7 @@ class Pass1Cache:
 
     @staticmethod
     def _key(sample: EvalSample, cfg: QGPMConfig, method: str) -> tuple:
-        return (method, sample.task, sample.length, _norm_depth(sample.depth), sample.seed, sample.index) + tuple(getattr(cfg, f) for f in PASS1_FIELDS)
+        return (method, sample.task, sample.length, norm_depth(sample.depth), sample.seed, sample.index) + tuple(getattr(cfg, f) for f in PASS1_FIELDS)
 
     def call(self, sample: EvalSample, cfg: QGPMConfig, method: str = "qgpm"):
         """The prepared ``method`` call for ``sample`` with its plan built under ``cfg``."""
@@ -308,7 +307,7 @@ def tune(
         items = items[shard[0]:: shard[1]]
     samples: list[EvalSample] = []
     for it in items:
-        s = _make_sample(engine.tokenizer, it, haystack, max_new_tokens)
+        s = make_sample(engine.tokenizer, it, haystack, max_new_tokens)
         if isinstance(s, Exception):
             raise s
         samples.append(s)
@@ -331,7 +330,7 @@ def tune(
                 existing[row_key(r)] = r
 
     todo = sum(1 for s in samples for m, h in [("vanilla", van_hash)] + [(primary, h) for h in hashes] + [("oracle", h) for h in o_hashes]
-               if (s.task, s.length, _norm_depth(s.depth), s.seed, m, h) not in existing)
+               if (s.task, s.length, norm_depth(s.depth), s.seed, m, h) not in existing)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -340,13 +339,13 @@ def tune(
     cache = Pass1Cache(engine)
 
     def base_row(s: EvalSample, m: str, h: str) -> dict:
-        return {"task": s.task, "length": s.length, "depth": _norm_depth(s.depth), "seed": s.seed, "index": s.seed - split_seed(split, 0),
+        return {"task": s.task, "length": s.length, "depth": norm_depth(s.depth), "seed": s.seed, "index": s.seed - split_seed(split, 0),
                 "split": split, "metric": s.metric, "gold": list(s.answers), "method": m, "config_hash": h}
 
     with open(rows_path, "a", encoding="utf-8") as fh:
 
         def run_one(s: EvalSample, m: str, h: str, fn) -> dict:
-            key = (s.task, s.length, _norm_depth(s.depth), s.seed, m, h)
+            key = (s.task, s.length, norm_depth(s.depth), s.seed, m, h)
             if key in existing:
                 return existing[key]
             row = base_row(s, m, h)
@@ -398,7 +397,7 @@ def tune(
     best_cfg = best_cfg.with_(provenance=provenance)
     acc_values = [t["acc"] for t in results if t["acc"] is not None]
     summary = {
-        "model": engine.name, "dtype": _engine_dtype(engine), "heads": [list(h) for h in engine.heads],
+        "model": engine.name, "dtype": engine_dtype(engine), "heads": [list(h) for h in engine.heads],
         "split": split, "tasks": list(tasks), "lengths": list(lengths), "depths": depths, "n": n,
         "samples": len(samples), "seeds": [seeds[0], seeds[-1]], "objective": objective, "guard": guard,
         "grid": grid, "trials": len(configs), "oracle": bool(o_hashes), "methods": methods, "shard": list(shard) if shard else None, "invalid_grid_points": len(invalid), "search_seed": search_seed,

@@ -1,0 +1,151 @@
+"""The row files of an evaluation run: ``rows.jsonl``, the per-process rank files and
+``manifest.json``.
+
+A row is one answer: one method on one sample (see :mod:`qgpm.eval.runner` for its
+fields). Its identity is :func:`row_key`, ``(task, length, depth, seed, method,
+config_hash)``. Each process appends its rows to ``rows.rank{r}.jsonl``
+(:func:`rank_file`, :func:`append_row`); :func:`merge_rows` folds every rank file into
+``rows.jsonl`` (one row per key, in a fixed order) and :func:`read_rows` reads them
+all back. ``manifest.json`` maps every ``config_hash`` to the settings it stands for
+and lists the runs (:func:`update_manifest`, :func:`read_manifest`).
+
+This module is what the runner (which writes rows) and the report (which reads them)
+share, so neither imports the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO, Any, Iterable
+
+from qgpm.defaults import METHODS
+from qgpm.eval.tasks import TASKS
+
+__all__ = [
+    "ROWS_FILE",
+    "MANIFEST_FILE",
+    "KEY_FIELDS",
+    "METHOD_ORDER",
+    "norm_depth",
+    "row_key",
+    "rank_file",
+    "rank_files",
+    "append_row",
+    "read_rows",
+    "dedupe_rows",
+    "merge_rows",
+    "read_manifest",
+    "update_manifest",
+]
+
+ROWS_FILE = "rows.jsonl"
+MANIFEST_FILE = "manifest.json"
+KEY_FIELDS = ("task", "length", "depth", "seed", "method", "config_hash")
+METHOD_ORDER = METHODS
+"""The order of methods in merged files and in reports."""
+
+
+def norm_depth(d: Any) -> float | None:
+    """A depth as rows store and compare it: ``None`` (random placement) or rounded to 6 decimals."""
+    return None if d is None else round(float(d), 6)
+
+
+def row_key(row: dict) -> tuple:
+    """The identity of a row: (task, length, depth, seed, method, config_hash)."""
+    return (row["task"], int(row["length"]), norm_depth(row.get("depth")), int(row["seed"]), row["method"], row["config_hash"])
+
+
+def rank_file(out_dir: str | os.PathLike[str], rank: int) -> Path:
+    """Where process ``rank`` appends its rows: ``rows.rank{rank}.jsonl``."""
+    return Path(out_dir) / f"rows.rank{rank}.jsonl"
+
+
+def rank_files(out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Every rank file in ``out_dir``, sorted by name."""
+    return sorted(Path(out_dir).glob("rows.rank*.jsonl"))
+
+
+def append_row(fh: IO[str], row: dict) -> None:
+    """Write ``row`` as one JSON line and flush it (a killed run loses at most that line)."""
+    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    fh.flush()
+
+
+def read_rows(out_dir: str | os.PathLike[str], *, include_ranks: bool = True) -> list[dict]:
+    """Rows of ``rows.jsonl`` and (by default) every ``rows.rank*.jsonl``, in file order.
+
+    A torn last line (a run killed mid-write) is skipped.
+    """
+    out_dir = Path(out_dir)
+    files = [out_dir / ROWS_FILE] if (out_dir / ROWS_FILE).is_file() else []
+    if include_ranks:
+        files += rank_files(out_dir)
+    rows = []
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    return rows
+
+
+def _sort_key(row: dict) -> tuple:
+    task = row["task"]
+    t_i = TASKS.index(task) if task in TASKS else len(TASKS)
+    m = row["method"]
+    m_i = METHOD_ORDER.index(m) if m in METHOD_ORDER else len(METHOD_ORDER)
+    d = row.get("depth")
+    return (int(row["length"]), t_i, task, int(row.get("index", 0)), -1.0 if d is None else float(d), int(row["seed"]), m_i, m, row["config_hash"])
+
+
+def dedupe_rows(rows: Iterable[dict]) -> list[dict]:
+    """One row per key: a successful row beats an error row, later beats earlier."""
+    best: dict[tuple, dict] = {}
+    for r in rows:
+        key = row_key(r)
+        old = best.get(key)
+        if old is None or not (r.get("error") and not old.get("error")):
+            best[key] = r
+    return sorted(best.values(), key=_sort_key)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def merge_rows(out_dir: str | os.PathLike[str]) -> list[dict]:
+    """Merge ``rows.jsonl`` and the rank files into ``rows.jsonl`` (atomic); returns the rows."""
+    out_dir = Path(out_dir)
+    rows = dedupe_rows(read_rows(out_dir))
+    _atomic_write(out_dir / ROWS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return rows
+
+
+def read_manifest(out_dir: str | os.PathLike[str]) -> dict:
+    """``manifest.json`` of ``out_dir``; ``{}`` when it is missing or unreadable."""
+    path = Path(out_dir) / MANIFEST_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+
+
+def update_manifest(out_dir: str | os.PathLike[str], entry: dict, fingerprints: dict[str, dict]) -> None:
+    """Add a run ``entry`` (also as ``latest``) and the ``{config_hash: fingerprint}`` map
+    to ``manifest.json`` (atomic)."""
+    man = read_manifest(out_dir)
+    man.setdefault("configs", {}).update(fingerprints)
+    man.setdefault("runs", []).append(entry)
+    man["latest"] = entry
+    _atomic_write(Path(out_dir) / MANIFEST_FILE, json.dumps(man, indent=1, default=str) + "\n")
