@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from .defaults import DEFAULT_MODEL_NAME
 from .shaping import MapParams
 
-__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config"]
+__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config", "coerce_value"]
 
 MIN_SENTENCE_CHARS = 20
 """Smallest ``max_sentence_chars`` the sentence splitter accepts."""
@@ -217,16 +217,22 @@ PRESETS: dict[str, QGPMConfig] = {
 }
 
 
-def _coerce(value: str) -> Any:
-    v = value.strip()
-    if v.lower() in ("none", "null"):
+def coerce_value(text: str) -> Any:
+    """A command-line ``FIELD=VALUE`` value as Python: ``none``/``null`` -> None,
+    ``true``/``false`` -> bool, then int, then float, else the stripped string.
+    Used by ``--config`` / ``--set`` / ``--grid`` and the baselines' ``--option``."""
+    t = text.strip()
+    low = t.lower()
+    if low in ("none", "null"):
         return None
-    if v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    try:
-        return int(v) if v.lstrip("-").isdigit() else float(v)
-    except ValueError:
-        return v
+    if low in ("true", "false"):
+        return low == "true"
+    for conv in (int, float):
+        try:
+            return conv(t)
+        except ValueError:
+            pass
+    return t
 
 
 def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base: QGPMConfig | None = None) -> QGPMConfig | None:
@@ -252,5 +258,5 @@ def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base:
         name = name.strip()
         if name not in fields or name == "provenance":
             raise ValueError(f"unknown QGPMConfig field {name!r} in {ov!r}; fields: {', '.join(sorted(fields - {'provenance'}))}")
-        changes[name] = _coerce(value)
+        changes[name] = coerce_value(value)
     return cfg.with_(**changes) if changes else cfg

@@ -32,6 +32,7 @@ from typing import Any
 
 from .options import STRING_RELEASED_SCALE, LLMLingua2Options, MsPoEOptions, SelfExtendOptions, StringOptions
 from .plans import BaselinePlan, build_baseline_plan
+from ..config import coerce_value
 
 __all__ = [
     "BASELINE_METHODS",
@@ -92,21 +93,6 @@ def resolve_options(method: str, options: Any) -> BaselineOptions | None:
     return options
 
 
-def _coerce(text: str) -> Any:
-    t = text.strip()
-    low = t.lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for conv in (int, float):
-        try:
-            return conv(t)
-        except ValueError:
-            pass
-    return t
-
-
 def options_from_strings(specs: list[str] | tuple[str, ...]) -> dict[str, BaselineOptions]:
     """Options per method from ``"method.field=value"`` strings (the eval CLI's ``--option``),
     e.g. ``["string.local_window=256", "self-extend.group_size=4"]``."""
@@ -125,5 +111,5 @@ def options_from_strings(specs: list[str] | tuple[str, ...]) -> dict[str, Baseli
         if isinstance(default, tuple):  # e.g. llmlingua-2.force_tokens=\n,?
             changes.setdefault(method, {})[fld] = tuple(codecs.decode(v, "unicode_escape") for v in value.split(","))
         else:
-            changes.setdefault(method, {})[fld] = _coerce(value)
+            changes.setdefault(method, {})[fld] = coerce_value(value)
     return {m: BASELINE_OPTIONS[m](**kw) for m, kw in changes.items()}

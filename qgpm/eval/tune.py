@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import torch
 
-from qgpm.config import QGPMConfig, _coerce, load_config  # load_config re-exported
+from qgpm.config import QGPMConfig, coerce_value, load_config  # load_config re-exported
 from qgpm.defaults import PASS1_FIELDS
 from qgpm.eval.base import EvalSample, split_seed
 from qgpm.eval.runner import (
@@ -102,7 +102,7 @@ def parse_grid(spec: str | None) -> dict[str, list]:
         name = name.strip()
         if name not in fields or name == "provenance":
             raise ValueError(f"unknown QGPMConfig field {name!r} in grid; fields: {sorted(fields - {'provenance'})}")
-        vals = [_coerce(v) for v in values.split(",") if v.strip()]
+        vals = [coerce_value(v) for v in values.split(",") if v.strip()]
         if not vals:
             raise ValueError(f"no values for {name!r} in grid")
         grid[name] = vals
