@@ -93,7 +93,9 @@ def rotary_info(model: torch.nn.Module) -> RotaryInfo:
     """The model's own rotary frequencies (scaling folded in) and attention scaling.
 
     Raises :class:`UnsupportedModelError` for a model without ``rotary_emb.inv_freq`` or
-    with partial rotary embeddings (fewer rotated dimensions than ``head_dim``).
+    with partial rotary embeddings (fewer rotated dimensions than ``head_dim``). A model
+    with one rotary embedding per layer kind (Gemma 3's ``rotary_emb.<kind>_inv_freq`` with
+    ``config.layer_types``) gets a layered :class:`RotaryInfo` (see there).
     """
     base = getattr(model, "base_model", model)
     rot = getattr(base, "rotary_emb", None)
@@ -183,8 +185,9 @@ class PositionPlan:
     standard positions (no hook). On a model with several rotary kinds (Gemma 3) there is
     one table set per (modulated kind, map): ``positions[2 * i + k]`` is map ``k`` (0 broad,
     1 sharp) of the ``i``-th modulated kind, rotated with ``table_rotary[2 * i + k]``;
-    with one kind ``table_rotary`` is empty and every table set uses ``rotary``. ``capacity``: how many token indices (prompt plus
-    generation budget) to build the cos/sin tables for up front.
+    with one kind ``table_rotary`` is empty and every table set uses ``rotary``.
+    ``capacity``: how many token indices (prompt plus generation budget) to build the
+    cos/sin tables for up front.
 
     The plan does not change once built (:func:`qgpm.plan.build_plan` takes the capacity);
     it only caches the cos/sin tables it has computed, per map, device and dtype, so every
