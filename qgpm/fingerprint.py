@@ -7,7 +7,7 @@ the loaded model:
 
 * ``arch`` -- the architecture config: family, vocabulary size, width, depth, heads,
   KV heads, head size, MLP size and the RoPE parameters (everything a head index and a
-  position plan depend on);
+  position plan depend on); for Gemma 3 also its layer kinds, window and attention scale;
 * ``tokenizer`` -- a hash of the vocabulary (token -> id, added tokens included);
 * ``weights`` -- a hash of the first rows of the input embedding, rounded to bfloat16
   (the same for fp32 / bf16 / fp16 loads of one checkpoint; different for another
@@ -50,6 +50,13 @@ _ARCH_FIELDS = (
     "num_key_value_heads",
     "intermediate_size",
 )
+
+# Extra architecture fields of families whose layers differ from one another (Gemma 3: which
+# layers are sliding-window ones, the window, the attention scale). Only these families get
+# them, so the keys of the other families (and their shipped head sets) stay as they were.
+_FAMILY_ARCH_FIELDS = {
+    "gemma3_text": ("layer_types", "sliding_window", "query_pre_attn_scalar"),
+}
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,8 @@ def arch_config(config: Any) -> dict:
         if rope.get(k) in (None, "default"):
             rope.pop(k, None)
     out["rope"] = rope
+    for f in _FAMILY_ARCH_FIELDS.get(out["model_type"], ()):
+        out[f] = getattr(config, f, None)
     return _plain({k: v for k, v in out.items() if v is not None})
 
 

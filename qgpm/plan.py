@@ -26,7 +26,7 @@ class MapResult:
     ranks: torch.Tensor  # [units]
     unit_scores: list[torch.Tensor]  # per map, [units]
     token_scores: list[torch.Tensor]  # per map, [N]
-    boundary_plane: float
+    boundary_plane: float  # m* (Eq. 3); on a model with several rotary kinds, that of the first modulated kind
     anchor_length: float
     plan: PositionPlan
     flat: bool = False  # relevance too flat (top z below config.min_top_z): every score 1, vanilla positions
@@ -112,22 +112,35 @@ def build_plan(
         f = rank_shape(ranks, params) if n_units else torch.zeros(0, dtype=torch.float64)
         unit_scores.append(torch.ones(n_units, dtype=torch.float64) if flat else sentence_scores(f, s_low))
     anchor = max(config.anchor_ratio * max(anchor_basis_length(token_unit, unit_scores[0], config, s_low), 1), 1e-6)
-    m_star = boundary_plane(anchor, rotary.inv_freq)
-    gate = frequency_gate(rotary.inv_freq.numel(), m_star, config.tau)
-    if config.local_window > 0:
-        gate = protect_fast_planes(gate, boundary_plane(config.local_window, rotary.inv_freq), config.tau)
-    tok_scores, positions = [], []
-    for s in unit_scores:
-        t = token_scores(token_unit, s, s_low)
-        tok_scores.append(t)
-        positions.append(cumulative_positions(strides(t, gate, config.eps)))
+    tok_scores = [token_scores(token_unit, s, s_low) for s in unit_scores]
+    # One table set per (rotary kind, map): each kind gets its own boundary plane and gate
+    # (Eq. 3, 7) on its own wavelengths. One-kind models have the single kind ``None``.
+    kinds: tuple[str | None, ...] = rotary.modulated_kinds if rotary.layered else (None,)
+    positions, table_rotary, m_stars = [], [], []
+    for kind in kinds:
+        rot = rotary.for_kind(kind)
+        m_star = boundary_plane(anchor, rot.inv_freq)
+        gate = frequency_gate(rot.inv_freq.numel(), m_star, config.tau)
+        if config.local_window > 0:
+            gate = protect_fast_planes(gate, boundary_plane(config.local_window, rot.inv_freq), config.tau)
+        m_stars.append(m_star)
+        for t in tok_scores:
+            positions.append(cumulative_positions(strides(t, gate, config.eps)))
+            table_rotary.append(rot)
     ls = split_layer(n_layers, config)
     if config.unmodulated_layers > n_layers:
         raise ValueError(f"unmodulated_layers={config.unmodulated_layers} exceeds the model's {n_layers} layers")
     layer_map: list[int | None] = [0] * ls + [1] * (n_layers - ls)
     layer_map[: config.unmodulated_layers] = [None] * config.unmodulated_layers
-    plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity)
-    return MapResult(ranks, unit_scores, tok_scores, m_star, anchor, plan, flat, s_low)
+    if rotary.layered:
+        if rotary.layer_kinds is None or len(rotary.layer_kinds) != n_layers:
+            raise ValueError(f"rotary information covers {len(rotary.layer_kinds or ())} layers, the model has {n_layers}")
+        for i, kind in enumerate(rotary.layer_kinds):
+            if layer_map[i] is not None:  # layers of an unmodulated kind keep standard positions
+                layer_map[i] = 2 * kinds.index(kind) + layer_map[i] if kind in kinds else None
+    plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity,
+                        table_rotary=tuple(table_rotary) if rotary.layered else ())
+    return MapResult(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat, s_low)
 
 
 def oracle_units(token_sentence: torch.Tensor, evidence_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

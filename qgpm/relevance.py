@@ -8,7 +8,12 @@ token, and keeps
     l_h(j) = max_{r in Q} <R(p_r) q_{h,r}, R(p_j) k_{h,j}> / sqrt(d)          (Eq. 4)
 
 i.e. |Q| x N logits per head, never an N x N matrix. Under GQA query head ``h`` reads KV
-head ``h // (n_heads / n_kv_heads)``; on Qwen3 q/k are taken after ``q_norm``/``k_norm``.
+head ``h // (n_heads / n_kv_heads)``; on Qwen3 and Gemma 3 q/k are taken after
+``q_norm``/``k_norm``. Gemma 3 scales logits by ``query_pre_attn_scalar ** -0.5`` instead of
+``1 / sqrt(d)`` (its attention's own scale), and a head on one of its sliding-window layers
+is read with that layer's own (local) RoPE tables, as the model hands them to the layer.
+Eq. 4 is taken over every token there too, beyond the window: it is the head's q.k
+similarity, a relevance signal, not its attention (calibration decides which heads to use).
 """
 
 from __future__ import annotations
@@ -36,6 +41,12 @@ class Pass1Stats:
         self.layers_run: list[int] = []
 
 
+def _logit_scale(config, head_dim: int) -> float:
+    """The factor of Eq. 4: ``1 / sqrt(d)``, or Gemma 3's ``query_pre_attn_scalar ** -0.5``."""
+    qpas = getattr(config, "query_pre_attn_scalar", None)
+    return float(qpas) ** -0.5 if qpas is not None else 1.0 / math.sqrt(head_dim)
+
+
 @torch.inference_mode()
 def head_token_logits(
     model,
@@ -60,6 +71,8 @@ def head_token_logits(
             raise ValueError(f"head ({layer}, {head}) is outside the model ({len(layers)} layers x {n_heads} heads)")
         by_layer[layer].append(i)
     deepest = max(by_layer)
+    scale = _logit_scale(model.config, head_dim)
+    softcap = getattr(model.config, "attn_logit_softcapping", None)
     group = n_heads // n_kv
     n = input_ids.shape[1]
     out = torch.empty(len(heads), n, dtype=torch.float32)
@@ -85,7 +98,9 @@ def head_token_logits(
             c, s = cos[0].float(), sin[0].float()
             q = apply_rope(q, c[r], s[r])
             k = apply_rope(k, c, s)
-            logits = torch.einsum("hrd,hnd->hrn", q, k) / math.sqrt(head_dim)
+            logits = torch.einsum("hrd,hnd->hrn", q, k) * scale
+            if softcap is not None:  # monotone, as the model applies it before softmax
+                logits = torch.tanh(logits / softcap) * softcap
             out[idx] = logits.amax(dim=1).cpu()
             if layer_idx == deepest:
                 raise _StopPass1

@@ -46,12 +46,35 @@ class RotaryInfo:
     fastest; linear / llama3 / yarn scaling already folded in); ``attention_scaling``: the
     factor HF multiplies cos/sin by; ``rope_type``: HF's name of the RoPE variant;
     ``head_dim``: ``d``, the per-head dimension (every dimension is rotated).
+
+    Models whose layers use different rotary embeddings (Gemma 3: sliding-window "local"
+    layers with base 10,000, "global" full-attention layers with base 1,000,000 and its
+    scaling) set ``layer_kinds`` (the kind of each decoder layer, HF's ``layer_types``) and
+    ``kinds`` (a one-kind ``RotaryInfo`` per kind). ``modulated_kinds`` names the kinds
+    QGPM remaps; layers of the other kinds keep their standard positions. The top-level
+    fields are then those of the first modulated kind (the global layers of Gemma 3).
     """
 
     inv_freq: torch.Tensor  # [d/2] float32, cpu
     attention_scaling: float
     rope_type: str
     head_dim: int
+    layer_kinds: tuple[str, ...] | None = None
+    kinds: dict[str, "RotaryInfo"] = field(default_factory=dict, compare=False, repr=False)
+    modulated_kinds: tuple[str, ...] = ()
+
+    @property
+    def layered(self) -> bool:
+        """True when the decoder layers use more than one rotary kind (Gemma 3)."""
+        return self.layer_kinds is not None
+
+    def kind_of(self, layer: int) -> str | None:
+        """The rotary kind of decoder layer ``layer`` (``None`` for a one-kind model)."""
+        return None if self.layer_kinds is None else self.layer_kinds[layer]
+
+    def for_kind(self, kind: str | None) -> "RotaryInfo":
+        """The one-kind :class:`RotaryInfo` of ``kind`` (``self`` for ``None``)."""
+        return self if kind is None else self.kinds[kind]
 
 
 def head_geometry(config: Any) -> tuple[int, int, int]:
@@ -70,10 +93,14 @@ def rotary_info(model: torch.nn.Module) -> RotaryInfo:
     """The model's own rotary frequencies (scaling folded in) and attention scaling.
 
     Raises :class:`UnsupportedModelError` for a model without ``rotary_emb.inv_freq`` or
-    with partial rotary embeddings (fewer rotated dimensions than ``head_dim``).
+    with partial rotary embeddings (fewer rotated dimensions than ``head_dim``). A model
+    with one rotary embedding per layer kind (Gemma 3's ``rotary_emb.<kind>_inv_freq`` with
+    ``config.layer_types``) gets a layered :class:`RotaryInfo` (see there).
     """
     base = getattr(model, "base_model", model)
     rot = getattr(base, "rotary_emb", None)
+    if rot is not None and not hasattr(rot, "inv_freq") and getattr(model.config, "layer_types", None) and hasattr(rot, "rope_type") and isinstance(rot.rope_type, dict):
+        return _layered_rotary_info(model, rot)
     if rot is None or not hasattr(rot, "inv_freq"):
         raise UnsupportedModelError(f"{type(model).__name__} has no rotary_emb.inv_freq (not a RoPE model?)")
     head_dim = head_geometry(model.config)[2]
@@ -83,6 +110,36 @@ def rotary_info(model: torch.nn.Module) -> RotaryInfo:
             f"partial rotary embeddings ({inv.numel() * 2} of {head_dim} dims) are not supported"
         )
     return RotaryInfo(inv, float(getattr(rot, "attention_scaling", 1.0)), str(getattr(rot, "rope_type", "default")), head_dim)
+
+
+# The rotary kinds QGPM remaps on a model with several (see RotaryInfo); layers of any other
+# kind keep standard positions. Gemma 3's sliding-window layers ("sliding_attention") are left
+# vanilla: their window (512 / 1,024 tokens) already bounds every distance they can see, so
+# bringing far evidence nearer cannot help there, and their KV cache keeps standard positions.
+MODULATED_KINDS: tuple[str, ...] = ("full_attention",)
+
+
+def _layered_rotary_info(model: torch.nn.Module, rot: Any) -> RotaryInfo:
+    """:class:`RotaryInfo` of a model with one rotary embedding per layer kind (Gemma 3)."""
+    head_dim = head_geometry(model.config)[2]
+    layer_kinds = tuple(str(k) for k in model.config.layer_types)
+    kinds: dict[str, RotaryInfo] = {}
+    for kind in sorted(set(layer_kinds)):
+        inv = getattr(rot, f"{kind}_inv_freq", None)
+        if inv is None:
+            raise UnsupportedModelError(f"{type(model).__name__}'s rotary_emb has no {kind}_inv_freq (layer kind {kind!r})")
+        inv = inv.detach().float().cpu()
+        if inv.numel() * 2 != head_dim:
+            raise UnsupportedModelError(f"partial rotary embeddings ({inv.numel() * 2} of {head_dim} dims) are not supported")
+        scaling = float(getattr(rot, f"{kind}_attention_scaling", 1.0))
+        kinds[kind] = RotaryInfo(inv, scaling, str(rot.rope_type.get(kind, "default")), head_dim)
+    modulated = tuple(k for k in MODULATED_KINDS if k in kinds)
+    if not modulated:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has layer kinds {sorted(kinds)}; QGPM remaps only {', '.join(MODULATED_KINDS)} layers"
+        )
+    top = kinds[modulated[0]]
+    return RotaryInfo(top.inv_freq, top.attention_scaling, top.rope_type, head_dim, layer_kinds=layer_kinds, kinds=kinds, modulated_kinds=modulated)
 
 
 def rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -125,8 +182,12 @@ class PositionPlan:
 
     ``positions[k]`` is ``[d/2, N]`` (float64) for map ``k``; ``layer_map[l]`` is the map
     index used by decoder layer ``l``, or ``None`` for a layer that keeps the model's
-    standard positions (no hook). ``capacity``: how many token indices (prompt plus
-    generation budget) to build the cos/sin tables for up front.
+    standard positions (no hook). On a model with several rotary kinds (Gemma 3) there is
+    one table set per (modulated kind, map): ``positions[2 * i + k]`` is map ``k`` (0 broad,
+    1 sharp) of the ``i``-th modulated kind, rotated with ``table_rotary[2 * i + k]``;
+    with one kind ``table_rotary`` is empty and every table set uses ``rotary``.
+    ``capacity``: how many token indices (prompt plus generation budget) to build the
+    cos/sin tables for up front.
 
     The plan does not change once built (:func:`qgpm.plan.build_plan` takes the capacity);
     it only caches the cos/sin tables it has computed, per map, device and dtype, so every
@@ -138,7 +199,12 @@ class PositionPlan:
     layer_map: list[int | None]
     rotary: RotaryInfo
     capacity: int = 0
+    table_rotary: tuple[RotaryInfo, ...] = ()
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def rotary_of(self, map_index: int) -> RotaryInfo:
+        """The one-kind rotary embedding the tables of ``positions[map_index]`` rotate with."""
+        return self.table_rotary[map_index] if self.table_rotary else self.rotary
 
     @property
     def num_tokens(self) -> int:
@@ -158,8 +224,9 @@ class PositionPlan:
         length = max(need, self.capacity, self.num_tokens + 64)
         idx = torch.arange(length)
         pos = positions_at(self.positions[map_index], idx)  # [planes, T] float64
-        angles = rope_angles(pos.to(device), self.rotary.inv_freq.to(device))  # [T, planes] float32
-        out = rope_tables(angles, attention_scaling=self.rotary.attention_scaling, dtype=dtype)
+        rot = self.rotary_of(map_index)
+        angles = rope_angles(pos.to(device), rot.inv_freq.to(device))  # [T, planes] float32
+        out = rope_tables(angles, attention_scaling=rot.attention_scaling, dtype=dtype)
         self._tables[key] = out
         return out
 

@@ -8,6 +8,9 @@ current forward (prefill, a decode step, or a teacher-forced continuation). Each
 KV cache therefore stays in its map's coordinates, and decoding continues in unit steps
 from each map's last prompt position.
 
+On a model with several rotary kinds (Gemma 3) only layers of a modulated kind get a hook;
+the sliding-window layers keep the model's own cos/sin and positions (``layer_map`` None).
+
 The hooks live only inside the ``with`` block and are removed in ``finally``: after any
 call, including one that raised, the model is exactly the unpatched model. A per-model
 re-entrant lock serializes calls, so two threads never mix their plans.
@@ -41,7 +44,7 @@ __all__ = [
     "apply_plan",
 ]
 
-SUPPORTED_FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "granite")
+SUPPORTED_FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text")
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 _LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
@@ -73,15 +76,17 @@ def check_supported(model: torch.nn.Module) -> None:
         raise UnsupportedModelError(
             f"model family '{family}' ({type(model).__name__}) is not supported by QGPM. Supported: "
             f"{', '.join(SUPPORTED_FAMILIES)} (Llama-style decoders with full rotate-half RoPE passed to "
-            "each layer as position_embeddings). Families with local/global RoPE bases (Gemma 3), partial "
+            "each layer as position_embeddings; gemma3_text is Gemma3ForCausalLM). Families with partial "
             "rotary, ALiBi or no RoPE need an adapter; method='vanilla' is not affected."
         )
     info = rotary_info(model)
-    if info.rope_type not in _SUPPORTED_ROPE_TYPES:
-        raise UnsupportedModelError(
-            f"RoPE type '{info.rope_type}' of this {family} model is not supported (frequencies change with "
-            f"sequence length); supported RoPE types: {', '.join(_SUPPORTED_ROPE_TYPES)}"
-        )
+    for kind, one in ([(None, info)] if not info.layered else sorted(info.kinds.items())):
+        if one.rope_type not in _SUPPORTED_ROPE_TYPES:
+            where = "" if kind is None else f" ({kind} layers)"
+            raise UnsupportedModelError(
+                f"RoPE type '{one.rope_type}'{where} of this {family} model is not supported (frequencies change with "
+                f"sequence length); supported RoPE types: {', '.join(_SUPPORTED_ROPE_TYPES)}"
+            )
 
 
 @contextlib.contextmanager

@@ -28,11 +28,25 @@ def tiny_config(family: str, vocab_size: int, **overrides):
         "qwen2": tf.Qwen2Config,
         "qwen3": tf.Qwen3Config,
         "granite": tf.GraniteConfig,
+        "gemma3_text": tf.Gemma3TextConfig,
     }[family]
     if family == "qwen3":
         common.setdefault("head_dim", 16)
     if family == "granite":
         common.update(attention_multiplier=0.3, embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=2.0)
+    if family == "gemma3_text":
+        # Both layer kinds (local sliding-window layers 0 and 2, global layers 1 and 3), a
+        # window much shorter than the test prompts, q/k-norm, GQA, Gemma's own logit scale,
+        # and linear scaling on the global base as in the larger Gemma 3 sizes.
+        common.pop("rope_theta", None)
+        common.setdefault("head_dim", 16)
+        common.setdefault("layer_types", ["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+        common.setdefault("sliding_window", 32)
+        common.setdefault("query_pre_attn_scalar", 24)
+        common.setdefault("rope_parameters", {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        })
     if family == "mistral":
         common.setdefault("sliding_window", None)
     return cls(**common)
@@ -48,6 +62,8 @@ def tiny_model(family: str, vocab_size: int, seed: int = 0, attn_implementation:
 
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "granite"]
+# Families with several rotary kinds, tested on their own (the RoPE baselines do not cover them).
+LAYERED_FAMILIES = ["gemma3_text"]
 
 
 def save_tiny(directory, tokenizer, family: str = "llama", seed: int = 0, **overrides):

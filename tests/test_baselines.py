@@ -383,6 +383,18 @@ def test_unsupported_family_is_named_for_baselines(tokenizer):
         engine.answer(CONTEXT, QUESTION, method="string", max_new_tokens=2)
 
 
+@pytest.mark.parametrize("method", ["string", "self-extend", "ms-poe"])
+def test_rope_baselines_refuse_models_with_several_rotary_kinds(method, tokenizer):
+    """Gemma 3 is supported by qgpm/oracle, but the RoPE baselines re-rotate every layer with one
+    inv_freq: they must refuse it, naming the layer kinds, not rotate local layers with global frequencies."""
+    from qgpm import UnsupportedModelError
+
+    engine = QGPM(tiny_model("gemma3_text", len(tokenizer)), tokenizer, heads=[(1, 0)])
+    with pytest.raises(UnsupportedModelError, match="full_attention, sliding_attention"):
+        engine.answer(CONTEXT, QUESTION, method=method, max_new_tokens=2)
+    assert engine.prepare(CONTEXT, QUESTION, method="qgpm").plan is not None  # qgpm itself works
+
+
 # ----------------------------------------------------------------------------- real model
 
 

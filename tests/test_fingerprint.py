@@ -44,6 +44,19 @@ def test_same_name_different_config_gives_different_keys(tokenizer):
     assert a.fingerprint.arch["num_hidden_layers"] == 4 and b.fingerprint.arch["num_hidden_layers"] == 6
 
 
+def test_gemma3_key_covers_layer_kinds_and_window(tokenizer):
+    """Gemma 3's local/global layer pattern, window and both RoPE bases are part of the architecture."""
+    base = QGPM(tiny_model("gemma3_text", len(tokenizer)), tokenizer, heads=[(1, 0)], name="g")
+    arch = base.fingerprint.arch
+    assert arch["model_type"] == "gemma3_text" and arch["sliding_window"] == 32
+    assert arch["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    assert arch["rope"]["full_attention"]["rope_theta"] == 1e6 and arch["rope"]["sliding_attention"]["rope_theta"] == 1e4
+    other_kinds = QGPM(tiny_model("gemma3_text", len(tokenizer), layer_types=["full_attention", "sliding_attention"] * 2), tokenizer, heads=[(1, 0)], name="g")
+    other_window = QGPM(tiny_model("gemma3_text", len(tokenizer), sliding_window=64), tokenizer, heads=[(1, 0)], name="g")
+    assert len({base.fingerprint.key, other_kinds.fingerprint.key, other_window.fingerprint.key}) == 3
+    assert "layer_types" not in _engine(tokenizer).fingerprint.arch  # other families' keys are unchanged
+
+
 def test_key_ignores_weights_and_dtype_weights_digest_does_not(tokenizer):
     a = _engine(tokenizer, seed=0)
     b = _engine(tokenizer, seed=1)  # another "fine-tune" of the same architecture

@@ -8,7 +8,7 @@ import torch
 from qgpm import QGPM, QGPMConfig
 from qgpm.runtime import apply_plan, decoder_layers
 
-from qgpm_testing import FAMILIES, tiny_model
+from qgpm_testing import FAMILIES, LAYERED_FAMILIES, tiny_model
 
 IDENTITY = QGPMConfig(s_low=1.0)
 STRONG = QGPMConfig(s_low=0.05, eps=0.05)
@@ -49,6 +49,53 @@ def test_identity_tiny_family(family, tokenizer):
     # The same plan machinery with real modulation must change the logits (the hooks are live).
     strong = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=STRONG)
     assert (prefill_logits(model, ids, strong.plan) - ref).abs().max() > 1e-4  # 10x the identity tolerance
+    for layer in decoder_layers(model):  # nothing left behind
+        assert not layer._forward_pre_hooks
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("family", LAYERED_FAMILIES)
+def test_identity_tiny_gemma3_local_and_global_layers(family, attn, tokenizer):
+    """Gemma 3: sliding-window (local, base 1e4) and global (base 1e6, linear scaling) layers,
+    GQA, q/k-norm, a window far shorter than the prompt. Every score 1 is vanilla in prefill and
+    decode; only global layers are hooked, each with its own kind's tables."""
+    model = tiny_model(family, len(tokenizer), attn_implementation=attn)
+    kinds = model.config.layer_types
+    assert set(kinds) == {"sliding_attention", "full_attention"}
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 3)], config=IDENTITY)
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    ids = call.prompt.input_ids
+    assert ids.shape[1] > 8 * model.config.sliding_window
+    plan = call.plan
+    assert [m is None for m in plan.layer_map] == [k == "sliding_attention" for k in kinds]
+    assert sorted({m for m in plan.layer_map if m is not None}) == [0, 1]  # broad and sharp of the global kind
+    rot = model.model.rotary_emb
+    for table_rotary in plan.table_rotary:
+        assert torch.equal(table_rotary.inv_freq, rot.full_attention_inv_freq.float())
+    assert not torch.equal(rot.full_attention_inv_freq, rot.sliding_attention_inv_freq)
+    ref = prefill_logits(model, ids)
+    got = prefill_logits(model, ids, plan)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+    seq_ref, steps_ref = greedy_logits(model, ids, 6)
+    seq_got, steps_got = greedy_logits(model, ids, 6, plan)
+    assert torch.equal(seq_got, seq_ref)
+    torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-5)
+    strong = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=STRONG)
+    assert [m is None for m in strong.plan.layer_map] == [k == "sliding_attention" for k in kinds]
+    assert (prefill_logits(model, ids, strong.plan) - ref).abs().max() > 1e-4  # the global hooks are live
+    seen = {}
+
+    def grab(module, args, kwargs):
+        seen.setdefault("h", (args[0] if args else kwargs["hidden_states"]).clone())
+
+    handle = decoder_layers(model)[1].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        prefill_logits(model, ids)
+        h_ref = seen.pop("h")
+        prefill_logits(model, ids, strong.plan)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(seen["h"], h_ref, rtol=0, atol=0)  # local layer 0 kept standard positions
     for layer in decoder_layers(model):  # nothing left behind
         assert not layer._forward_pre_hooks
 

@@ -20,8 +20,11 @@ QUESTION = "What is the vault code?"
 HEADS = [(1, 0), (1, 3), (2, 1), (3, 2)]
 
 
-def full_logits_reference(model, ids):
-    """Per layer: the full [heads, N, N] pre-softmax logits, from transformers' own RoPE code."""
+def full_logits_reference(model, ids, own_scale=False):
+    """Per layer: the full [heads, N, N] pre-softmax logits, from transformers' own RoPE code.
+
+    Scaled by 1/sqrt(d), or with ``own_scale`` by the attention module's own ``scaling``
+    (Gemma 3: ``query_pre_attn_scalar ** -0.5``)."""
     mod = importlib.import_module(type(model).__module__)
     captured = {}
 
@@ -50,7 +53,8 @@ def full_logits_reference(model, ids):
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k = mod.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
         k = mod.repeat_kv(k, cfg.num_attention_heads // cfg.num_key_value_heads)
-        out[li] = (q @ k.transpose(2, 3))[0] / math.sqrt(attn.head_dim)  # [H, N, N]
+        scale = attn.scaling if own_scale else 1 / math.sqrt(attn.head_dim)
+        out[li] = (q @ k.transpose(2, 3))[0] * scale  # [H, N, N]
     torch.set_grad_enabled(True)
     return out
 
@@ -63,6 +67,23 @@ def test_pass1_equals_full_logit_reference(family, tokenizer):
     prompt = call.prompt
     got = head_token_logits(model, prompt.input_ids, HEADS, prompt.query_rows)
     ref_all = full_logits_reference(model, prompt.input_ids)
+    rows = prompt.query_rows
+    ref = torch.stack([ref_all[l][h][rows].amax(dim=0) for l, h in HEADS])
+    torch.testing.assert_close(got, ref.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_pass1_equals_full_logit_reference_gemma3_both_layer_kinds(tokenizer):
+    """Gemma 3: heads on global (1, 3) and sliding-window (2) layers, each read with its own
+    layer kind's RoPE, after q/k-norm, scaled by query_pre_attn_scalar ** -0.5 (not 1/sqrt(d))."""
+    model = tiny_model("gemma3_text", len(tokenizer))
+    kinds = model.config.layer_types
+    assert {kinds[l] for l, _ in HEADS} == {"sliding_attention", "full_attention"}
+    assert model.config.query_pre_attn_scalar != model.config.head_dim
+    engine = QGPM(model, tokenizer, heads=HEADS)
+    prompt = engine.prepare(CONTEXT, QUESTION, method="vanilla").prompt
+    assert prompt.input_ids.shape[1] > model.config.sliding_window
+    got = head_token_logits(model, prompt.input_ids, HEADS, prompt.query_rows)
+    ref_all = full_logits_reference(model, prompt.input_ids, own_scale=True)
     rows = prompt.query_rows
     ref = torch.stack([ref_all[l][h][rows].amax(dim=0) for l, h in HEADS])
     torch.testing.assert_close(got, ref.float(), rtol=1e-4, atol=1e-4)

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..rope import RotaryInfo
+from ..rope import RotaryInfo, UnsupportedModelError
 from .attention import installed, rotate, standard_attention, token_positions, two_branch_attention
 from .options import MsPoEOptions, SelfExtendOptions, StringOptions
 from .rules import ms_poe_ratios, ms_poe_unit_ratios, position_awareness_scores, self_extend_positions
@@ -170,6 +170,11 @@ def build_baseline_plan(method: str, options: Any, *, n_tokens: int, rotary: Rot
     Returns ``(None, info)`` when the method leaves this prompt exactly as vanilla would
     and says so with a warning (STRING on a prompt so short that ``S <= W``).
     """
+    if rotary.layered:  # these plans re-rotate with one inv_freq for every layer
+        raise UnsupportedModelError(
+            f"the RoPE baseline {method!r} assumes one rotary embedding for every layer; this model has several "
+            f"({', '.join(sorted(rotary.kinds))}, e.g. Gemma 3) and is not supported by it yet"
+        )
     common = dict(num_tokens=n_tokens, rotary=rotary, n_layers=n_layers)
     if isinstance(options, StringOptions):
         shift = options.shift_for(n_tokens)
