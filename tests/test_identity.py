@@ -33,6 +33,23 @@ def prefill_logits(model, ids, plan=None):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+
+def _layer_input(model, ids, index, plan=None):
+    """The hidden states entering decoder layer ``index`` in one prefill (with ``plan`` if
+    given), and the prefill's logits."""
+    seen = {}
+
+    def grab(module, args, kwargs):
+        seen.setdefault("h", (args[0] if args else kwargs["hidden_states"]).clone())
+
+    handle = decoder_layers(model)[index].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        logits = prefill_logits(model, ids, plan)
+    finally:
+        handle.remove()
+    return seen["h"], logits
+
+
 def test_identity_tiny_family(family, tokenizer):
     model = tiny_model(family, len(tokenizer))
     engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 3)], config=IDENTITY)
@@ -83,19 +100,9 @@ def test_identity_tiny_gemma3_local_and_global_layers(family, attn, tokenizer):
     strong = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=STRONG)
     assert [m is None for m in strong.plan.layer_map] == [k == "sliding_attention" for k in kinds]
     assert (prefill_logits(model, ids, strong.plan) - ref).abs().max() > 1e-4  # the global hooks are live
-    seen = {}
-
-    def grab(module, args, kwargs):
-        seen.setdefault("h", (args[0] if args else kwargs["hidden_states"]).clone())
-
-    handle = decoder_layers(model)[1].register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        prefill_logits(model, ids)
-        h_ref = seen.pop("h")
-        prefill_logits(model, ids, strong.plan)
-    finally:
-        handle.remove()
-    torch.testing.assert_close(seen["h"], h_ref, rtol=0, atol=0)  # local layer 0 kept standard positions
+    h_ref, _ = _layer_input(model, ids, 1)
+    h_got, _ = _layer_input(model, ids, 1, strong.plan)
+    torch.testing.assert_close(h_got, h_ref, rtol=0, atol=0)  # local layer 0 kept standard positions
     for layer in decoder_layers(model):  # nothing left behind
         assert not layer._forward_pre_hooks
 
@@ -153,19 +160,9 @@ def test_unmodulated_layers_keep_vanilla_rotation(tokenizer):
     torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-5)
     part = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=STRONG.with_(unmodulated_layers=1))
     assert part.plan.layer_map[0] is None and part.plan.layer_map[1:] == [0] * (n // 2 - 1) + [1] * (n - n // 2)
-    seen = {}
-
-    def grab(module, args, kwargs):
-        seen.setdefault("h", (args[0] if args else kwargs["hidden_states"]).clone())
-
-    handle = decoder_layers(model)[1].register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        prefill_logits(model, ids)
-        h_ref = seen.pop("h")
-        got = prefill_logits(model, ids, part.plan)
-    finally:
-        handle.remove()
-    torch.testing.assert_close(seen["h"], h_ref, rtol=0, atol=0)  # layer 0 ran with vanilla positions
+    h_ref, _ = _layer_input(model, ids, 1)
+    h_got, got = _layer_input(model, ids, 1, part.plan)
+    torch.testing.assert_close(h_got, h_ref, rtol=0, atol=0)  # layer 0 ran with vanilla positions
     assert (got - ref).abs().max() > 1e-4
     for layer in decoder_layers(model):
         assert not layer._forward_pre_hooks
