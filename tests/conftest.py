@@ -44,3 +44,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tokenizer, tmp_path_factory):
+    """A tiny random Llama saved with the SmolLM2 tokenizer, loadable by path."""
+    d = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama", len(tokenizer)).save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d

@@ -32,14 +32,6 @@ def tiny_engine(tokenizer):
     return QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=[(1, 0)], name="tiny-llama")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tokenizer, tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", len(tokenizer)).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
-
-
 def _rows(out) -> list[dict]:
     return [json.loads(line) for line in (Path(out) / "rows.jsonl").read_text().splitlines()]
 

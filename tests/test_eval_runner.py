@@ -61,15 +61,6 @@ def tiny_engine(tokenizer):
     return QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=HEADS, name="tiny-llama")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tokenizer, tmp_path_factory):
-    """A tiny random Llama saved with the SmolLM2 tokenizer, loadable by path."""
-    d = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama", len(tokenizer)).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
-
-
 def _run(engine, out, **kw):
     args = dict(tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0, 1.0], n=1, methods=ALL_METHODS,
                 out_dir=out, max_new_tokens=NEW, progress=False, on_error="raise")
