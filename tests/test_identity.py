@@ -32,8 +32,6 @@ def prefill_logits(model, ids, plan=None):
         return model(ids).logits
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-
 def _layer_input(model, ids, index, plan=None):
     """The hidden states entering decoder layer ``index`` in one prefill (with ``plan`` if
     given), and the prefill's logits."""
@@ -50,6 +48,7 @@ def _layer_input(model, ids, index, plan=None):
     return seen["h"], logits
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 def test_identity_tiny_family(family, tokenizer):
     model = tiny_model(family, len(tokenizer))
     engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 3)], config=IDENTITY)
