@@ -40,6 +40,13 @@ elif [ "$stage" = fine ]; then
   $BASE $F --tasks niah_multikey_1,niah_multivalue,nolima_direct,qa_1,niah_single_2 --methods qgpm --grid 'k_sharp=4,2' --out "$d" > "$d.log" 2>&1
   d=$OUT/fine/oracle_c2_s03.s$i; seed "$d"
   $BASE $F --tasks niah_multivalue,nolima_direct,niah_single_2 --methods oracle --grid 'k_sharp=4' --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = sharp ]; then
+  # Session 3 (docs/tuning/smollm2_dev_4k.md "Sharp map and lower layers"): the test grid's
+  # multi-key losses are look-alike keys kept at full stride by K_s 4, and its single-needle
+  # losses are copying failures. 2 x 2: K_s 1 vs 4, and the first 8 layers vanilla or not,
+  # on top of the shipped preset; MK-1 and single needle, 6 needle contents x 3 depths.
+  d=$OUT/sharp/qgpm_ks_unmod.s$i; seed "$d"
+  $BASE --n 6 --tasks niah_multikey_1,niah_single_2 --methods qgpm --grid 'k_sharp=1,4;unmodulated_layers=0,8' --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp SHARD" >&2; exit 2
 fi
