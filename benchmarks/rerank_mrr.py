@@ -24,10 +24,10 @@ import torch
 from qgpm import QGPM
 from qgpm.calibrate import evidence_sentences
 from qgpm.editing import chunk_sentences
-from qgpm.eval.tasks import calibration_samples
 from qgpm.heads import reciprocal_rank
 from qgpm.relevance import head_token_logits, sentence_logits
 from qgpm.rerank import get_reranker
+from qgpm.samples.tasks import calibration_samples
 from qgpm.shaping import fuse_heads
 
 

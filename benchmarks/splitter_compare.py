@@ -104,7 +104,7 @@ def evidence_cases(n: int, lengths: list[int]) -> list[tuple[str, str, str, bool
     for q in json.loads((corpus / "questions.json").read_text()):
         cases.append(("cookbook corpus", (corpus / "corpus" / q["file"]).read_text(), q["evidence"], True))
 
-    from qgpm.eval.tasks import generate
+    from qgpm.samples.tasks import generate
     from qgpm.loading import default_model_source, load_tokenizer
 
     tok = load_tokenizer(default_model_source())
@@ -167,7 +167,7 @@ def evidence_table(cases, splitters: dict[str, Callable[[str], Spans]]) -> tuple
 
 def haystacks(max_chars: int, squad_paragraphs: int) -> dict[str, str]:
     from qgpm.cli import sample_document
-    from qgpm.eval import resources
+    from qgpm.samples import resources
 
     corpus = "\n\n".join(p.read_text() for p in sorted((ROOT / "cookbooks" / "data" / "corpus").glob("*.md")))
     return {

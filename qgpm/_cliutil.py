@@ -61,7 +61,7 @@ def methods_arg(allowed: Sequence[str] | None = None) -> Callable[[str], list[st
 
 def tasks_arg(s: str) -> list[str]:
     """An argparse type: a comma list of evaluation tasks or ``all``, each checked."""
-    from qgpm.eval.tasks import TASKS
+    from qgpm.samples.tasks import TASKS
 
     if s.strip().lower() == "all":
         return list(TASKS)

@@ -4,9 +4,10 @@ of the evidence sentence under that head's own sentence signal, keep the best.
 Samples are anything with ``context``, ``question`` and ``evidence`` (exact substrings of
 the context), plus optional ``instruction``/``answer_prefix``/``template`` attributes: the
 same prompts and query rows as at inference. The caller provides them; ``qgpm
-calibrate`` uses the synthetic calibration split (:func:`qgpm.eval.tasks.calibration_samples`),
-whose seeds and needle keys are disjoint from every evaluation split. This module
-imports nothing from :mod:`qgpm.eval`.
+calibrate`` and ``QGPM.from_pretrained(..., heads="calibrate")`` use the synthetic
+calibration split of the core package :mod:`qgpm.samples`
+(:func:`qgpm.samples.calibration_samples`), whose seeds and needle keys are disjoint from
+every evaluation split. This module imports neither :mod:`qgpm.samples` nor :mod:`qgpm.eval`.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def calibrate_heads(
     """Select the ``top`` heads by calibration MRR; report held-out fused MRR vs random heads.
 
     ``samples``: the calibration samples (see the module docs), e.g.
-    ``qgpm.eval.tasks.calibration_samples(engine.tokenizer)``. ``holdout`` samples
+    ``qgpm.samples.calibration_samples(engine.tokenizer)``. ``holdout`` samples
     (default: none) measure the chosen set's fused MRR next to the mean fused MRR of
     ``random_draws`` random head sets of the same size.
     """

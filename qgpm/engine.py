@@ -206,7 +206,7 @@ class QGPM:
         engine.source = source
         if heads == "calibrate":
             from .calibrate import calibrate_heads
-            from .eval.tasks import calibration_samples  # the synthetic calibration split
+            from .samples import calibration_samples  # the synthetic calibration split
 
             engine.set_heads(calibrate_heads(engine, calibration_samples(engine.tokenizer)))
         return engine
@@ -231,7 +231,7 @@ class QGPM:
             check_head_set(hs, self.fingerprint, f"the stored head set {found[1]}")
         elif isinstance(heads, str) and heads == "calibrate":
             from .calibrate import calibrate_heads
-            from .eval.tasks import calibration_samples  # the synthetic calibration split
+            from .samples import calibration_samples  # the synthetic calibration split
 
             hs = calibrate_heads(self, calibration_samples(self.tokenizer))
         elif isinstance(heads, (str, os.PathLike)):

@@ -3,7 +3,7 @@
     python scripts/make_head_set.py --model smollm2 --n 36 --holdout 18 --top 8 \
         --out qgpm/data/heads/smollm2-135m-instruct.json
 
-Calibration samples: ``qgpm.eval.tasks.calibration_samples`` (calibration split: seeds
+Calibration samples: ``qgpm.samples.tasks.calibration_samples`` (calibration split: seeds
 2,000,000+ and needle keys disjoint from dev/test). The held-out batch (offset 1000 in
 the same split) measures the chosen set's fused MRR next to random head sets.
 """
@@ -17,7 +17,7 @@ import time
 from qgpm import QGPM
 from qgpm.defaults import DEFAULT_MODEL
 from qgpm.calibrate import calibrate_heads
-from qgpm.eval.tasks import calibration_samples
+from qgpm.samples.tasks import calibration_samples
 
 
 def main(argv=None) -> int:

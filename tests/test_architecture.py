@@ -2,9 +2,10 @@
 
 * the pure modules (text -> spans -> scores -> positions -> plan, and the RoPE maths) import
   nothing from ``runtime``, ``engine`` or ``eval``;
-* the core package never imports ``qgpm_integrations``, and imports ``qgpm.eval`` only in the
-  files listed in ``EVAL_IMPORT_EXCEPTIONS`` (the command line, and the engine's
-  ``heads="calibrate"``), lazily;
+* the core package (everything under ``qgpm/`` but ``qgpm/eval/``, so the sample
+  generators in ``qgpm/samples/`` and the engine's ``heads="calibrate"`` too) never imports
+  ``qgpm_integrations``, and imports ``qgpm.eval`` only in the files listed in
+  ``EVAL_IMPORT_EXCEPTIONS`` (the command line's harness subcommands), lazily;
 * no module imports or reads a ``_private`` name of another module (a package's own private
   submodules, such as ``qgpm/_cliutil.py``, may be imported; their public names are used).
 """
@@ -22,10 +23,8 @@ FORBIDDEN_FOR_PURE = ("runtime", "engine", "eval")
 # Files of the core allowed to import qgpm.eval, and why. Only these, and only lazily (inside a function).
 EVAL_IMPORT_EXCEPTIONS = {
     "qgpm/cli.py": "the command line registers the harness's subcommands (eval, tune, calibrate, report)",
-    "qgpm/_cliutil.py": "the command line's --tasks flag lists the harness's tasks",
-    "qgpm/engine.py": "heads='calibrate' builds the synthetic calibration samples (qgpm.eval.tasks.calibration_samples); "
-                      "moving the sample generators into the core is still open (issue 15)",
 }
+CORE_SAMPLES = "qgpm/samples"  # the sample generators: core, used by heads="calibrate" and by the harness
 
 
 def _modules(*packages: str) -> list[Path]:
@@ -97,9 +96,15 @@ def _top_level_imports(path: Path) -> list[tuple[str, list[str], int]]:
     return out
 
 
+def _imports_eval(path: Path) -> bool:
+    return any(_is_within(t, "qgpm.eval") for module, names, _ in _imports(path) for t in _targets(module, names))
+
+
 def test_core_never_imports_the_harness_or_the_integrations():
     bad = []
     for rel in EVAL_IMPORT_EXCEPTIONS:  # the exceptions import the harness lazily, never at module level
+        if not _imports_eval(ROOT / rel):
+            bad.append(f"{rel} is listed in EVAL_IMPORT_EXCEPTIONS but no longer imports qgpm.eval: remove it")
         for module, names, line in _top_level_imports(ROOT / rel):
             if any(_is_within(t, "qgpm.eval") for t in _targets(module, names)):
                 bad.append(f"{rel}:{line} imports {module} at module level")
@@ -112,6 +117,17 @@ def test_core_never_imports_the_harness_or_the_integrations():
                 if _is_within(t, "qgpm_integrations") or (_is_within(t, "qgpm.eval") and rel not in EVAL_IMPORT_EXCEPTIONS):
                     bad.append(f"{rel}:{line} imports {t}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_sample_generators_are_core():
+    """``qgpm/samples`` is walked as core (never skipped, never an exception) and imports no harness."""
+    samples = _modules(CORE_SAMPLES)
+    assert samples, f"{CORE_SAMPLES} has no modules"
+    assert not [rel for rel in EVAL_IMPORT_EXCEPTIONS if rel.startswith(CORE_SAMPLES + "/")]
+    core = {p.relative_to(ROOT).as_posix() for p in _modules("qgpm") if not p.relative_to(ROOT).as_posix().startswith("qgpm/eval/")}
+    assert {p.relative_to(ROOT).as_posix() for p in samples} <= core
+    bad = [p.relative_to(ROOT).as_posix() for p in samples if _imports_eval(p)]
+    assert not bad, f"{bad} import qgpm.eval"
 
 
 def _is_private(name: str) -> bool:
@@ -144,7 +160,8 @@ def test_no_module_uses_another_modules_private_names():
 
 
 def test_the_rules_catch_what_they_forbid(tmp_path, monkeypatch):
-    """The checks above can fail: a pure module importing the runtime, and a private read, are found."""
+    """The checks above can fail: a pure module importing the runtime, a private read, a lazy
+    harness import in the engine or in the sample generators, and a stale exception are found."""
     pkg = tmp_path / "qgpm"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -154,3 +171,19 @@ def test_the_rules_catch_what_they_forbid(tmp_path, monkeypatch):
         test_pure_modules_import_no_runtime_engine_or_eval("plan")
     with pytest.raises(AssertionError, match="reads engine._private"):
         test_no_module_uses_another_modules_private_names()
+    for rel in EVAL_IMPORT_EXCEPTIONS:
+        (tmp_path / rel).write_text("def register():\n    from .eval.cli import register\n")
+    (pkg / "engine.py").write_text("def calibrate():\n    from .eval import runner\n")
+    (pkg / "samples").mkdir()
+    (pkg / "samples" / "__init__.py").write_text("")
+    (pkg / "samples" / "tasks.py").write_text("def generate():\n    from qgpm.eval.scoring import score\n")
+    with pytest.raises(AssertionError, match=r"(?s)qgpm/engine.py:2 imports qgpm.eval.runner.*qgpm/samples/tasks.py:2 imports qgpm.eval.scoring"):
+        test_core_never_imports_the_harness_or_the_integrations()
+    with pytest.raises(AssertionError, match=r"qgpm/samples/tasks.py.*import qgpm.eval"):
+        test_the_sample_generators_are_core()
+    for rel in EVAL_IMPORT_EXCEPTIONS:
+        (tmp_path / rel).write_text("import os\n")
+    (pkg / "engine.py").write_text("")
+    (pkg / "samples" / "tasks.py").write_text("")
+    with pytest.raises(AssertionError, match="no longer imports qgpm.eval"):
+        test_core_never_imports_the_harness_or_the_integrations()

@@ -12,9 +12,9 @@ import torch
 from qgpm_testing import tiny_model
 
 from qgpm import QGPM, MsPoEOptions, SelfExtendOptions, StringOptions
-from qgpm.eval.base import split_seed
 from qgpm.eval.runner import answer_sample, config_hash, gold_continuation, method_fingerprint, run_eval
-from qgpm.eval.tasks import generate
+from qgpm.samples.base import split_seed
+from qgpm.samples.tasks import generate
 
 LENGTH = 256
 NEW = 4

@@ -22,7 +22,6 @@ from qgpm_testing import FALLBACK_HEADS, tiny_model
 from qgpm import QGPM
 from qgpm.config import QGPMConfig
 from qgpm.eval import runner as runner_mod
-from qgpm.eval.base import split_seed
 from qgpm.eval.report import report
 from qgpm.eval.rows import merge_rows, read_rows, row_key
 from qgpm.eval.runner import (
@@ -39,7 +38,8 @@ from qgpm.eval.stats import (
     paired_bootstrap_diff,
     wilson_interval,
 )
-from qgpm.eval.tasks import TASKS, generate
+from qgpm.samples.base import split_seed
+from qgpm.samples.tasks import TASKS, generate
 
 LENGTH = 256  # every task fits (prompt + 4 new tokens)
 # Hard-cut maps (T = 0) where a test changes the config: min-max rescaled soft scores can

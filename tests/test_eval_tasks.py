@@ -1,4 +1,4 @@
-"""Benchmark task generators and scorers (qgpm.eval): offline, seeded, budget-exact."""
+"""Benchmark task generators (qgpm.samples) and scorers (qgpm.eval.scoring): offline, seeded, budget-exact."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 import pytest
 
 from qgpm.eval import scoring
-from qgpm.eval.base import BudgetError, SPLIT_SEEDS, closest_gap, fit_units, split_of_seed, split_seed
-from qgpm.eval.tasks import TASKS, generate
+from qgpm.samples.base import BudgetError, SPLIT_SEEDS, closest_gap, fit_units, split_of_seed, split_seed
+from qgpm.samples.tasks import TASKS, generate
 
 NIAH = ("niah_single_2", "niah_multikey_1", "niah_multikey_2", "niah_multivalue")
 DEPTHS = (0.0, 0.5, 1.0)
@@ -42,7 +42,7 @@ def samples(tok):
 
 
 def prompt_tokens(tok, s) -> int:
-    """Measured independently of qgpm.eval: chat template on the user turn + answer prefix."""
+    """Measured independently of qgpm.samples: chat template on the user turn + answer prefix."""
     ctx = s.context if isinstance(s.context, str) else "\n\n".join(s.context)
     user = s.template.format(instruction=s.instruction, context=ctx, question=s.question)
     text = tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
@@ -254,7 +254,7 @@ def test_nolima_needle_is_the_only_mention_of_the_character(samples):
 
 
 def test_nolima_drops_haystack_paragraphs_that_could_answer(tok):
-    from qgpm.eval.nolima import CHARACTER_NAMES, NEEDLES
+    from qgpm.samples.nolima import CHARACTER_NAMES, NEEDLES
 
     terms = sorted({t for spec in NEEDLES for t in spec.conflicts})
     neutral = "The committee met on a Tuesday. Minutes were taken and filed. Nobody objected to the agenda."
@@ -285,7 +285,7 @@ def test_same_seed_same_samples_and_pairing_across_lengths(tok, samples):
 
 
 def test_splits_draw_disjoint_content(tok):
-    from qgpm.eval.resources import key_words
+    from qgpm.samples.resources import key_words
 
     seen: dict[str, dict[str, set]] = {}
     pools: dict[str, set] = {}
@@ -318,7 +318,7 @@ def test_splits_draw_disjoint_content(tok):
 
 
 def test_alternative_haystacks_and_overrides(tok):
-    from qgpm.eval.resources import squad_paragraphs
+    from qgpm.samples.resources import squad_paragraphs
 
     squad_text = " ".join(squad_paragraphs()[:2000])
     s = generate("nolima_assoc", n=1, length=1024, tokenizer=tok, seed=TEST_SEED, depths=[0.25], haystack="squad")[0]

@@ -1,9 +1,17 @@
-"""Benchmarks for qgpm: offline task generators (:mod:`qgpm.eval.tasks`) and scorers
-(:mod:`qgpm.eval.scoring`)."""
+"""The evaluation harness: runs methods on samples and scores them (:mod:`qgpm.eval.scoring`,
+RULER / NoLiMa scorers), writes rows (:mod:`qgpm.eval.runner`, :mod:`qgpm.eval.rows`),
+statistics and reports (:mod:`qgpm.eval.stats`, :mod:`qgpm.eval.report`), tunes
+hyperparameters (:mod:`qgpm.eval.tune`) and holds the evaluation subcommands
+(:mod:`qgpm.eval.cli`).
 
-from qgpm.eval.base import SPLIT_SEEDS, SPLITS, EvalSample, split_of_seed, split_seed
+The samples it runs on come from the core package :mod:`qgpm.samples` (offline, seeded task
+generators and splits; head calibration uses them too). Their public names are re-exported
+here, so ``from qgpm.eval import generate`` keeps working.
+"""
+
 from qgpm.eval.scoring import METRICS, is_correct, score
-from qgpm.eval.tasks import TASKS, generate, sample_prompt
+from qgpm.samples.base import SPLIT_SEEDS, SPLITS, EvalSample, split_of_seed, split_seed
+from qgpm.samples.tasks import TASKS, generate, sample_prompt
 
 __all__ = [
     "EvalSample",

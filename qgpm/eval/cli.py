@@ -245,8 +245,8 @@ def main_tune(args) -> int:
 
 def main_calibrate(args) -> int:
     from qgpm.calibrate import calibrate_heads
-    from qgpm.eval.tasks import calibration_samples
     from qgpm.heads import head_set_file_name, stored_head_set_path, user_head_dir
+    from qgpm.samples import calibration_samples
 
     _setup_logging()
     engine = _engine(args, heads=[(0, 0)])  # any valid head: calibration scores them all

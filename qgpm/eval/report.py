@@ -62,7 +62,7 @@ def _table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def _tasks_lengths(rows: Sequence[dict]) -> list[tuple[str, int]]:
-    from qgpm.eval.tasks import TASKS
+    from qgpm.samples.tasks import TASKS
 
     tl = {(r["task"], int(r["length"])) for r in rows}
     return sorted(tl, key=lambda x: (TASKS.index(x[0]) if x[0] in TASKS else 99, x[0], x[1]))

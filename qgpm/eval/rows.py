@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Iterable
 
 from qgpm.defaults import METHODS
-from qgpm.eval.tasks import TASKS
+from qgpm.samples.tasks import TASKS
 
 __all__ = [
     "ROWS_FILE",

@@ -64,10 +64,10 @@ from qgpm.baselines import BASELINE_METHODS, resolve_options
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
-from qgpm.eval.base import BudgetError, EvalSample, split_seed
 from qgpm.eval.rows import ROWS_FILE, append_row, merge_rows, norm_depth, rank_file, rank_files, read_rows, row_key, update_manifest
 from qgpm.eval.scoring import is_correct, score
-from qgpm.eval.tasks import TASKS, generate
+from qgpm.samples.base import BudgetError, EvalSample, split_seed
+from qgpm.samples.tasks import TASKS, generate
 
 __all__ = [
     "run_eval",
@@ -449,8 +449,8 @@ def _haystack_for(task: str, haystack: Any) -> Any:
     """``haystack`` where the task takes one (NoLiMa, essay NIAH), else None."""
     if haystack is None:
         return None
-    from qgpm.eval.nolima import NOLIMA_TASKS
-    from qgpm.eval.ruler import NIAH_TASKS
+    from qgpm.samples.nolima import NOLIMA_TASKS
+    from qgpm.samples.ruler import NIAH_TASKS
 
     if task in NOLIMA_TASKS:
         return haystack

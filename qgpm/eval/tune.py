@@ -41,7 +41,6 @@ import torch
 
 from qgpm.config import QGPMConfig, coerce_value, load_config  # load_config re-exported
 from qgpm.defaults import PASS1_FIELDS
-from qgpm.eval.base import EvalSample, split_seed
 from qgpm.eval.runner import (
     DEFAULT_DEPTHS,
     answer_sample,
@@ -55,6 +54,7 @@ from qgpm.eval.runner import (
 from qgpm.eval.rows import norm_depth, row_key
 from qgpm.eval.scoring import is_correct, score
 from qgpm.eval.stats import mcnemar_exact
+from qgpm.samples.base import EvalSample, split_seed
 
 __all__ = [
     "tune",

@@ -85,6 +85,8 @@ def split_pool(items: Sequence[T], split: str) -> list[T]:
 
 def sample_rng(*parts: Any) -> random.Random:
     """A ``random.Random`` seeded by a string (sha512-based, independent of PYTHONHASHSEED)."""
+    # The "qgpm.eval|" prefix names where these generators used to live; it stays, so that
+    # every sample (and every stored result keyed by it) is the same as before the move.
     return random.Random("qgpm.eval|" + "|".join(str(p) for p in parts))
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Sequence
 
-from qgpm.eval.base import (
+from qgpm.samples.base import (
     EvalSample,
     build_sample,
     fit_units,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from typing import Callable
 
-from qgpm.eval.base import split_pool
+from qgpm.samples.base import split_pool
 from qgpm.segment import split_sentences
 
 __all__ = [

@@ -37,8 +37,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from qgpm.eval import resources
-from qgpm.eval.base import (
+from qgpm.samples import resources
+from qgpm.samples.base import (
     EvalSample,
     build_sample,
     closest_gap,

@@ -58,8 +58,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from qgpm.eval import resources
-from qgpm.eval.base import (
+from qgpm.samples import resources
+from qgpm.samples.base import (
     EvalSample,
     build_sample,
     closest_gap,

@@ -3,15 +3,16 @@
 ``generate(task, n=..., length=..., tokenizer=..., seed=..., depths=...)`` returns
 :class:`EvalSample` objects ready for ``QGPM.answer(context=..., question=...,
 instruction=..., template=..., answer_prefix=..., evidence=..., max_new_tokens=...)``
-and for :func:`qgpm.eval.scoring.score` (``sample.metric``, ``sample.answers``).
+and for the harness's scorer :func:`qgpm.eval.scoring.score` (``sample.metric``,
+``sample.answers``; this package imports nothing from :mod:`qgpm.eval`).
 
 Tasks (:data:`TASKS`)
 ---------------------
-* RULER (:mod:`qgpm.eval.ruler`): ``niah_single_2``, ``niah_multikey_1``,
+* RULER (:mod:`qgpm.samples.ruler`): ``niah_single_2``, ``niah_multikey_1``,
   ``niah_multikey_2``, ``niah_multivalue``, ``qa_1`` (SQuAD), ``qa_2`` (HotpotQA).
-* NoLiMa-style, own needle set (:mod:`qgpm.eval.nolima`): ``nolima_direct``,
+* NoLiMa-style, own needle set (:mod:`qgpm.samples.nolima`): ``nolima_direct``,
   ``nolima_assoc``; ``haystack="essays"`` or ``"squad"`` (or any paragraph source).
-* Lost-in-the-Middle key-value retrieval (:mod:`qgpm.eval.kv`): ``kv_retrieval``.
+* Lost-in-the-Middle key-value retrieval (:mod:`qgpm.samples.kv`): ``kv_retrieval``.
 
 Token budget
 ------------
@@ -61,7 +62,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from qgpm.eval.base import (
+from qgpm.samples.base import (
     SPLIT_SEEDS,
     SPLITS,
     BudgetError,
@@ -70,9 +71,9 @@ from qgpm.eval.base import (
     split_of_seed,
     split_seed,
 )
-from qgpm.eval.kv import KV_TASKS, generate_kv
-from qgpm.eval.nolima import NOLIMA_TASKS, generate_nolima
-from qgpm.eval.ruler import NIAH_TASKS, QA_TASKS, generate_niah, generate_qa
+from qgpm.samples.kv import KV_TASKS, generate_kv
+from qgpm.samples.nolima import NOLIMA_TASKS, generate_nolima
+from qgpm.samples.ruler import NIAH_TASKS, QA_TASKS, generate_niah, generate_qa
 from qgpm.prompt import render_prompt
 
 __all__ = [
