@@ -198,6 +198,10 @@ class QGPM:
         ``AutoModelForCausalLM.from_pretrained``.
         """
         source = resolve_source(model, gguf_file)
+        if heads == "calibrate":
+            from .samples import check_data_packages
+
+            check_data_packages()  # a missing data package fails here, before the weights load
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
         mdl = load_model(source, dtype=dtype, device_map=device_map, **model_kwargs)
@@ -205,10 +209,7 @@ class QGPM:
         engine = cls(mdl, tok, heads=None if heads == "calibrate" else heads, config=config, name=source.name)
         engine.source = source
         if heads == "calibrate":
-            from .calibrate import calibrate_heads
-            from .samples import calibration_samples  # the synthetic calibration split
-
-            engine.set_heads(calibrate_heads(engine, calibration_samples(engine.tokenizer)))
+            engine.set_heads("calibrate")
         return engine
 
     def set_heads(self, heads: HeadSet | Sequence[tuple[int, int]] | str | os.PathLike[str] | None) -> None:
@@ -231,8 +232,9 @@ class QGPM:
             check_head_set(hs, self.fingerprint, f"the stored head set {found[1]}")
         elif isinstance(heads, str) and heads == "calibrate":
             from .calibrate import calibrate_heads
-            from .samples import calibration_samples  # the synthetic calibration split
+            from .samples import calibration_samples, check_data_packages  # the synthetic calibration split
 
+            check_data_packages()  # wonderwords (qgpm[eval]) and the benchmark data, checked before any model work
             hs = calibrate_heads(self, calibration_samples(self.tokenizer))
         elif isinstance(heads, (str, os.PathLike)):
             hs = HeadSet.load(heads)

