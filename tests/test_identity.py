@@ -142,6 +142,25 @@ def test_identity_real_smollm2_1k_tokens(smollm):
     torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-4)
 
 
+@pytest.mark.real_model
+def test_identity_real_gemma3_270m(gemma3_270m):
+    """Real Gemma-3-270M weights: local (base 1e4, window 512) and global (base 1e6) layers; a
+    prompt longer than the window; every score 1 reproduces the unpatched model."""
+    from importlib import resources
+
+    model = gemma3_270m.model
+    assert model.config.model_type == "gemma3_text"
+    assert {"sliding_attention", "full_attention"} == set(model.config.layer_types)
+    text = (resources.files("qgpm") / "data" / "sample" / "harbor_report.md").read_text()
+    call = gemma3_270m.prepare(text[: len(text) // 2], "Who calibrated the new tide gauge?", method="qgpm", config=IDENTITY)
+    ids = call.prompt.input_ids
+    assert ids.shape[1] > model.config.sliding_window
+    seq_ref, steps_ref = greedy_logits(model, ids, 5)
+    seq_got, steps_got = greedy_logits(model, ids, 5, call.plan)
+    assert torch.equal(seq_got, seq_ref)
+    torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-4)
+
+
 def test_unmodulated_layers_keep_vanilla_rotation(tokenizer):
     """``unmodulated_layers = n_layers`` is exactly vanilla whatever the scores; fewer changes the logits,
     and the hidden state entering the first modulated layer is still vanilla's."""
