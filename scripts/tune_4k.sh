@@ -47,6 +47,13 @@ elif [ "$stage" = sharp ]; then
   # on top of the shipped preset; MK-1 and single needle, 6 needle contents x 3 depths.
   d=$OUT/sharp/qgpm_ks_unmod.s$i; seed "$d"
   $BASE --n 6 --tasks niah_multikey_1,niah_single_2 --methods qgpm --grid 'k_sharp=1,4;unmodulated_layers=0,8' --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = hard ]; then
+  # The sharp stage found K_s 1 (soft, T_s 0.5) worse than K_s 4 on MK-1 (copying failures)
+  # while the Oracle (evidence alone at full stride in both maps) is not: the heads' top
+  # sentence alone, hard cut in both maps (K_s 1, T_s 0; K_b 2 or 8, T_b 0), is the Oracle
+  # with the heads' ranking.
+  d=$OUT/hard/qgpm_hard.s$i; seed "$d"
+  $BASE --n 6 --tasks niah_multikey_1,niah_single_2 --methods qgpm --set k_sharp=1 --set t_sharp=0 --set t_broad=0 --grid 'k_broad=2,8' --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard SHARD" >&2; exit 2
 fi
