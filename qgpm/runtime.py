@@ -112,6 +112,7 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
             raise ValueError(f"plan has {len(plan.layer_map)} layer entries, model has {len(layers)} layers")
         handles = []
         need = [0]  # this installation's own state: how far the tables must reach in the current forward
+        gathered: dict = {}  # (map, device, dtype) -> this forward's cos/sin rows, shared by the layers of one map
 
         def make_hook(map_index: int, first: bool):
             def hook(module, args, kwargs):
@@ -125,7 +126,12 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
                     pid = pid.unsqueeze(0)
                 if first:  # one host sync per forward: how far the tables must reach
                     need[0] = int(pid.max()) + 1
-                kwargs["position_embeddings"] = plan.tables(map_index, pid, hs.device, hs.dtype, need=need[0])
+                    gathered.clear()
+                key = (map_index, hs.device, hs.dtype)
+                rows = gathered.get(key)
+                if rows is None:  # one gather per map and forward, not one per layer
+                    rows = gathered[key] = plan.tables(map_index, pid, hs.device, hs.dtype, need=need[0])
+                kwargs["position_embeddings"] = rows
                 return args, kwargs
 
             return hook

@@ -53,7 +53,7 @@ elif [ "$stage" = hard ]; then
   # sentence alone, hard cut in both maps (K_s 1, T_s 0; K_b 2 or 8, T_b 0), is the Oracle
   # with the heads' ranking.
   d=$OUT/hard/qgpm_hard.s$i; seed "$d"
-  $BASE --n 6 --tasks niah_multikey_1,niah_single_2 --methods qgpm --set k_sharp=1 --set t_sharp=0 --set t_broad=0 --grid 'k_broad=2,8' --out "$d" > "$d.log" 2>&1
+  $BASE --n 6 --tasks niah_multikey_1,niah_single_2 --methods qgpm --set k_sharp=1 --set t_sharp=0 --set t_broad=0 --grid 'k_broad=2.0,8.0' --out "$d" > "$d.log" 2>&1
 else
   echo "usage: $0 coarse|fine|sharp|hard SHARD" >&2; exit 2
 fi
