@@ -184,3 +184,38 @@ def test_unmodulated_layers_keep_vanilla_rotation(tokenizer):
     assert (got - ref).abs().max() > 1e-4
     for layer in decoder_layers(model):
         assert not layer._forward_pre_hooks
+
+
+def test_each_layer_receives_its_own_maps_rows_in_prefill_and_decode(tokenizer):
+    """The hooks gather each map's cos/sin rows once per forward and share them among that
+    map's layers: every layer must still get exactly ``plan.tables(its map, position_ids)``,
+    broad below the split and sharp above, in the prefill and in every decode step."""
+    model = tiny_model("llama", len(tokenizer))
+    engine = QGPM(model, tokenizer, heads=[(1, 0)], config=STRONG)
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    plan, ids = call.plan, call.prompt.input_ids
+    layers = decoder_layers(model)
+    seen: list[tuple[int, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def capture(index):
+        def hook(module, args, kwargs):  # registered after apply_plan's hook, so it sees what the layer gets
+            seen.append((index, kwargs["position_ids"], kwargs["position_embeddings"]))
+
+        return hook
+
+    with apply_plan(model, plan):
+        handles = [layer.register_forward_pre_hook(capture(i), with_kwargs=True) for i, layer in enumerate(layers)]
+        try:
+            with torch.inference_mode():
+                model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, min_new_tokens=3, do_sample=False, pad_token_id=0)
+        finally:
+            for h in handles:
+                h.remove()
+    assert len(seen) == 3 * len(layers)  # the prefill and two decode steps (the third token needs no forward)
+    for index, pid, (cos, sin) in seen:
+        pid = pid if pid.ndim == 2 else pid.unsqueeze(0)
+        want_cos, want_sin = plan.tables(plan.layer_map[index], pid, cos.device, cos.dtype)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin), f"layer {index} got another map's rows"
+    prefill = [e for e in seen if e[1].shape[-1] == ids.shape[1]]
+    broad, sharp = prefill[0][2][0], prefill[-1][2][0]
+    assert plan.layer_map[0] == 0 and plan.layer_map[-1] == 1 and not torch.equal(broad, sharp)  # the maps differ here
