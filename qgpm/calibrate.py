@@ -34,10 +34,16 @@ class HeadScores:
     mrr: torch.Tensor
     samples: int
 
-    def best(self, top: int) -> list[tuple[int, int]]:
-        flat = self.mrr.flatten()
+    def best(self, top: int, *, max_layer: int | None = None) -> list[tuple[int, int]]:
+        """The ``top`` heads by MRR, best first; only layers ``< max_layer`` when it is given."""
+        mrr = self.mrr
+        if max_layer is not None:
+            if not 1 <= max_layer <= mrr.shape[0]:
+                raise ValueError(f"max_layer must be in 1..{mrr.shape[0]} (the model's layers), got {max_layer}")
+            mrr = mrr[:max_layer]
+        flat = mrr.flatten()
         order = torch.argsort(flat, descending=True, stable=True)[:top]
-        n_heads = self.mrr.shape[1]
+        n_heads = mrr.shape[1]
         return [(int(i) // n_heads, int(i) % n_heads) for i in order]
 
 
@@ -117,6 +123,8 @@ def calibrate_heads(
     random_draws: int = 20,
     seed: int = 0,
     progress: bool = True,
+    max_layer: int | None = None,
+    shallow_tolerance: float | None = None,
 ) -> HeadSet:
     """Select the ``top`` heads by calibration MRR; report held-out fused MRR vs random heads.
 
@@ -124,17 +132,34 @@ def calibrate_heads(
     ``qgpm.samples.calibration_samples(engine.tokenizer)``. ``holdout`` samples
     (default: none) measure the chosen set's fused MRR next to the mean fused MRR of
     ``random_draws`` random head sets of the same size.
+
+    Depth against MRR: pass 1 runs the model only up to the deepest selected head's layer,
+    so a shallower set makes QGPM's extra prefill cheaper. ``max_layer`` keeps only heads
+    in layers ``< max_layer``. ``shallow_tolerance`` (needs ``holdout``) compares the best
+    set of the lower half of the layers (``< n_layers // 2``) with the best unrestricted
+    set on the held-out samples and keeps the shallow one when its fused MRR is at most
+    ``shallow_tolerance`` below; both sets and MRRs are recorded in ``meta["shallow"]``.
     """
     if not samples:
         raise ValueError("calibration needs at least one sample")
+    if shallow_tolerance is not None:
+        if not holdout:
+            raise ValueError("shallow_tolerance compares held-out fused MRRs: pass holdout samples too")
+        if max_layer is not None:
+            raise ValueError("give max_layer (a fixed depth bound) or shallow_tolerance (choose by held-out MRR), not both")
+        if not 0 <= shallow_tolerance <= 1:
+            raise ValueError(f"shallow_tolerance is an MRR difference in [0, 1], got {shallow_tolerance}")
+    if max_layer is not None and not 1 <= max_layer <= engine.n_layers:
+        raise ValueError(f"max_layer must be in 1..{engine.n_layers} (the model's layers), got {max_layer}")
     scores = score_heads(engine, samples, progress=progress)
-    chosen = scores.best(top)
-    mrr = [float(scores.mrr[l, h]) for l, h in chosen]
+    chosen = scores.best(top, max_layer=max_layer)
     meta: dict[str, Any] = {
         "median_head_mrr": float(scores.mrr.flatten().median()),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "per_head_mrr": [[round(float(x), 4) for x in row] for row in scores.mrr],
     }
+    if max_layer is not None:
+        meta["max_layer"] = max_layer
     random_mrr = None
     if holdout:
         rng = random.Random(seed)
@@ -143,15 +168,35 @@ def calibrate_heads(
         per_sample = sample_head_logits(engine, holdout, every)
         meta["holdout_samples"] = len(holdout)
         meta["holdout_fused_mrr"] = fused_mrr(per_sample, [every.index(h) for h in chosen])
+        if shallow_tolerance is not None:
+            bound = engine.n_layers // 2
+            shallow = scores.best(top, max_layer=bound)
+            shallow_mrr = fused_mrr(per_sample, [every.index(h) for h in shallow])
+            keep = shallow_mrr >= meta["holdout_fused_mrr"] - shallow_tolerance
+            meta["shallow"] = {
+                "max_layer": bound,
+                "tolerance": shallow_tolerance,
+                "unrestricted_heads": [list(h) for h in chosen],
+                "unrestricted_holdout_fused_mrr": meta["holdout_fused_mrr"],
+                "shallow_heads": [list(h) for h in shallow],
+                "shallow_holdout_fused_mrr": shallow_mrr,
+                "kept": "shallow" if keep else "unrestricted",
+            }
+            if keep:
+                chosen = shallow
+                meta["holdout_fused_mrr"] = shallow_mrr
         draws = [fused_mrr(per_sample, rng.sample(range(len(every)), top)) for _ in range(random_draws)]
         random_mrr = sum(draws) / len(draws)
         meta["random_draws"] = random_draws
+    mrr = [float(scores.mrr[l, h]) for l, h in chosen]
     return HeadSet(
         model=engine.name,
         heads=chosen,
         mrr=mrr,
         random_mrr=random_mrr,
-        method=f"App. A MRR calibration over all {engine.n_layers}x{engine.model.config.num_attention_heads} heads, top {top}",
+        method=f"App. A MRR calibration over all {engine.n_layers}x{engine.model.config.num_attention_heads} heads, top {top}"
+        + (f", layers < {max_layer}" if max_layer is not None else "")
+        + (f", shallow set (layers < {engine.n_layers // 2}) kept within {shallow_tolerance} held-out MRR" if meta.get("shallow", {}).get("kept") == "shallow" else ""),
         samples=scores.samples,
         meta=meta,
         fingerprint=fp.to_dict() if (fp := getattr(engine, "fingerprint", None)) is not None else {},

@@ -470,6 +470,48 @@ def test_cli_calibrate_writes_head_set_found_by_model_name(tiny_dir, tmp_path, m
     assert len(engine.heads) == 3
 
 
+def test_cli_calibrate_shallow_tolerance_records_both_sets_and_keeps_by_the_numbers(tiny_dir, tmp_path, capsys):
+    """--shallow-tolerance: the best set in the lower half of the layers against the best
+    unrestricted set, on the held-out samples; tolerance 1 always keeps the shallow set (every
+    head in layers < n_layers // 2), tolerance 0 keeps it only when it is not worse."""
+    from qgpm.eval.cli import main
+    from qgpm.heads import HeadSet
+
+    n_layers = QGPM.from_pretrained(str(tiny_dir), heads=[(0, 0)]).n_layers
+    for tol in ("1", "0"):
+        out = tmp_path / f"heads_{tol}.json"
+        assert main(["calibrate", "--model", str(tiny_dir), "--n", "2", "--holdout", "2", "--top", "3", "--lengths", "512",
+                     "--device", "cpu", "--no-progress", "--shallow-tolerance", tol, "--out", str(out)]) == 0
+        hs = HeadSet.load(out)
+        sh = hs.meta["shallow"]
+        assert sh["max_layer"] == n_layers // 2 and all(l < n_layers // 2 for l, _ in sh["shallow_heads"])
+        want = "shallow" if sh["shallow_holdout_fused_mrr"] >= sh["unrestricted_holdout_fused_mrr"] - float(tol) else "unrestricted"
+        assert sh["kept"] == want
+        assert [list(h) for h in hs.heads] == sh[f"{want}_heads"]
+        assert hs.meta["holdout_fused_mrr"] == sh[f"{want}_holdout_fused_mrr"]
+        if tol == "1":
+            assert want == "shallow"
+        assert f"kept the {want} set" in capsys.readouterr().out
+    out = tmp_path / "capped.json"
+    assert main(["calibrate", "--model", str(tiny_dir), "--n", "2", "--holdout", "0", "--top", "2", "--lengths", "512",
+                 "--device", "cpu", "--no-progress", "--max-layer", "1", "--out", str(out)]) == 0
+    assert all(l == 0 for l, _ in HeadSet.load(out).heads)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--shallow-tolerance", "0.05", "--holdout", "0"], "--holdout > 0"),
+    (["--shallow-tolerance", "0.05", "--max-layer", "2"], "not both"),
+    (["--shallow-tolerance", "2"], "in [0, 1]"),
+    (["--max-layer", "0"], ">= 1"),
+])
+def test_cli_calibrate_rejects_bad_depth_options_before_loading(extra, says, tmp_path, capsys):
+    from qgpm.eval.cli import main
+
+    missing = tmp_path / "no_such_model"  # never loaded: the check comes first
+    rc = main(["calibrate", "--model", str(missing), "--no-progress", *extra])
+    assert rc == 2 and says in capsys.readouterr().err
+
+
 def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
     from qgpm.eval.cli import main
 

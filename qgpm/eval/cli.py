@@ -157,6 +157,11 @@ def register(subparsers) -> None:
     p.add_argument("--holdout", type=int, default=18, help="held-out samples for the fused-MRR check (default 18)")
     p.add_argument("--top", type=int, default=8, help="heads to keep (default 8)")
     p.add_argument("--lengths", type=_ints, default=[1024, 2048], help="token lengths of the calibration samples, comma list (default 1024,2048)")
+    p.add_argument("--max-layer", type=int, default=None,
+                   help="only heads in layers < this (pass 1 then stops there: a cheaper extra prefill)")
+    p.add_argument("--shallow-tolerance", type=float, default=None,
+                   help="also find the best set in the lower half of the layers and keep it when its held-out fused MRR "
+                        "is at most this much below the unrestricted set's (needs --holdout > 0)")
     p.add_argument("--out", default=None, help="head-set JSON path (default: <user head dir>/<model>--<fingerprint key>.json, found by the model's fingerprint)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=main_calibrate)
@@ -249,12 +254,21 @@ def main_calibrate(args) -> int:
     from qgpm.samples import calibration_samples, check_data_packages
 
     check_data_packages()  # before the model loads
+    if args.shallow_tolerance is not None and args.holdout <= 0:
+        raise ValueError("--shallow-tolerance compares held-out fused MRRs: give --holdout > 0")
+    if args.shallow_tolerance is not None and args.max_layer is not None:
+        raise ValueError("give --max-layer (a fixed depth bound) or --shallow-tolerance (choose by held-out MRR), not both")
+    if args.shallow_tolerance is not None and not 0 <= args.shallow_tolerance <= 1:
+        raise ValueError(f"--shallow-tolerance is an MRR difference in [0, 1], got {args.shallow_tolerance}")
+    if args.max_layer is not None and args.max_layer < 1:
+        raise ValueError(f"--max-layer must be >= 1, got {args.max_layer}")
     _setup_logging()
     engine = _engine(args, heads=[(0, 0)])  # any valid head: calibration scores them all
     t = time.time()
     cal = calibration_samples(engine.tokenizer, n=args.n, lengths=args.lengths)
     hold = calibration_samples(engine.tokenizer, n=args.holdout, lengths=args.lengths, offset=1000) if args.holdout > 0 else None
-    hs = calibrate_heads(engine, cal, top=args.top, holdout=hold, progress=args.progress)
+    hs = calibrate_heads(engine, cal, top=args.top, holdout=hold, progress=args.progress,
+                         max_layer=args.max_layer, shallow_tolerance=args.shallow_tolerance)
     hs.meta["command"] = _command(args)
     hs.meta["lengths"] = list(args.lengths)
     hs.meta["seconds"] = round(time.time() - t, 1)
@@ -266,6 +280,10 @@ def main_calibrate(args) -> int:
     if "holdout_fused_mrr" in hs.meta:
         print(f"held-out fused MRR ({hs.meta['holdout_samples']} samples): chosen {hs.meta['holdout_fused_mrr']:.3f} "
               f"vs random {args.top}-head sets {hs.random_mrr:.3f} (mean of {hs.meta['random_draws']} draws)")
+    if "shallow" in hs.meta:
+        sh = hs.meta["shallow"]
+        print(f"shallow set (layers < {sh['max_layer']}): held-out fused MRR {sh['shallow_holdout_fused_mrr']:.3f} vs unrestricted "
+              f"{sh['unrestricted_holdout_fused_mrr']:.3f} (tolerance {sh['tolerance']}): kept the {sh['kept']} set")
     print(f"wrote {path}")
     found = stored_head_set_path(engine.fingerprint)
     if args.out is None and found is not None and os.path.abspath(found) == os.path.abspath(path):
