@@ -154,11 +154,17 @@ def main(argv=None) -> int:
     ap.add_argument("--random-arch", choices=sorted(RANDOM_ARCHS), default=None, help="time a random-weight model of this shape")
     ap.add_argument("--tokenizer", default=None, help="tokenizer folder for --random-arch")
     ap.add_argument("--heads", default=None, help="layer:head,... for --random-arch (default: SmolLM2's set, rescaled)")
+    ap.add_argument("--second-heads", default=None,
+                    help="layer:head,... : also time QGPM with this head set (e.g. a shallow one) in the same run, as 'qgpm B'")
     args = ap.parse_args(argv)
     if args.random_arch:
         engine = random_engine(args.random_arch, args.tokenizer, args.device, args.dtype, args.heads)
     else:
         engine = QGPM.from_pretrained(args.model, device_map=args.device, dtype=args.dtype)
+    engines = {"vanilla": engine, "qgpm": engine}
+    if args.second_heads:
+        second = [tuple(int(x) for x in h.split(":")) for h in args.second_heads.split(",")]
+        engines["qgpm B"] = QGPM(engine.model, engine.tokenizer, heads=second, config=engine.config, name=engine.name)
     text = long_text()
     heads = engine.heads
     deepest = max(l for l, _ in heads)
@@ -167,10 +173,10 @@ def main(argv=None) -> int:
     for length in [int(x) for x in args.lengths.split(",")]:
         ctx = context_of(engine, text, length - args.new_tokens)
         measure(engine, ctx, "vanilla", 4)  # warm-up at this length
-        runs = {"vanilla": [], "qgpm": []}
+        runs = {m: [] for m in engines}
         for _ in range(args.repeats):
-            for m in ("vanilla", "qgpm"):
-                runs[m].append(measure(engine, ctx, m, args.new_tokens))
+            for m, e in engines.items():
+                runs[m].append(measure(e, ctx, "vanilla" if m == "vanilla" else "qgpm", args.new_tokens))
         med = {m: {k: statistics.median(r[k] for r in rs) for k in ("prompt_tokens", "ttft_s", "pass1_s", "decode_tok_s", "peak_mib")} for m, rs in runs.items()}
         rows.append((length, med))
         print(json.dumps({"length": length, **med}), flush=True)
@@ -194,6 +200,24 @@ def main(argv=None) -> int:
             f"{v['decode_tok_s']:.1f} | {q['decode_tok_s']:.1f} | {q['decode_tok_s'] / v['decode_tok_s']:.2f} | "
             f"{v['peak_mib']:.0f} | {q['peak_mib']:.0f} | {q['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
         )
+    if "qgpm B" in engines:
+        hb = engines["qgpm B"].heads
+        deep_b = max(l for l, _ in hb)
+        lines += [
+            "",
+            f"**qgpm B**: the same calls with the head set {' '.join(f'{l}:{h}' for l, h in hb)} (deepest layer {deep_b}, "
+            f"expected TTFT ratio {1 + (deep_b + 1) / engine.n_layers:.2f}), timed in the same run, interleaved with the two above.",
+            "",
+            "| prompt tokens | TTFT qgpm B (s) | of which pass 1 (s) | TTFT ratio B | decode qgpm B (tok/s) | decode ratio B | peak mem qgpm B (MiB) | mem ratio B |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for length, med in rows:
+            v, b = med["vanilla"], med["qgpm B"]
+            lines.append(
+                f"| {int(v['prompt_tokens'])} | {b['ttft_s']:.3f} | {b['pass1_s']:.3f} | {b['ttft_s'] / v['ttft_s']:.2f} | "
+                f"{b['decode_tok_s']:.1f} | {b['decode_tok_s'] / v['decode_tok_s']:.2f} | {b['peak_mib']:.0f} | "
+                f"{b['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
+            )
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:
