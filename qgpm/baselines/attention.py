@@ -12,12 +12,14 @@ positions ``p`` (and the cached keys likewise). RoPE rotations compose, so movin
 vector to position ``p'`` is one more rotation by ``p' - p`` (:func:`rotate`); the KV
 cache keeps standard positions and every decode step works from it.
 
-Two-branch methods (STRING, Self-Extend) need the log-sum-exp of each branch to merge
-them exactly, which neither ``eager_attention_forward`` nor ``sdpa`` returns; so each
-branch is a plain masked softmax in float32 (:func:`attention_lse`), in blocks of query
-rows to bound memory, merged by :func:`merge_by_lse`. Wherever a call needs only
-standard attention (a layer Ms-PoE leaves alone, or no pair reaching the remapped
-range), the work goes to transformers' own ``sdpa_attention_forward``.
+Two-branch methods (STRING, Self-Extend) attend to disjoint key sets in their two
+branches, so the log-sum-exp merge of the branches (:func:`attention_lse`,
+:func:`merge_by_lse`, kept as the reference statement of the math) is one softmax over
+the union: :func:`two_branch_attention` runs it as one fused
+``scaled_dot_product_attention`` per block of query rows over the concatenated near and
+far keys, in float32. Wherever a call needs only standard attention (a layer Ms-PoE
+leaves alone, or no pair reaching the remapped range), the work goes to transformers'
+own ``sdpa_attention_forward``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ ATTENTION_NAME = "qgpm_baseline"
 _ACTIVE: dict[int, tuple[Any, int]] = {}  # id(attention module) -> (plan, layer index), only inside a call
 _REGISTERED = False
 _REGISTER_LOCK = threading.Lock()
-_BLOCK_ELEMENTS = 1 << 25  # logits per block of query rows (128 MiB in float32)
+_BLOCK_ELEMENTS = 1 << 25  # bound on (query rows x heads x 2K) per block of the two-branch attention
+_BLOCK_ROWS = 256  # and on its query rows: smaller blocks skip more of the causally masked keys (measured on CPU)
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # scaled_dot_product_attention(enable_gqa=)
 
 
 def register_attention() -> None:
@@ -194,7 +198,8 @@ def _allowed_from_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masked softmax attention that also returns the log-sum-exp of each row.
+    """Masked softmax attention that also returns the log-sum-exp of each row (the
+    explicit form of one branch; :func:`two_branch_attention` fuses both branches instead).
 
     ``q`` ``[B, Hkv, R, q, d]`` (the ``R`` query heads of each KV head), ``k``/``v``
     ``[B, Hkv, K, d]``, ``allowed`` broadcastable to ``[B, Hkv, R, q, K]``. Returns the
@@ -232,49 +237,104 @@ def two_branch_attention(
 ) -> torch.Tensor:
     """Attention where pairs at distance ``d < threshold`` keep standard positions (near
     branch) and pairs at ``d >= threshold`` use moved positions (far branch: query moved
-    by ``query_shift[r]``, key by ``key_shift[j]``), merged by log-sum-exp.
+    by ``query_shift[r]``, key by ``key_shift[j]``), as one softmax over both branches.
 
     ``query`` ``[B, H, q, d]`` and ``key``/``value`` ``[B, Hkv, K, d]`` as the attention
     module passes them (rotated at standard positions). Returns ``[B, q, H, d]`` in the
-    query's dtype. Work is done in float32, in blocks of query rows; each branch only
-    reads the keys it can reach.
+    query's dtype.
+
+    The near and far keys of a row are disjoint, so the softmax over their union is the
+    log-sum-exp merge of the two branches (:func:`merge_by_lse`); it is computed as one
+    fused ``scaled_dot_product_attention`` per block of query rows over the concatenated
+    keys ``[near keys ; far keys]`` (values ``[v ; v]``), with a boolean mask that lets
+    the near part through at ``0 <= d < threshold`` and the far part at ``d >= threshold``
+    (AND the model's own mask). When ``query_shift`` is the same for every row (STRING),
+    the query's move is folded into the far keys (``<R(a) q, k> = <q, R(-a) k>``); when it
+    varies per row (Self-Extend), queries and keys are concatenated along the head dim,
+    ``[q ; R(shift) q]`` against ``[k ; 0]`` (near) and ``[0 ; k_far]`` (far), so each
+    branch's logit is one dot product (values padded to ``2d``, the output cut back to
+    ``d``). ``scale`` is passed explicitly (the default would read ``1/sqrt(2d)``).
+    Work is in float32 whatever the model's dtype (as before: the exactness tests compare
+    with a float64 reference at 2e-5), in blocks of at most :data:`_BLOCK_ROWS` query rows
+    (fewer when ``rows x H x 2K`` would exceed :data:`_BLOCK_ELEMENTS`) that only read the
+    keys they can reach. A row with no allowed key (possible only through the model's own
+    mask: with ``threshold >= 1`` every row reaches its own key) gets output 0, not NaN.
     """
     bsz, n_heads, q_len, dim = query.shape
     n_kv, k_len = key.shape[1], key.shape[-2]
+    if threshold < 1:
+        raise ValueError(f"two_branch_attention needs threshold >= 1, got {threshold}")
     rep = n_heads // n_kv
-    q32 = query.float().view(bsz, n_kv, rep, q_len, dim)
+    q32 = query.float()
     k32, v32 = key.float(), value.float()
-    k_far = k32 if key_shift is None else rotate(k32, key_shift.to(k32.device), inv_freq)
+    device = query.device
+    qs = query_shift.to(device=device, dtype=torch.float64)
+    ks = None if key_shift is None else key_shift.to(device=device, dtype=torch.float64)
+    fold = q_len == 1 or bool((qs == qs[0]).all())
+    if fold:  # one shift for every row: move the far keys by key_shift - query_shift instead
+        delta = -qs[0] if ks is None else ks - qs[0]
+        k_far = rotate(k32, delta.expand(k_len) if delta.dim() == 0 else delta, inv_freq)
+        k_near_all, k_far_all, v_all = k32, k_far, v32
+        q_all = q32
+    else:  # per-row shift: [q ; R(shift) q] against [k ; 0] and [0 ; k_far]
+        k_far = k32 if ks is None else rotate(k32, ks, inv_freq)
+        zeros = torch.zeros_like(k32)
+        k_near_all = torch.cat((k32, zeros), dim=-1)
+        k_far_all = torch.cat((zeros, k_far), dim=-1)
+        v_all = torch.cat((v32, zeros), dim=-1)  # values padded to 2d too: CPU's fused kernel wants equal head dims
+        q_all = None  # built per block
     allowed_extra = _allowed_from_mask(attention_mask)
     first = k_len - q_len  # token index of query row 0 (checked by token_positions)
-    block = max(1, _BLOCK_ELEMENTS // max(1, n_heads * k_len))
-    kpos = torch.arange(k_len, device=query.device)
+    block = max(1, min(_BLOCK_ROWS, _BLOCK_ELEMENTS // max(1, n_heads * 2 * k_len)))
+    kpos = torch.arange(k_len, device=device)
     outs = []
     for r0 in range(0, q_len, block):
         r1 = min(q_len, r0 + block)
         i0, i1 = first + r0, first + r1 - 1  # token indices of the block's first and last row
         rows = qpos[r0:r1]
-        qb = q32[:, :, :, r0:r1]
-        # near branch: keys j with 0 <= i - j < threshold
+        if fold:
+            qb = q_all[:, :, r0:r1]
+        else:
+            q_rows = q32[:, :, r0:r1]
+            qb = torch.cat((q_rows, rotate(q_rows, qs[r0:r1], inv_freq)), dim=-1)
+        # near keys j with 0 <= i - j < threshold; far keys j with i - j >= threshold (j <= i1 - threshold)
         lo, hi = max(0, i0 - threshold + 1), i1 + 1
+        hi_far = max(0, i1 - threshold + 1)
         d = rows[:, None] - kpos[None, lo:hi]
         allowed = (d >= 0) & (d < threshold)
         if allowed_extra is not None:
-            allowed = allowed & allowed_extra[:, :, r0:r1, lo:hi].unsqueeze(2)
-        out, lse = attention_lse(qb, k32[:, :, lo:hi], v32[:, :, lo:hi], allowed, scaling)
-        # far branch: keys j with i - j >= threshold, i.e. j <= i1 - threshold
-        hi_far = i1 - threshold + 1
+            allowed = allowed & allowed_extra[:, :, r0:r1, lo:hi]
+        keys, values = k_near_all[:, :, lo:hi], v_all[:, :, lo:hi]
         if hi_far > 0:
             d = rows[:, None] - kpos[None, :hi_far]
-            allowed = d >= threshold
+            allowed_far = d >= threshold
             if allowed_extra is not None:
-                allowed = allowed & allowed_extra[:, :, r0:r1, :hi_far].unsqueeze(2)
-            q_far = rotate(qb, query_shift[r0:r1].to(qb.device), inv_freq)
-            out_far, lse_far = attention_lse(q_far, k_far[:, :, :hi_far], v32[:, :, :hi_far], allowed, scaling)
-            out, lse = merge_by_lse(out, lse, out_far, lse_far)
+                allowed_far = allowed_far & allowed_extra[:, :, r0:r1, :hi_far]
+            allowed = torch.cat(_broadcast_rows(allowed, allowed_far), dim=-1)
+            keys = torch.cat((keys, k_far_all[:, :, :hi_far]), dim=-2)
+            values = torch.cat((values, v_all[:, :, :hi_far]), dim=-2)
+        if allowed.dim() == 2:
+            allowed = allowed[None, None]  # [1, 1, q, K'] broadcasts over batch and heads
+        if rep == 1:
+            out = torch.nn.functional.scaled_dot_product_attention(qb, keys, values, attn_mask=allowed, scale=scaling)
+        elif _SDPA_GQA:
+            out = torch.nn.functional.scaled_dot_product_attention(qb, keys, values, attn_mask=allowed, scale=scaling, enable_gqa=True)
+        else:  # torch < 2.5: query head h reads KV head h // rep
+            out = torch.nn.functional.scaled_dot_product_attention(
+                qb, keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1), attn_mask=allowed, scale=scaling)
+        out = out[..., :dim]
+        live = allowed.any(dim=-1, keepdim=True)  # [*, 1, q, 1]
+        if not bool(live.all()):  # a row with no allowed key attends to nothing: output 0, not NaN
+            out = out.masked_fill(~live, 0.0)
         outs.append(out)
-    out = torch.cat(outs, dim=3).reshape(bsz, n_heads, q_len, dim)
+    out = torch.cat(outs, dim=2)
     return out.transpose(1, 2).contiguous().to(query.dtype)
+
+
+def _broadcast_rows(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two masks ``[..., q, Ka]`` and ``[..., q, Kb]`` broadcast over every dim but the last."""
+    lead = torch.broadcast_shapes(a.shape[:-1], b.shape[:-1])
+    return a.expand(*lead, a.shape[-1]), b.expand(*lead, b.shape[-1])
 
 
 def standard_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
