@@ -24,7 +24,7 @@ from .prompt import DEFAULT_TEMPLATE, Prompt, PromptSpec, build_prompt
 from .relevance import head_token_logits, sentence_logits
 from .shaping import fuse_heads
 
-__all__ = ["HeadScores", "score_heads", "calibrate_heads", "fused_mrr", "sample_head_logits", "evidence_sentences"]
+__all__ = ["HeadScores", "score_heads", "calibrate_heads", "check_depth_options", "fused_mrr", "sample_head_logits", "evidence_sentences"]
 
 
 @dataclass
@@ -114,6 +114,21 @@ def fused_mrr(per_sample: Sequence[tuple[torch.Tensor, list[int]]], rows: Sequen
     return sum(rr) / max(len(rr), 1)
 
 
+def check_depth_options(max_layer: int | None, shallow_tolerance: float | None, *, has_holdout: bool,
+                        n_layers: int | None = None) -> None:
+    """Reject bad ``max_layer`` / ``shallow_tolerance`` settings of :func:`calibrate_heads`
+    (callable before the model loads: ``n_layers=None`` skips the upper bound)."""
+    if shallow_tolerance is not None:
+        if not has_holdout:
+            raise ValueError("shallow_tolerance compares held-out fused MRRs: pass holdout samples too (--holdout > 0)")
+        if max_layer is not None:
+            raise ValueError("give max_layer (a fixed depth bound) or shallow_tolerance (choose by held-out MRR), not both")
+        if not 0 <= shallow_tolerance <= 1:
+            raise ValueError(f"shallow_tolerance is an MRR difference in [0, 1], got {shallow_tolerance}")
+    if max_layer is not None and (max_layer < 1 or (n_layers is not None and max_layer > n_layers)):
+        raise ValueError(f"max_layer must be >= 1{f' and <= {n_layers} (the model layers)' if n_layers else ''}, got {max_layer}")
+
+
 def calibrate_heads(
     engine,
     samples: Sequence[Any],
@@ -142,15 +157,7 @@ def calibrate_heads(
     """
     if not samples:
         raise ValueError("calibration needs at least one sample")
-    if shallow_tolerance is not None:
-        if not holdout:
-            raise ValueError("shallow_tolerance compares held-out fused MRRs: pass holdout samples too")
-        if max_layer is not None:
-            raise ValueError("give max_layer (a fixed depth bound) or shallow_tolerance (choose by held-out MRR), not both")
-        if not 0 <= shallow_tolerance <= 1:
-            raise ValueError(f"shallow_tolerance is an MRR difference in [0, 1], got {shallow_tolerance}")
-    if max_layer is not None and not 1 <= max_layer <= engine.n_layers:
-        raise ValueError(f"max_layer must be in 1..{engine.n_layers} (the model's layers), got {max_layer}")
+    check_depth_options(max_layer, shallow_tolerance, has_holdout=bool(holdout), n_layers=engine.n_layers)
     scores = score_heads(engine, samples, progress=progress)
     chosen = scores.best(top, max_layer=max_layer)
     meta: dict[str, Any] = {

@@ -249,19 +249,12 @@ def main_tune(args) -> int:
 
 
 def main_calibrate(args) -> int:
-    from qgpm.calibrate import calibrate_heads
+    from qgpm.calibrate import calibrate_heads, check_depth_options
     from qgpm.heads import head_set_file_name, stored_head_set_path, user_head_dir
     from qgpm.samples import calibration_samples, check_data_packages
 
     check_data_packages()  # before the model loads
-    if args.shallow_tolerance is not None and args.holdout <= 0:
-        raise ValueError("--shallow-tolerance compares held-out fused MRRs: give --holdout > 0")
-    if args.shallow_tolerance is not None and args.max_layer is not None:
-        raise ValueError("give --max-layer (a fixed depth bound) or --shallow-tolerance (choose by held-out MRR), not both")
-    if args.shallow_tolerance is not None and not 0 <= args.shallow_tolerance <= 1:
-        raise ValueError(f"--shallow-tolerance is an MRR difference in [0, 1], got {args.shallow_tolerance}")
-    if args.max_layer is not None and args.max_layer < 1:
-        raise ValueError(f"--max-layer must be >= 1, got {args.max_layer}")
+    check_depth_options(args.max_layer, args.shallow_tolerance, has_holdout=args.holdout > 0)  # before the model loads
     _setup_logging()
     engine = _engine(args, heads=[(0, 0)])  # any valid head: calibration scores them all
     t = time.time()
