@@ -54,6 +54,13 @@ elif [ "$stage" = hard ]; then
   # with the heads' ranking.
   d=$OUT/hard/qgpm_hard.s$i; seed "$d"
   $BASE --n 6 --tasks niah_multikey_1,niah_single_2 --methods qgpm --set k_sharp=1 --set t_sharp=0 --set t_broad=0 --grid 'k_broad=2.0,8.0' --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = mild ]; then
+  # Session 4: K_s 1 loses MK-1 answers to dropped last digits even where its top sentence is
+  # the queried key. Is the strength (s_low 0.3) the cause? K_s 1, 2, 4 x s_low 0.3, 0.45 on
+  # MK-1, 6 contents x 3 depths; the sharp stage's rows (K_s 1 and 4 at 0.3) are copied in.
+  d=$OUT/mild/qgpm_ks_slow.s$i; seed "$d"
+  cat "$OUT"/sharp/*.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
+  $BASE --n 6 --tasks niah_multikey_1 --methods qgpm --grid 'k_sharp=1,2,4;s_low=0.3,0.45' --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild SHARD" >&2; exit 2
 fi
