@@ -121,6 +121,8 @@ def _print_why(method: str, result, top: int) -> None:
             print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {100 * r['depth']:4.0f} %  {r['text'][:110]}")
         if d.get("flat_relevance"):
             print(f"  (the heads' relevance was flat, top z below min_top_z, so {method} kept vanilla positions)")
+        elif d.get("decisive_relevance"):
+            print(f"  (one sentence stood out, its z at least decisive_margin above the next, so {method} kept vanilla positions)")
         elif d.get("s_low") is not None and float(d["s_low"]) >= 1.0:
             print(f"  (the context is no longer than keep_length, so {method} kept vanilla positions)")
     if result.edit is not None:

@@ -67,6 +67,14 @@ class QGPMConfig:
         Confidence rule (``None`` = off): when the top sentence's fused relevance z
         (Eq. 5) is below this, the call keeps vanilla positions (every score 1) and the
         engine logs a warning; ``result.details["flat_relevance"]`` says so.
+    decisive_margin:
+        Dominance rule (``None`` = off), in z units: when the top sentence's fused z
+        (Eq. 5) exceeds the second sentence's by at least this much, one sentence already
+        stands out in the model's own attention, and the call keeps vanilla positions (the
+        engine logs a warning; ``result.details["decisive_relevance"]`` says so). The
+        remapping pays where look-alike sentences compete for the answer (multi-key lookup);
+        with a single clear winner there is nothing for it to separate, and on the measured
+        model it only cost copying accuracy (``docs/tuning/smollm2_dev_4k.md``).
     split_layer:
         First layer that uses the sharp map; ``None`` = ``floor(n_layers / 2)``.
     query_tail:
@@ -101,6 +109,7 @@ class QGPMConfig:
     keep_length: float = 0.0
     unmodulated_layers: int = 0
     min_top_z: float | None = None
+    decisive_margin: float | None = None
     split_layer: int | None = None
     query_tail: int | None = None
     exclude_newline_tokens: bool = True
@@ -144,6 +153,11 @@ class QGPMConfig:
             raise ValueError(f"keep_length must be >= 0 tokens (0 = off), got {self.keep_length}")
         if self.min_top_z is not None and not math.isfinite(self.min_top_z):
             raise ValueError(f"min_top_z must be a finite z-score or None, got {self.min_top_z}")
+        if self.decisive_margin is not None:
+            if isinstance(self.decisive_margin, bool) or not isinstance(self.decisive_margin, numbers.Real):
+                raise TypeError(f"QGPMConfig.decisive_margin must be a number or None, got {type(self.decisive_margin).__name__} {self.decisive_margin!r}")
+            if not (math.isfinite(self.decisive_margin) and self.decisive_margin > 0):
+                raise ValueError(f"decisive_margin must be a positive, finite z difference or None (off), got {self.decisive_margin}")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.split_layer is not None and self.split_layer < 0:

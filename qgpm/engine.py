@@ -91,13 +91,21 @@ class ContextTooLongError(ValueError):
 
 
 def _note_flat(mr: MapResult, config: QGPMConfig) -> None:
-    """Log the two rules that make a call keep vanilla positions: the confidence rule
-    (``config.min_top_z``) and the short-context rule (``config.keep_length``)."""
+    """Log the three rules that make a call keep vanilla positions: the confidence rule
+    (``config.min_top_z``), the dominance rule (``config.decisive_margin``) and the
+    short-context rule (``config.keep_length``)."""
     if mr.flat:
         logger.warning(
             "qgpm: the head relevance is flat (top sentence z below min_top_z=%s), so this call keeps vanilla "
             "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None) to always modulate.",
             config.min_top_z,
+        )
+    elif mr.decisive:
+        logger.warning(
+            "qgpm: one sentence already stands out (top z exceeds the next by at least decisive_margin=%s), so this "
+            "call keeps vanilla positions; result.details['decisive_relevance'] is True. Set decisive_margin=None in "
+            "QGPMConfig to modulate such calls too.",
+            config.decisive_margin,
         )
     elif config.keep_length > 0 and mr.s_low >= 1.0:
         logger.warning(
@@ -371,7 +379,7 @@ class QGPM:
             relevance = self._relevance(prompt, mr, None, call.units)
         plan = mr.plan
         timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
-        details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, s_low=mr.s_low)
+        details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low)
         return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
 
     def _run_call(self, call: PreparedCall, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score: str | None = None) -> QGPMResult:
@@ -641,7 +649,7 @@ class QGPM:
             plan = mr.plan
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
-                           flat_relevance=mr.flat, s_low=mr.s_low)
+                           flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg)
         elif method == "oracle":
             if not evidence:

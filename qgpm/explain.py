@@ -99,6 +99,8 @@ def render_html(result: "QGPMResult", *, top: int = 10, title: str = "QGPM: why 
         meta.append(f"frequency gate at wavelength {float(d['anchor_length']):.0f} tokens")
     if d.get("flat_relevance"):
         meta.append("relevance flat: vanilla positions kept")
+    elif d.get("decisive_relevance"):
+        meta.append("one sentence stands out (decisive_margin): vanilla positions kept")
     elif d.get("s_low") is not None and float(d["s_low"]) >= 1.0:
         meta.append("short context (keep_length): vanilla positions kept")
     no_rank = "" if rows else '<p class="meta">This method has no relevance ranking (standard positions).</p>'

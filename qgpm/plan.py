@@ -16,7 +16,7 @@ from .positions import boundary_plane, cumulative_positions, frequency_gate, pro
 from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores
 
-__all__ = ["MapResult", "build_plan", "is_flat", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]
+__all__ = ["MapResult", "build_plan", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]
 
 
 @dataclass
@@ -30,6 +30,7 @@ class MapResult:
     anchor_length: float
     plan: PositionPlan
     flat: bool = False  # relevance too flat (top z below config.min_top_z): every score 1, vanilla positions
+    decisive: bool = False  # one sentence stands out (z margin >= config.decisive_margin): every score 1, vanilla positions
     s_low: float = 0.0  # the low score this call used (effective_s_low); 1.0 = vanilla positions
 
 
@@ -49,6 +50,19 @@ def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
         return False
     finite = z[torch.isfinite(z)]
     return finite.numel() == 0 or float(finite.max()) < config.min_top_z
+
+
+def is_decisive(z: torch.Tensor, config: QGPMConfig) -> bool:
+    """Dominance rule: one sentence already stands out when the top fused z-score (Eq. 5)
+    exceeds the second one by at least ``config.decisive_margin``. ``None`` (default)
+    never applies; fewer than two sentences with a finite z never count as decisive."""
+    if config.decisive_margin is None:
+        return False
+    finite = z[torch.isfinite(z)]
+    if finite.numel() < 2:
+        return False
+    top2 = torch.topk(finite.to(torch.float64), 2).values
+    return float(top2[0] - top2[1]) >= config.decisive_margin
 
 
 def effective_s_low(context_len: int, config: QGPMConfig) -> float:
@@ -105,12 +119,15 @@ def build_plan(
     """
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
+    # The two confidence rules read the head signal only; the Oracle's labels are not one.
     flat = is_flat(unit_relevance, config) if not dense else False
-    s_low = 1.0 if flat else effective_s_low(int((token_unit >= 0).sum()), config)
+    decisive = is_decisive(unit_relevance, config) if not (dense or flat) else False
+    vanilla = flat or decisive
+    s_low = 1.0 if vanilla else effective_s_low(int((token_unit >= 0).sum()), config)
     unit_scores = []
     for params in (config.broad, config.sharp):
         f = rank_shape(ranks, params) if n_units else torch.zeros(0, dtype=torch.float64)
-        unit_scores.append(torch.ones(n_units, dtype=torch.float64) if flat else sentence_scores(f, s_low))
+        unit_scores.append(torch.ones(n_units, dtype=torch.float64) if vanilla else sentence_scores(f, s_low))
     anchor = max(config.anchor_ratio * max(anchor_basis_length(token_unit, unit_scores[0], config, s_low), 1), 1e-6)
     tok_scores = [token_scores(token_unit, s, s_low) for s in unit_scores]
     # One table set per (rotary kind, map): each kind gets its own boundary plane and gate
@@ -140,7 +157,7 @@ def build_plan(
                 layer_map[i] = 2 * kinds.index(kind) + layer_map[i] if kind in kinds else None
     plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity,
                         table_rotary=tuple(table_rotary) if rotary.layered else ())
-    return MapResult(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat, s_low)
+    return MapResult(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low)
 
 
 def oracle_units(token_sentence: torch.Tensor, evidence_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

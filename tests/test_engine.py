@@ -337,6 +337,27 @@ def test_flat_relevance_fallback_is_logged_and_vanilla(tiny, caplog):
     assert normal.details["flat_relevance"] is False and not any("flat" in r.getMessage() for r in caplog.records)
 
 
+def test_decisive_relevance_fallback_is_logged_and_vanilla(tiny, caplog):
+    import logging
+
+    ctx = needle_context(12, 6)
+    call = tiny.prepare(ctx, QUESTION, method="qgpm")
+    z = sorted((float(v) for v in call.z if v == v), reverse=True)
+    margin = z[0] - z[1]
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        res = tiny.answer(ctx, QUESTION, method="qgpm", config=tiny.config.with_(decisive_margin=margin / 2), max_new_tokens=6)
+    assert res.details["decisive_relevance"] is True and res.details["flat_relevance"] is False
+    assert res.details["s_low"] == 1.0
+    assert any("stands out" in r.getMessage() and r.name == "qgpm" for r in caplog.records)
+    van = tiny.answer(ctx, QUESTION, method="vanilla", max_new_tokens=6)
+    assert res.text == van.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        normal = tiny.answer(ctx, QUESTION, method="qgpm", config=tiny.config.with_(decisive_margin=margin * 2), max_new_tokens=6)
+    assert normal.details["decisive_relevance"] is False and normal.details["s_low"] < 1.0
+    assert not any("stands out" in r.getMessage() for r in caplog.records)
+
+
 # ----------------------------------------------------------------------------- abandoned streams
 class StepCounter:
     """A stopping criterion that counts decoding steps (never stops)."""

@@ -261,6 +261,42 @@ def test_min_top_z_falls_back_to_vanilla_positions_on_flat_relevance():
         QGPMConfig(min_top_z=float("nan"))
 
 
+def test_decisive_margin_keeps_vanilla_positions_when_one_sentence_stands_out():
+    inv = plain_inv_freq(32, 1e4)
+    rot = RotaryInfo(inv, 1.0, "default", 32)
+    ts = torch.tensor([-1] + [i // 5 for i in range(50)] + [-1])
+    z = torch.zeros(10, dtype=torch.float64)
+    z[4], z[7] = 3.0, 2.2  # margin 0.8: look-alikes compete
+    cfg = QGPMConfig(s_low=0.2, anchor_ratio=1.0, decisive_margin=1.0)
+    mr = build_plan(ts, z, config=cfg, rotary=rot, n_layers=2)
+    assert not mr.decisive and not mr.flat and mr.token_scores[1].min() < 1
+    z2 = z.clone()
+    z2[7] = 2.0  # margin exactly 1.0: decisive (>=)
+    dec = build_plan(ts, z2, config=cfg, rotary=rot, n_layers=2)
+    assert dec.decisive and not dec.flat and dec.s_low == 1.0
+    ar = torch.arange(ts.numel(), dtype=torch.float64)
+    for t, p in zip(dec.token_scores, dec.plan.positions):
+        assert bool((t == 1).all()) and all(torch.equal(p[m], ar) for m in range(p.shape[0]))
+    # the margin is between the top two finite values, wherever they sit
+    z3 = z2.flip(0)
+    z3[0] = float("nan")
+    assert build_plan(ts, z3, config=cfg, rotary=rot, n_layers=2).decisive
+    assert not build_plan(ts, z2, config=cfg.with_(decisive_margin=None), rotary=rot, n_layers=2).decisive
+    assert not build_plan(ts, z2, config=cfg.with_(decisive_margin=1.01), rotary=rot, n_layers=2).decisive
+    # flat relevance wins over dominance (one reason per call); the Oracle's labels never count
+    flat = build_plan(ts, z2, config=cfg.with_(min_top_z=5.0), rotary=rot, n_layers=2)
+    assert flat.flat and not flat.decisive
+    assert not build_plan(ts, (z2 > 2.5).double() * 5, config=cfg, rotary=rot, n_layers=2, dense=True).decisive
+    # a single sentence is not "decisive": there is nothing to stand out from
+    one = build_plan(torch.tensor([-1, 0, 0, 0, -1]), torch.tensor([4.0], dtype=torch.float64), config=cfg, rotary=rot, n_layers=2)
+    assert not one.decisive
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="decisive_margin"):
+            QGPMConfig(decisive_margin=bad)
+    with pytest.raises(TypeError, match="decisive_margin"):
+        QGPMConfig(decisive_margin="1")
+
+
 @settings(max_examples=60, deadline=None)
 @given(n=st.integers(min_value=0, max_value=20000), s_low=st.floats(min_value=0.0, max_value=1.0),
        keep=st.floats(min_value=0.0, max_value=5000.0))

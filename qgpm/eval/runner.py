@@ -140,7 +140,8 @@ def _reranker_name(reranker: Any) -> str:
 
 # Config fields added after rows were first committed: hashed only when they are not at
 # their "off" value, so rows made before they existed keep their config_hash.
-_HASHED_WHEN_SET = {"local_window": 0.0, "keep_length": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None}
+_HASHED_WHEN_SET = {"local_window": 0.0, "keep_length": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None,
+                    "decisive_margin": None}
 
 
 def _config_dict(config) -> dict:
@@ -320,6 +321,7 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         out["anchor_length"] = call.details.get("anchor_length")
         out["s_low"] = call.details.get("s_low")
         out["flat_relevance"] = bool(call.details.get("flat_relevance", False))
+        out["decisive_relevance"] = bool(call.details.get("decisive_relevance", False))
     if method in BASELINE_METHODS:
         out["baseline"] = dict(call.details)  # e.g. STRING's S and W for this prompt
     if method in ("topk", "reorder") and res.edit is not None:
