@@ -50,13 +50,40 @@ def llama3_tokenizer(tokenizer):
     return tok
 
 
-@pytest.fixture(scope="module", params=["smollm2", "llama3"])
-def case(request, tokenizer, llama3_tokenizer):
-    """(engine, injection text) for one template."""
-    tok = tokenizer if request.param == "smollm2" else llama3_tokenizer
+@pytest.fixture(scope="module")
+def plain_tokenizer(tokenizer):
+    """SmolLM2's tokenizer without a chat template: the plain prompt form of base models
+    (Gemma-3-270M's GGUF has none), whose special tokens still exist in the vocabulary."""
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = None
+    return tok
+
+
+@pytest.fixture(scope="module", params=["smollm2", "llama3", "plain"])
+def case(request, tokenizer, llama3_tokenizer, plain_tokenizer):
+    """(engine, injection text) for one template (``plain``: no chat template)."""
+    tok = {"smollm2": tokenizer, "llama3": llama3_tokenizer, "plain": plain_tokenizer}[request.param]
     model = tiny_model("llama", len(tok), max_position_embeddings=1024)
     engine = QGPM(model, tok, heads=[(1, 0), (2, 1)], config=QGPMConfig(s_low=0.1))
-    return engine, INJECTIONS[request.param]
+    return engine, INJECTIONS["llama3" if request.param == "llama3" else "smollm2"]
+
+
+def test_plain_prompt_form_without_chat_template(plain_tokenizer):
+    """A base model's prompt: system, the rendered user message and the answer prefix as
+    plain text (blank lines between), the tokenizer's own special tokens added, every
+    role span where its text is."""
+    tok = plain_tokenizer
+    p = build_prompt(tok, PromptSpec(CONTEXT, QUESTION, instruction="Answer briefly.", system="Be kind.", answer_prefix="Answer:"))
+    assert p.text.startswith("Be kind.\n\nAnswer briefly.") and p.text.endswith(QUESTION + "\n\nAnswer:")
+    assert "<|im_start|>" not in p.text
+    for role, want in (("context", CONTEXT), ("question", QUESTION)):
+        a, b = p.role_spans[role]
+        assert p.text[a:b] == want
+    plain_ids = tok(p.text, add_special_tokens=True)["input_ids"]
+    assert p.input_ids[0].tolist() == plain_ids  # exactly what the tokenizer makes of the text
+    assert all(int(p.token_sentence[i]) >= 0 for i, (s, e) in enumerate(p.offsets) if p.role_spans["context"][0] <= s < p.role_spans["context"][1])
+    q = [i for i, (s, e) in enumerate(p.offsets) if s >= p.role_spans["question"][0]]
+    assert p.query_rows.tolist() == q  # question plus the answer prefix after it
 
 
 def controls(tok, ids) -> list[str]:
