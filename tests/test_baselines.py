@@ -114,6 +114,42 @@ def test_lse_merge_equals_one_softmax_over_the_union():
     torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=0, atol=1e-6)
 
 
+def _softmax_sdpa(q, k, v, attn_mask=None, scale=None, enable_gqa=False):
+    """Explicit masked softmax attention: a row with no allowed key comes out NaN, as in
+    torch versions and kernels that do not zero such rows (torch 2.13 on CPU zeroes them)."""
+    if enable_gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    logits = (q @ k.transpose(-1, -2)) * scale
+    logits = logits.masked_fill(~attn_mask, float("-inf"))
+    return torch.softmax(logits, dim=-1) @ v
+
+
+@pytest.mark.parametrize("per_row_shift", [False, True])
+@pytest.mark.parametrize("sdpa", ["torch", "nan_rows"])
+def test_row_with_no_allowed_key_gets_zero_and_other_rows_are_untouched(per_row_shift, sdpa, monkeypatch):
+    """Only the model's own mask can leave a query row with no key (e.g. a padded row):
+    that row's output is 0, not NaN, and masking it changes no other row; also under an
+    attention kernel that returns NaN for such rows."""
+    if sdpa == "nan_rows":
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", _softmax_sdpa)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    inv = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    shift = torch.tensor([0.0, 0.0, 1.0, 2.0, 3.0, 3.5]) if per_row_shift else torch.full((6,), 2.0)
+    kw = dict(qpos=torch.arange(6), threshold=2, inv_freq=inv, scaling=0.35, query_shift=shift)
+    causal = torch.tril(torch.ones(6, 6, dtype=torch.bool))[None, None]
+    mask = causal.clone()
+    mask[..., 3, :] = False  # row 3 may attend to nothing
+    full = attn_mod.two_branch_attention(q, k, v, causal, **kw)
+    got = attn_mod.two_branch_attention(q, k, v, mask, **kw)
+    assert torch.isfinite(got).all()
+    assert (got[:, 3] == 0).all() and (full[:, 3] != 0).any()
+    others = [0, 1, 2, 4, 5]
+    torch.testing.assert_close(got[:, others], full[:, others], rtol=0, atol=0)
+    torch.testing.assert_close(attn_mod.two_branch_attention(q, k, v, None, **kw), full, rtol=0, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- settings
 
 

@@ -323,9 +323,9 @@ def two_branch_attention(
             out = torch.nn.functional.scaled_dot_product_attention(
                 qb, keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1), attn_mask=allowed, scale=scaling)
         out = out[..., :dim]
-        live = allowed.any(dim=-1, keepdim=True)  # [*, 1, q, 1]
-        if not bool(live.all()):  # a row with no allowed key attends to nothing: output 0, not NaN
-            out = out.masked_fill(~live, 0.0)
+        if allowed_extra is not None:  # only the model's own mask can leave a row with no allowed key:
+            # it attends to nothing, output 0, not NaN (masked_fill, not a test-and-branch: no host sync per block on GPU)
+            out = out.masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
         outs.append(out)
     out = torch.cat(outs, dim=2)
     return out.transpose(1, 2).contiguous().to(query.dtype)
