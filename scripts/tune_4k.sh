@@ -58,9 +58,17 @@ elif [ "$stage" = mild ]; then
   # Session 4: K_s 1 loses MK-1 answers to dropped last digits even where its top sentence is
   # the queried key. Is the strength (s_low 0.3) the cause? K_s 1, 2, 4 x s_low 0.3, 0.45 on
   # MK-1, 6 contents x 3 depths; the sharp stage's rows (K_s 1 and 4 at 0.3) are copied in.
+  # (The grid's int 4 hashes differently from the preset's 4.0, so K_s 4 at 0.3 ran again:
+  # 18 of 18 answers and log-probs identical to the sharp stage's rows.)
   d=$OUT/mild/qgpm_ks_slow.s$i; seed "$d"
   cat "$OUT"/sharp/*.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
   $BASE --n 6 --tasks niah_multikey_1 --methods qgpm --grid 'k_sharp=1,2,4;s_low=0.3,0.45' --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = mildmv ]; then
+  # Session 4: s_low 0.45 matched s_low 0.3 on MK-1 at K_s 2 and 4 with fewer dropped digits.
+  # Multi-value is the other task the rules leave modulated (its top-two z gap is <= 0.52):
+  # K_s 2 and 4 at s_low 0.45 there (K_s 4 at 0.3: the fine stage's rows), 3 contents x 3 depths.
+  d=$OUT/mildmv/qgpm_mv.s$i; seed "$d"
+  $BASE --n 3 --tasks niah_multivalue --methods qgpm --set k_sharp=4.0 --set s_low=0.45 --grid 'k_sharp=2.0,4.0' --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv SHARD" >&2; exit 2
 fi
