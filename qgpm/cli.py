@@ -38,15 +38,24 @@ from ._cliutil import (
 )
 from .defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
 
-__all__ = ["main", "sample_document", "build_parser"]
+__all__ = ["main", "sample_document", "default_example", "build_parser"]
+
+
+def _sample_meta() -> dict:
+    return json.loads((resources.files("qgpm") / "data" / "sample" / "harbor_report.json").read_text(encoding="utf-8"))
 
 
 def sample_document() -> tuple[str, list[dict]]:
     """The bundled long sample document and its example questions."""
-    base = resources.files("qgpm") / "data" / "sample"
-    meta = json.loads((base / "harbor_report.json").read_text(encoding="utf-8"))
-    text = (base / meta["file"]).read_text(encoding="utf-8")
+    meta = _sample_meta()
+    text = (resources.files("qgpm") / "data" / "sample" / meta["file"]).read_text(encoding="utf-8")
     return text, meta["questions"]
+
+
+def default_example() -> int:
+    """Index of the bundled question ``qgpm ask`` asks by default (``default_question`` in the
+    sample's metadata, chosen by the rule stored next to it)."""
+    return int(_sample_meta()["default_question"])
 
 
 def _read_context(spec: str) -> str:
@@ -260,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--k", type=int, default=DEFAULT_K, help=f"chunks kept by topk (default {DEFAULT_K})")
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")
     ask.add_argument("--top", type=int, default=3, help="how many top-ranked sentences to show (default 3)")
-    ask.add_argument("--example", type=int, default=1, help=f"which bundled example question (0-{len(sample_document()[1]) - 1}, default 1)")
+    ask.add_argument("--example", type=int, default=default_example(),
+                     help=f"which bundled example question (0-{len(sample_document()[1]) - 1}, default {default_example()})")
     ask.add_argument("--quiet", "-q", action="store_true",
                      help="print only the answer (one line per method, 'METHOD<TAB>answer', when several), for scripts")
     ask.add_argument("--html", metavar="OUT.html", help="write the explanation page of the qgpm answer (self-contained HTML)")

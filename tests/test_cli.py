@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qgpm.cli import main, sample_document
+from qgpm.cli import default_example, main, sample_document
 
 
 def test_sample_document_evidence_is_exact():
@@ -12,6 +12,8 @@ def test_sample_document_evidence_is_exact():
     assert len(text.split()) > 2000
     for q in questions:
         assert text.count(q["evidence"]) == 1 and q["answer"] in q["evidence"]
+    assert 0 <= default_example() < len(questions)
+    assert build_parser().parse_args(["ask"]).example == default_example()
 
 
 @pytest.mark.real_model
@@ -19,10 +21,12 @@ def test_ask_default_answers_bundled_question_and_shows_ranking(smollm, capsys):
     _, questions = sample_document()
     assert main(["ask", "--max-new-tokens", "24"]) == 0
     out = capsys.readouterr().out.splitlines()
-    q = questions[1]
+    q = questions[default_example()]
     assert any(q["question"] in l for l in out)
     answers = {l.split()[0]: l.split(None, 1)[1] for l in out if l.startswith(("vanilla ", "qgpm ")) and " promoted (" not in l}
     assert set(answers) == {"vanilla", "qgpm"} and all(a.strip() for a in answers.values())
+    # the requirement: the default bundled question is one the embedded model answers with QGPM
+    assert q["answer"] in answers["qgpm"], answers["qgpm"]
     # what QGPM adds and this job must show is the ranking: the evidence sentence among the top shown
     i = next(k for k, l in enumerate(out) if l.startswith("qgpm promoted (top 3 of "))
     ranked = out[i + 2:i + 5]
