@@ -88,6 +88,15 @@ class QGPMConfig:
     max_sentence_chars:
         Sentences longer than this (e.g. text with no punctuation) are cut at whitespace
         (at least 20).
+    remap:
+        How the scores become positions. ``"stride"`` (default, the paper's Eq. 7-8): low
+        scores shorten the strides of irrelevant tokens on the modulated planes, so the
+        relevant text comes closer to the question. ``"move"`` (experimental): nothing is
+        compressed; on the modulated planes each map's relevant sentences (score at least
+        ``(1 + s_low) / 2``) take the last context slots, the top one next to the question,
+        and the rest of the context keeps its order in the slots before, while the slow
+        planes keep the text order (``p' = g * j + (1 - g) * pi(j)``). ``eps`` is unused
+        there. What it measured: ``docs/tuning/smollm2_dev_4k.md``.
 
     Every field is checked on construction: numbers must be finite (no NaN or
     infinity), counts must be ints in range; a bad value raises ``TypeError`` or
@@ -115,6 +124,7 @@ class QGPMConfig:
     exclude_newline_tokens: bool = True
     max_heads: int | None = None
     max_sentence_chars: int = 600
+    remap: str = "stride"
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
@@ -145,6 +155,8 @@ class QGPMConfig:
             raise ValueError(f"anchor_ratio must be positive, got {self.anchor_ratio}")
         if self.tau < 0:
             raise ValueError(f"tau must be >= 0, got {self.tau}")
+        if self.remap not in ("stride", "move"):
+            raise ValueError(f"remap must be 'stride' (the paper's Eq. 7-8) or 'move', got {self.remap!r}")
         if self.anchor_basis not in ("context", "relevant"):
             raise ValueError(f"anchor_basis must be 'context' or 'relevant', got {self.anchor_basis!r}")
         if not self.local_window >= 0:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from .config import QGPMConfig
-from .positions import boundary_plane, cumulative_positions, frequency_gate, protect_fast_planes, strides
+from .positions import boundary_plane, cumulative_positions, frequency_gate, move_permutation, moved_positions, protect_fast_planes, strides
 from .rope import PositionPlan, RotaryInfo
-from .shaping import dense_ranks, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores
+from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores
 
 __all__ = ["MapResult", "build_plan", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]
 
@@ -141,8 +141,11 @@ def build_plan(
         if config.local_window > 0:
             gate = protect_fast_planes(gate, boundary_plane(config.local_window, rot.inv_freq), config.tau)
         m_stars.append(m_star)
-        for t in tok_scores:
-            positions.append(cumulative_positions(strides(t, gate, config.eps)))
+        for t, s in zip(tok_scores, unit_scores):
+            if config.remap == "move":  # relevant units take the last context slots on the modulated planes
+                positions.append(moved_positions(move_permutation(token_unit, move_order(ranks, s, s_low)), gate))
+            else:  # Eq. 7-8: strides, cumulated
+                positions.append(cumulative_positions(strides(t, gate, config.eps)))
             table_rotary.append(rot)
     ls = split_layer(n_layers, config)
     if config.unmodulated_layers > n_layers:

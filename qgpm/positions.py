@@ -26,6 +26,8 @@ __all__ = [
     "cumulative_positions",
     "continuation_positions",
     "positions_at",
+    "move_permutation",
+    "moved_positions",
 ]
 
 
@@ -157,3 +159,40 @@ def positions_at(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     base = positions[:, inside.reshape(-1)].reshape(positions.shape[0], *idx.shape)
     extra = (idx - (n - 1)).clamp(min=0).to(positions.dtype)
     return base + extra
+
+
+def move_permutation(token_unit: torch.Tensor, moved_units: list[int]) -> torch.Tensor:
+    """The token order of the ``remap="move"`` map: ``pi[j]`` is the slot token ``j`` takes.
+
+    ``token_unit[j]`` is the context unit of token ``j`` (-1 outside the context);
+    ``moved_units`` lists the units to move, in the order they take the last context slots
+    (the last one ends next to the question). The context's slots are its own token indices:
+    the other context tokens fill the first slots in text order, the moved units' tokens
+    the last ones, each unit's tokens in text order. Tokens outside the context keep their
+    index. Returns a permutation of ``0..N-1`` (int64).
+    """
+    tu = token_unit.to(torch.long).reshape(-1)
+    pi = torch.arange(tu.numel(), dtype=torch.long)
+    if not moved_units:
+        return pi
+    if len(set(moved_units)) != len(moved_units):
+        raise ValueError(f"moved_units repeats a unit: {moved_units}")
+    slots = (tu >= 0).nonzero().reshape(-1)
+    moved = torch.tensor(moved_units, dtype=torch.long)
+    stay = slots[~torch.isin(tu[slots], moved)]
+    order = [stay] + [slots[tu[slots] == u] for u in moved_units]
+    pi[torch.cat(order)] = slots
+    return pi
+
+
+def moved_positions(pi: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Per-plane positions of the ``remap="move"`` map, ``[planes, N]`` (float64):
+    ``p'_{m,j} = g_m * j + (1 - g_m) * pi[j]``.
+
+    The modulated (fast, ``g ~ 0``) planes read the moved order ``pi`` (:func:`move_permutation`):
+    the relevant units sit just before the question there, while the slow planes
+    (``g ~ 1``) keep the text order. Every token keeps a distinct slot (no compression).
+    """
+    j = torch.arange(pi.numel(), dtype=torch.float64).reshape(1, -1)
+    g = gate.to(torch.float64).reshape(-1, 1)
+    return g * j + (1 - g) * pi.to(torch.float64).reshape(1, -1)

@@ -20,6 +20,8 @@ __all__ = [
     "sentence_scores",
     "token_scores",
     "protected_prefix_end",
+    "relevant_mask",
+    "move_order",
 ]
 
 
@@ -102,10 +104,27 @@ def sentence_scores(f: torch.Tensor, s_low: float) -> torch.Tensor:
     return (s_low + (1 - s_low) * (f - lo) / (hi - lo)).clamp(min=s_low, max=1.0)
 
 
+def relevant_mask(sent_scores: torch.Tensor, s_low: float) -> torch.Tensor:
+    """The relevant sentences of a map: ``s_i >= (1 + s_low) / 2`` (bool per sentence)."""
+    return sent_scores >= (1 + s_low) / 2 - 1e-12
+
+
 def protected_prefix_end(sent_scores: torch.Tensor, s_low: float) -> int:
     """Index of the first relevant sentence (``s_i >= (1 + s_low) / 2``); 0 if none."""
-    relevant = (sent_scores >= (1 + s_low) / 2 - 1e-12).nonzero()
+    relevant = relevant_mask(sent_scores, s_low).nonzero()
     return int(relevant[0]) if relevant.numel() else 0
+
+
+def move_order(ranks: torch.Tensor, sent_scores: torch.Tensor, s_low: float) -> list[int]:
+    """The units ``remap="move"`` moves, in slot order: the relevant sentences of the map
+    (:func:`relevant_mask`), worst-ranked first, so the top sentence ends next to the
+    question; tied ranks (the Oracle's evidence) keep text order. Empty when every sentence
+    is relevant (nothing stands out, e.g. every score 1: vanilla positions)."""
+    rel = relevant_mask(sent_scores, s_low)
+    if s_low >= 1 or bool(rel.all()):
+        return []
+    units = rel.nonzero().reshape(-1).tolist()
+    return sorted(units, key=lambda i: (-int(ranks[i]), i))
 
 
 def token_scores(token_sentence: torch.Tensor, sent_scores: torch.Tensor, s_low: float) -> torch.Tensor:

@@ -335,3 +335,87 @@ def test_keep_length_keeps_short_contexts_vanilla_and_scales_longer_ones():
     assert off.s_low == 0.3 and float(off.token_scores[1].min()) == pytest.approx(0.3)
     with pytest.raises(ValueError, match="keep_length"):
         QGPMConfig(keep_length=-1.0)
+
+
+# ----------------------------------------------------------------------------- remap="move"
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=9), pre=st.integers(0, 4), post=st.integers(0, 4),
+       data=st.data())
+def test_move_permutation_puts_moved_units_last_in_order(sizes, pre, post, data):
+    from qgpm.positions import move_permutation
+
+    ts = torch.tensor([-1] * pre + [u for u, k in enumerate(sizes) for _ in range(k)] + [-1] * post)
+    moved = data.draw(st.permutations(range(len(sizes))).map(lambda p: list(p)[: data.draw(st.integers(0, len(sizes)))]))
+    pi = move_permutation(ts, moved)
+    n = ts.numel()
+    assert sorted(pi.tolist()) == list(range(n))  # a permutation
+    outside = (ts < 0).nonzero().reshape(-1)
+    assert torch.equal(pi[outside], outside)  # template and question tokens keep their index
+    # reading the context slots in order gives: the kept units in text order, then the moved units in the given order
+    inv = torch.empty_like(pi)
+    inv[pi] = torch.arange(n)
+    slots = (ts >= 0).nonzero().reshape(-1)
+    read = ts[inv[slots]].tolist()
+    kept = [u for u in range(len(sizes)) if u not in moved]
+    want = [u for u in kept for _ in range(sizes[u])] + [u for u in moved for _ in range(sizes[u])]
+    assert read == want
+    for u in range(len(sizes)):  # each unit's tokens stay consecutive and in text order
+        p = pi[ts == u]
+        assert torch.equal(p, torch.arange(int(p[0]), int(p[0]) + p.numel()))
+    with pytest.raises(ValueError, match="repeats"):
+        move_permutation(ts, [0, 0])
+
+
+def test_moved_positions_blend_text_order_and_moved_order_by_gate():
+    from qgpm.positions import move_permutation, moved_positions
+
+    ts = torch.tensor([-1, 0, 0, 1, 1, 1, 2, -1])
+    pi = move_permutation(ts, [1])
+    assert pi.tolist() == [0, 1, 2, 4, 5, 6, 3, 7]
+    p = moved_positions(pi, torch.tensor([0.0, 0.25, 1.0]))
+    ar = torch.arange(8, dtype=torch.float64)
+    assert torch.equal(p[0], pi.double()) and torch.equal(p[2], ar)
+    assert torch.allclose(p[1], 0.25 * ar + 0.75 * pi.double())
+
+
+def test_move_order_moves_the_relevant_sentences_best_last():
+    from qgpm.shaping import move_order
+
+    scores = torch.tensor([0.3, 1.0, 0.6, 0.9, 0.3])
+    ranks = torch.tensor([3, 0, 2, 1, 4])
+    assert move_order(ranks, scores, 0.3) == [3, 1]  # relevant: >= 0.65; worst-ranked first, the top one last
+    assert move_order(ranks, torch.ones(5, dtype=torch.float64), 0.3) == []  # nothing stands out
+    assert move_order(ranks, scores, 1.0) == []  # s_low 1: vanilla strength
+    tied = torch.tensor([0, 1, 0, 1])  # the Oracle's dense ranks: evidence in text order
+    assert move_order(tied, torch.tensor([1.0, 0.2, 1.0, 0.2]), 0.2) == [0, 2]
+
+
+def test_move_plan_moves_the_evidence_next_to_the_question_on_fast_planes_only():
+    inv = plain_inv_freq(64, 1e5)
+    rot = RotaryInfo(inv, 1.0, "default", 64)
+    ts = torch.tensor([-1] * 3 + [i // 10 for i in range(400)] + [-1] * 6)
+    rel = torch.zeros(40, dtype=torch.float64)
+    rel[12] = 1.0
+    cfg = QGPMConfig(s_low=0.3, anchor_ratio=1.0, tau=0.0, remap="move")
+    mr = build_plan(ts, rel, config=cfg, rotary=rot, n_layers=4, dense=True)
+    lam = 2 * math.pi / inv.double()
+    ar = torch.arange(ts.numel(), dtype=torch.float64)
+    ev = (ts == 12).nonzero().reshape(-1)
+    for p in mr.plan.positions:
+        for m in range(32):
+            if lam[m] < 400:  # modulated: the evidence takes the last context slots (393..402), the rest closes up
+                assert p[m][ev].tolist() == list(range(393, 403))
+                assert sorted(p[m].tolist()) == ar.tolist()
+                assert torch.equal(p[m][ts == 13], ar[ts == 13] - 10)
+            else:  # slow planes: text order
+                assert torch.equal(p[m], ar)
+    # the stride map on the same call compresses instead; both leave template and question tokens' spacing
+    stride = build_plan(ts, rel, config=cfg.with_(remap="stride"), rotary=rot, n_layers=4, dense=True)
+    assert stride.plan.positions[1][0][-1] < ts.numel() - 1 and mr.plan.positions[1][0][-1] == ts.numel() - 1
+    # flat relevance (head signal): vanilla positions under either remap
+    flat = build_plan(ts, rel * 0.5, config=cfg.with_(min_top_z=2.5), rotary=rot, n_layers=4)
+    assert flat.flat and all(torch.equal(p[m], ar) for p in flat.plan.positions for m in range(32))
+    with pytest.raises(ValueError, match="remap"):
+        QGPMConfig(remap="swap")
