@@ -76,6 +76,12 @@ elif [ "$stage" = move ]; then
   # keep text order. QGPM and Oracle under the shipped preset, MK-1, 6 contents x 3 depths.
   d=$OUT/move/move_mk1.s$i; seed "$d"
   $BASE --n 6 --tasks niah_multikey_1 --methods qgpm,oracle --set remap=move --grid 'remap=move' --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = moveall ]; then
+  # Session 5: the Oracle under remap="move" lost to vanilla (4 vs 6 of 18). Is it the slow
+  # planes (text order kept there) or the causal order Reorder changes? The gate fully open
+  # (c = 1000: every plane reads the moved order), Oracle only, same 18 samples; one process.
+  d=$OUT/move/moveall_mk1.s$i; seed "$d"
+  $BASE --n 6 --tasks niah_multikey_1 --methods oracle --set remap=move --set anchor_ratio=1000.0 --grid 'remap=move' --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall SHARD" >&2; exit 2
 fi
