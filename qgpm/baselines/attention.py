@@ -271,16 +271,20 @@ def two_branch_attention(
     qs = query_shift.to(device=device, dtype=torch.float64)
     ks = None if key_shift is None else key_shift.to(device=device, dtype=torch.float64)
     fold = q_len == 1 or bool((qs == qs[0]).all())
+    # only keys j <= i - threshold can be far for some row i <= k_len - 1: rotate just those
+    # (a decode step would otherwise re-rotate the whole cache, per layer and step)
+    far_end = max(0, k_len - threshold)
     if fold:  # one shift for every row: move the far keys by key_shift - query_shift instead
-        delta = -qs[0] if ks is None else ks - qs[0]
-        k_far = rotate(k32, delta.expand(k_len) if delta.dim() == 0 else delta, inv_freq)
+        # a single shift (STRING: 0-dim) builds one cos/sin row that broadcasts over the keys
+        delta = -qs[0] if ks is None else ks[:far_end] - qs[0]
+        k_far = rotate(k32[..., :far_end, :], delta, inv_freq)
         k_near_all, k_far_all, v_all = k32, k_far, v32
         q_all = q32
     else:  # per-row shift: [q ; R(shift) q] against [k ; 0] and [0 ; k_far]
-        k_far = k32 if ks is None else rotate(k32, ks, inv_freq)
+        k_far = k32[..., :far_end, :] if ks is None else rotate(k32[..., :far_end, :], ks[:far_end], inv_freq)
         zeros = torch.zeros_like(k32)
         k_near_all = torch.cat((k32, zeros), dim=-1)
-        k_far_all = torch.cat((zeros, k_far), dim=-1)
+        k_far_all = torch.cat((zeros[..., :far_end, :], k_far), dim=-1)
         v_all = torch.cat((v32, zeros), dim=-1)  # values padded to 2d too: CPU's fused kernel wants equal head dims
         q_all = None  # built per block
     allowed_extra = _allowed_from_mask(attention_mask)
