@@ -269,8 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--k", type=int, default=DEFAULT_K, help=f"chunks kept by topk (default {DEFAULT_K})")
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")
     ask.add_argument("--top", type=int, default=3, help="how many top-ranked sentences to show (default 3)")
-    ask.add_argument("--example", type=int, default=default_example(),
-                     help=f"which bundled example question (0-{len(sample_document()[1]) - 1}, default {default_example()})")
+    meta = _sample_meta()  # read once for the default and the range shown in the help
+    ask.add_argument("--example", type=int, default=int(meta["default_question"]),
+                     help=f"which bundled example question (0-{len(meta['questions']) - 1}, default {int(meta['default_question'])})")
     ask.add_argument("--quiet", "-q", action="store_true",
                      help="print only the answer (one line per method, 'METHOD<TAB>answer', when several), for scripts")
     ask.add_argument("--html", metavar="OUT.html", help="write the explanation page of the qgpm answer (self-contained HTML)")
