@@ -97,6 +97,14 @@ class QGPMConfig:
         and the rest of the context keeps its order in the slots before, while the slow
         planes keep the text order (``p' = g * j + (1 - g) * pi(j)``). ``eps`` is unused
         there. What it measured: ``docs/tuning/smollm2_dev_4k.md``.
+        ``"reorder"`` (experimental): the same move on every plane, with the causal order
+        following it too: a token attends only to tokens whose moved slot is not later
+        than its own. Each map's pass 2 then computes exactly what the model computes on
+        the prompt with those sentences physically moved before the question (Reorder with
+        the model's own heads as the reranker), while every token keeps its place in the
+        input and the KV cache. The gate (``anchor_ratio``, ``anchor_basis``, ``tau``,
+        ``local_window``) and ``eps`` do not act there. Needs the ``sdpa`` or ``eager``
+        attention implementation and a model with one rotary kind.
 
     Every field is checked on construction: numbers must be finite (no NaN or
     infinity), counts must be ints in range; a bad value raises ``TypeError`` or
@@ -155,8 +163,8 @@ class QGPMConfig:
             raise ValueError(f"anchor_ratio must be positive, got {self.anchor_ratio}")
         if self.tau < 0:
             raise ValueError(f"tau must be >= 0, got {self.tau}")
-        if self.remap not in ("stride", "move"):
-            raise ValueError(f"remap must be 'stride' (the paper's Eq. 7-8) or 'move', got {self.remap!r}")
+        if self.remap not in ("stride", "move", "reorder"):
+            raise ValueError(f"remap must be 'stride' (the paper's Eq. 7-8), 'move' or 'reorder', got {self.remap!r}")
         if self.anchor_basis not in ("context", "relevant"):
             raise ValueError(f"anchor_basis must be 'context' or 'relevant', got {self.anchor_basis!r}")
         if not self.local_window >= 0:

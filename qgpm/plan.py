@@ -133,7 +133,10 @@ def build_plan(
     # One table set per (rotary kind, map): each kind gets its own boundary plane and gate
     # (Eq. 3, 7) on its own wavelengths. One-kind models have the single kind ``None``.
     kinds: tuple[str | None, ...] = rotary.modulated_kinds if rotary.layered else (None,)
-    positions, table_rotary, m_stars = [], [], []
+    if config.remap == "reorder" and rotary.layered:
+        raise ValueError("remap='reorder' needs a model with one rotary kind: on Gemma 3 the sliding-window layers "
+                         "keep the text order; use remap='stride' or 'move' there")
+    positions, table_rotary, m_stars, orders = [], [], [], []
     for kind in kinds:
         rot = rotary.for_kind(kind)
         m_star = boundary_plane(anchor, rot.inv_freq)
@@ -144,6 +147,10 @@ def build_plan(
         for t, s in zip(tok_scores, unit_scores):
             if config.remap == "move":  # relevant units take the last context slots on the modulated planes
                 positions.append(moved_positions(move_permutation(token_unit, move_order(ranks, s, s_low)), gate))
+            elif config.remap == "reorder":  # the same slots on every plane, and the causal order follows them
+                pi = move_permutation(token_unit, move_order(ranks, s, s_low))
+                positions.append(moved_positions(pi, torch.zeros_like(gate)))
+                orders.append(pi)
             else:  # Eq. 7-8: strides, cumulated
                 positions.append(cumulative_positions(strides(t, gate, config.eps)))
             table_rotary.append(rot)
@@ -159,7 +166,8 @@ def build_plan(
             if layer_map[i] is not None:  # layers of an unmodulated kind keep standard positions
                 layer_map[i] = 2 * kinds.index(kind) + layer_map[i] if kind in kinds else None
     plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity,
-                        table_rotary=tuple(table_rotary) if rotary.layered else ())
+                        table_rotary=tuple(table_rotary) if rotary.layered else (),
+                        orders=tuple(orders) if any(bool((o != torch.arange(o.numel())).any()) for o in orders) else ())
     return MapResult(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low)
 
 

@@ -187,7 +187,10 @@ class PositionPlan:
     1 sharp) of the ``i``-th modulated kind, rotated with ``table_rotary[2 * i + k]``;
     with one kind ``table_rotary`` is empty and every table set uses ``rotary``.
     ``capacity``: how many token indices (prompt plus generation budget) to build the
-    cos/sin tables for up front.
+    cos/sin tables for up front. ``orders`` (``remap="reorder"`` only, else empty): per
+    map, the slot ``pi[j]`` of each prompt token in the causal order pass 2 follows (a
+    token attends to the tokens whose slot is not later than its own; generated tokens
+    come after every slot); see :meth:`causal_mask`.
 
     The plan does not change once built (:func:`qgpm.plan.build_plan` takes the capacity);
     it only caches the cos/sin tables it has computed, per map, device and dtype, so every
@@ -200,6 +203,7 @@ class PositionPlan:
     rotary: RotaryInfo
     capacity: int = 0
     table_rotary: tuple[RotaryInfo, ...] = ()
+    orders: tuple[torch.Tensor, ...] = ()
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
     def rotary_of(self, map_index: int) -> RotaryInfo:
@@ -229,6 +233,25 @@ class PositionPlan:
         out = rope_tables(angles, attention_scaling=rot.attention_scaling, dtype=dtype)
         self._tables[key] = out
         return out
+
+    def causal_mask(self, map_index: int, position_ids: torch.Tensor, num_keys: int, device: torch.device) -> torch.Tensor | None:
+        """``[1, 1, S, K]`` bool (True = may attend) for queries at token indices
+        ``position_ids`` (``[1, S]``) over the keys ``0..K-1``, in the causal order of
+        ``orders[map_index]``; ``None`` where that order is the text order for every query
+        (no ``orders``, or every query after the prompt's reordered part)."""
+        if not self.orders:
+            return None
+        pi = self.orders[map_index]
+        pid = position_ids.reshape(-1).to(torch.long).cpu()
+        n = pi.numel()
+        if int(pid.min()) >= n or num_keys <= 0:
+            return None
+        if pid.numel() and int(pid.max()) >= num_keys:
+            raise ValueError(f"query index {int(pid.max())} has no key (only {num_keys} keys)")
+        keys = torch.arange(num_keys)
+        slot_k = torch.where(keys < n, pi[keys.clamp(max=n - 1)], keys)
+        slot_q = torch.where(pid < n, pi[pid.clamp(max=n - 1)], pid)
+        return (slot_k.reshape(1, -1) <= slot_q.reshape(-1, 1)).reshape(1, 1, pid.numel(), num_keys).to(device)
 
     def tables(self, map_index: int, position_ids: torch.Tensor, device: torch.device, dtype: torch.dtype, need: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``[B, S, d]`` for the tokens at ``position_ids`` (token indices), on ``device``.

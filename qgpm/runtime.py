@@ -110,6 +110,7 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
         layers = decoder_layers(model)
         if len(plan.layer_map) != len(layers):
             raise ValueError(f"plan has {len(plan.layer_map)} layer entries, model has {len(layers)} layers")
+        mask_kind = _mask_kind(model) if plan.orders else None
         handles = []
         need = [0]  # this installation's own state: how far the tables must reach in the current forward
         gathered: dict = {}  # (map, device, dtype) -> this forward's cos/sin rows, shared by the layers of one map
@@ -132,6 +133,12 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
                 if rows is None:  # one gather per map and forward, not one per layer
                     rows = gathered[key] = plan.tables(map_index, pid, hs.device, hs.dtype, need=need[0])
                 kwargs["position_embeddings"] = rows
+                if plan.orders:  # remap="reorder": the causal order follows the moved slots
+                    mkey = ("mask", map_index, hs.device)
+                    if mkey not in gathered:
+                        gathered[mkey] = _reordered_mask(plan, map_index, pid, kwargs.get("attention_mask"), hs, mask_kind)
+                    if gathered[mkey] is not None:
+                        kwargs["attention_mask"] = gathered[mkey]
                 return args, kwargs
 
             return hook
@@ -146,3 +153,48 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
         finally:
             for h in handles:
                 h.remove()
+
+
+def _mask_kind(model: torch.nn.Module) -> str:
+    """How this model's attention reads a custom mask: ``"bool"`` (sdpa) or ``"additive"`` (eager)."""
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl == "sdpa":
+        return "bool"
+    if impl == "eager":
+        return "additive"
+    raise ValueError(
+        f"remap='reorder' sets its own causal mask, which the '{impl}' attention implementation does not take; "
+        "load the model with attn_implementation='sdpa' (default) or 'eager', or use remap='stride'"
+    )
+
+
+def _reordered_mask(plan: PositionPlan, map_index: int, pid: torch.Tensor, given: torch.Tensor | None,
+                    hs: torch.Tensor, kind: str | None) -> torch.Tensor | None:
+    """The layer's attention mask under the plan's causal order, combined with the model's own
+    mask ``given`` (padding, sliding window) where it passed one; ``None`` = keep ``given``."""
+    if pid.shape[0] != 1:
+        raise ValueError(f"remap='reorder' runs one sequence per call, got a batch of {pid.shape[0]}")
+    num_keys = int(given.shape[-1]) if isinstance(given, torch.Tensor) else int(pid.max()) + 1
+    order = plan.causal_mask(map_index, pid, num_keys, hs.device)
+    if order is None:
+        return None
+    if isinstance(given, torch.Tensor):
+        # The model's mask is the text-order causal mask; the reorder replaces it. Anything
+        # else in it (padding, a sliding window shorter than the prompt) has no meaning in the
+        # moved order, so it is refused instead of being dropped.
+        allowed = given if given.dtype == torch.bool else given > torch.finfo(given.dtype).min / 2
+        q = pid.reshape(-1, 1).to(given.device)
+        text_causal = torch.arange(num_keys, device=given.device).reshape(1, -1) <= q
+        if allowed.shape[-2:] != text_causal.shape or not bool((allowed == text_causal).all()):
+            raise ValueError(
+                "remap='reorder' replaces the causal mask, but this forward's mask also masks other tokens "
+                "(padding, or a sliding window shorter than the prompt); run one unpadded sequence on a model "
+                "without a sliding window, or use remap='stride'"
+            )
+        if given.dtype == torch.bool:
+            return order
+        return torch.where(order, torch.zeros((), dtype=given.dtype, device=given.device), torch.finfo(given.dtype).min)
+    if kind == "bool":
+        return order
+    zero = torch.zeros((), dtype=hs.dtype, device=hs.device)
+    return torch.where(order, zero, torch.finfo(hs.dtype).min)

@@ -82,6 +82,20 @@ elif [ "$stage" = moveall ]; then
   # (c = 1000: every plane reads the moved order), Oracle only, same 18 samples; one process.
   d=$OUT/move/moveall_mk1.s$i; seed "$d"
   $BASE --n 6 --tasks niah_multikey_1 --methods oracle --set remap=move --set anchor_ratio=1000.0 --grid 'remap=move' --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = reorder ]; then
+  # Session 6: the all-plane move found the queried key in 17 of 18 but dropped digits; it also
+  # let context after the evidence attend to it. remap="reorder" adds the causal order of the
+  # moved slots, which makes pass 2 Reorder's own computation with the model's heads (QGPM) or
+  # the labels (Oracle) as the reranker. Same 18 MK-1 samples; then QGPM with one order for
+  # every layer (split_layer 0: the sharp map's top K_s everywhere).
+  d=$OUT/reorder/reorder_mk1.s$i; seed "$d"
+  $BASE --n 6 --tasks niah_multikey_1 --methods qgpm,oracle --set remap=reorder --grid 'remap=reorder' --out "$d" > "$d.log" 2>&1
+  d=$OUT/reorder/reorder_split0_mk1.s$i; seed "$d"
+  $BASE --n 6 --tasks niah_multikey_1 --methods qgpm --set remap=reorder --grid 'split_layer=0' --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = reordermv ]; then
+  # Multi-value under remap="reorder" (the fourth session's 9 samples: 3 contents x 3 depths).
+  d=$OUT/reorder/reorder_mv.s$i; seed "$d"
+  $BASE --n 3 --tasks niah_multivalue --methods qgpm --set remap=reorder --grid "${GRID:-remap=reorder}" --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv SHARD" >&2; exit 2
 fi

@@ -1,0 +1,133 @@
+"""remap="reorder": positions and causal order both follow the moved slots, so pass 2 computes
+exactly what the model computes on the prompt with the relevant sentences physically moved
+before the question, while every token keeps its place in the input and the KV cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qgpm import QGPMConfig
+from qgpm.plan import build_plan
+from qgpm.positions import move_permutation
+from qgpm.rope import PositionPlan, rotary_info
+from qgpm.runtime import apply_plan, decoder_layers
+
+from qgpm_testing import FAMILIES, tiny_model
+
+REORDER = QGPMConfig(s_low=0.3, anchor_ratio=1.0, remap="reorder")
+# template (5 tokens), eight context units of uneven length, question and template tail (7 tokens)
+SIZES = [6, 9, 4, 7, 5, 8, 3, 6]
+EVIDENCE = (2, 5)
+
+
+def _prompt(vocab: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    ts = torch.tensor([-1] * 5 + [u for u, k in enumerate(SIZES) for _ in range(k)] + [-1] * 7)
+    ids = torch.randint(10, vocab - 10, (1, ts.numel()), generator=g)
+    rel = torch.zeros(len(SIZES), dtype=torch.float64)
+    rel[list(EVIDENCE)] = 1.0
+    return ids, ts, rel
+
+
+def _plan(model, ts, rel, config=REORDER, steps=8):
+    return build_plan(ts, rel, config=config, rotary=rotary_info(model), n_layers=len(decoder_layers(model)),
+                      dense=True, capacity=ts.numel() + steps).plan
+
+
+def _physical(ids, pi):
+    moved = torch.empty_like(ids)
+    moved[0, pi] = ids[0]
+    return moved
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reorder_equals_the_physically_reordered_prompt(family, attn, tokenizer):
+    model = tiny_model(family, len(tokenizer), attn_implementation=attn)
+    ids, ts, rel = _prompt(len(tokenizer))
+    plan = _plan(model, ts, rel)
+    pi = move_permutation(ts, list(EVIDENCE))
+    assert plan.orders and all(torch.equal(o, pi) for o in plan.orders)
+    assert not torch.equal(pi, torch.arange(pi.numel()))  # the evidence really moves
+    moved = _physical(ids, pi)
+    with torch.inference_mode():
+        want = model(moved).logits[0]
+        with apply_plan(model, plan):
+            got = model(ids).logits[0]
+        text_order = model(ids).logits[0]
+    # every prompt token's output equals that of its moved slot in the reordered prompt
+    assert torch.allclose(got, want[pi], atol=1e-5), (got - want[pi]).abs().max()
+    assert (text_order - want[pi]).abs().max() > 1e-3  # the reorder is live (text order differs)
+    # decoding continues after the prompt exactly as on the reordered prompt
+    kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    with torch.inference_mode():
+        ref = model.generate(moved, attention_mask=torch.ones_like(moved), **kw)
+        with apply_plan(model, plan):
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+    n = ids.shape[1]
+    assert torch.equal(out.sequences[0, n:], ref.sequences[0, n:])
+    assert torch.allclose(torch.stack(out.logits), torch.stack(ref.logits), atol=1e-5)
+    # nothing stays behind: the model is the unpatched model again
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits[0], text_order)
+
+
+def test_reorder_without_relevant_sentences_is_vanilla(tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    ids, ts, rel = _prompt(len(tokenizer))
+    plan = _plan(model, ts, rel * 0.0)  # nothing stands out: no move, no order, vanilla positions
+    assert plan.orders == ()
+    with torch.inference_mode():
+        want = model(ids).logits
+        with apply_plan(model, plan):
+            got = model(ids).logits
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+def test_reorder_refuses_what_it_cannot_do_before_any_forward(tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    ids, ts, rel = _prompt(len(tokenizer))
+    plan = _plan(model, ts, rel)
+    model.config._attn_implementation = "flash_attention_2"
+    calls = []
+    handle = decoder_layers(model)[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+            with apply_plan(model, plan):
+                model(ids)
+    finally:
+        handle.remove()
+        model.config._attn_implementation = "eager"
+    assert calls == [] and all(not layer._forward_pre_hooks for layer in decoder_layers(model))
+    gemma = tiny_model("gemma3_text", len(tokenizer))
+    with pytest.raises(ValueError, match="one rotary kind"):
+        _plan(gemma, ts, rel)
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5), min_size=1, max_size=7), pre=st.integers(0, 3), post=st.integers(1, 3),
+       extra=st.integers(0, 3), data=st.data())
+def test_causal_mask_follows_the_moved_slots(sizes, pre, post, extra, data):
+    ts = torch.tensor([-1] * pre + [u for u, k in enumerate(sizes) for _ in range(k)] + [-1] * post)
+    moved = data.draw(st.permutations(range(len(sizes))).map(lambda p: list(p)[: data.draw(st.integers(1, len(sizes)))]))
+    pi = move_permutation(ts, moved)
+    n = ts.numel()
+    plan = PositionPlan(positions=[pi.double().reshape(1, -1)], layer_map=[0], rotary=None, orders=(pi,))  # type: ignore[arg-type]
+    total = n + extra
+    # a prefill over the prompt (and any teacher-forced continuation) at once
+    m = plan.causal_mask(0, torch.arange(total).reshape(1, -1), total, torch.device("cpu"))
+    assert m.shape == (1, 1, total, total) and m.dtype == torch.bool
+    slot = torch.cat([pi, torch.arange(n, total)])
+    for q in range(total):
+        for k in range(total):
+            assert bool(m[0, 0, q, k]) == bool(slot[k] <= slot[q])
+    assert bool(m[0, 0].diagonal().all())  # every token sees itself
+    # the same rows from a later forward that continues the cache (queries n-1.. only)
+    part = plan.causal_mask(0, torch.arange(n - 1, total).reshape(1, -1), total, torch.device("cpu"))
+    assert torch.equal(part[0, 0], m[0, 0, n - 1 :])
+    # queries all after the prompt: the text order holds, no mask needed
+    if extra:
+        assert plan.causal_mask(0, torch.tensor([[n]]), n + 1, torch.device("cpu")) is None
