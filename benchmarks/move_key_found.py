@@ -1,6 +1,6 @@
 """Which key's value did each answer copy? Exact gold, the gold value truncated (>= 5 digits,
 a dropped last digit), or another number; on the 18 dev MK-1 samples of the move stages
-(docs/tuning/smollm2_dev_4k.md, "Moving instead of compressing").
+(docs/tuning/smollm2_dev_4k.md, "Moving instead of compressing" and "Reordering in place").
 
 usage: python benchmarks/move_key_found.py
 """
@@ -25,7 +25,9 @@ sets={'vanilla':rows('benchmarks/results/tune_smollm2_dev_4k/move/move_mk1/tune_
  'oracle compress c2 s0.3 (coarse)':rows('benchmarks/results/tune_smollm2_dev_4k/coarse/c2_s03*/tune_rows.jsonl','oracle'),
  'oracle move c2':rows('benchmarks/results/tune_smollm2_dev_4k/move/move_mk1/tune_rows.jsonl','oracle'),
  'oracle move all planes':rows('benchmarks/results/tune_smollm2_dev_4k/move/moveall_mk1/tune_rows.jsonl','oracle'),
- 'qgpm move c2':rows('benchmarks/results/tune_smollm2_dev_4k/move/move_mk1/tune_rows.jsonl','qgpm')}
+ 'qgpm move c2':rows('benchmarks/results/tune_smollm2_dev_4k/move/move_mk1/tune_rows.jsonl','qgpm'),
+ 'oracle reorder (sixth session)':rows('benchmarks/results/tune_smollm2_dev_4k/reorder/reorder_mk1/tune_rows.jsonl','oracle'),
+ 'qgpm reorder (sixth session)':rows('benchmarks/results/tune_smollm2_dev_4k/reorder/reorder_mk1/tune_rows.jsonl','qgpm')}
 import collections
 for n,s in sets.items():
     c=collections.Counter(key(r) for r in s.values()); print(f"{n:35s} n={len(s)} {dict(c)}")

@@ -21,8 +21,8 @@ from pathlib import Path
 from qgpm.eval.stats import mcnemar_exact
 
 KEY = ("task", "length", "depth", "seed")
-SHOWN = ("anchor_ratio", "s_low", "k_sharp", "t_sharp", "k_broad", "t_broad", "eps", "local_window", "unmodulated_layers", "split_layer", "tau")
-ZERO_MEANS = ("t_sharp", "t_broad")  # T = 0 is a hard cut, not "off": always shown
+SHOWN = ("anchor_ratio", "s_low", "k_sharp", "t_sharp", "k_broad", "t_broad", "eps", "local_window", "unmodulated_layers", "split_layer", "tau", "remap")
+ZERO_MEANS = ("t_sharp", "t_broad", "split_layer")  # T = 0 is a hard cut and split_layer 0 the sharp map everywhere, not "off": always shown
 
 
 def read_rows(folder: Path) -> list[dict]:
@@ -91,7 +91,7 @@ def build(folders: list[Path]) -> str:
     depth_tables: dict[str, list[str]] = {t: [] for t in tasks}
     for (name, method, h), rows in sorted(answers.items(), key=lambda kv: (kv[0][0], kv[0][1], str(configs.get(kv[0][2], {}).get("k_sharp")), kv[0][2])):
         cfg = configs.get(h) or configs.get("", {})
-        label = name + (" (" + ", ".join(f"{k}={cfg[k]}" for k in SHOWN if k in cfg and (k in ZERO_MEANS or cfg[k] not in (None, 0, 0.0))) + ")" if cfg else "")
+        label = name + (" (" + ", ".join(f"{k}={cfg[k]}" for k in SHOWN if k in cfg and cfg[k] is not None and (k in ZERO_MEANS or cfg[k] not in (0, 0.0, "stride"))) + ")" if cfg else "")
         cells = [label, method]
         b = c = 0
         n_all = 0

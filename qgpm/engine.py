@@ -550,6 +550,17 @@ class QGPM:
                 raise ValueError(f"config.split_layer={cfg.split_layer} is beyond this model's {n} layers (use 0..{n}, or None for {n // 2})")
             if cfg.unmodulated_layers > n:
                 raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
+            if cfg.remap == "reorder":
+                impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
+                if impl not in ("sdpa", "eager"):
+                    raise ValueError(
+                        f"config.remap='reorder' sets its own causal mask, which the '{impl}' attention implementation does "
+                        "not take; load the model with attn_implementation='sdpa' (default) or 'eager', or pass "
+                        "config=engine.config.with_(remap='stride')"
+                    )
+                if self.rotary.layered:
+                    raise ValueError("config.remap='reorder' needs a model with one rotary kind (not Gemma 3, whose "
+                                     "sliding-window layers keep the text order); use remap='stride' or 'move'")
         return cfg
 
     def _check_input_size(self, texts: Sequence[str], max_new_tokens: int, *, context: Sequence[str] = (), exact: bool = True) -> None:

@@ -65,6 +65,39 @@ def test_real_stream_equals_answer(smollm):
     assert stream.result.relevance and stream.result.top_sentences(1)[0].text == full.top_sentences(1)[0].text
 
 
+@pytest.mark.real_model
+def test_real_reorder_equals_the_physically_reordered_prompt(smollm):
+    """The shipped preset's remap="reorder" on the real model: with one map on every layer,
+    pass 2 gives the logits of the prompt whose top sentences are physically moved before the
+    question (same token ids, only their order changed)."""
+    from qgpm.runtime import apply_plan
+
+    keys = ["amber-fox", "silver-owl", "quiet-lake", "brave-stone"]
+    sents = [FILLER[i % len(FILLER)] for i in range(28)]
+    for k, (key, at) in enumerate(zip(keys, (4, 10, 17, 23))):
+        sents.insert(at, f"One of the special magic numbers for {key} is: {4711 + 1000 * k}.")
+    ctx = " ".join(sents)
+    assert smollm.config.remap == "reorder"
+    cfg = smollm.config.with_(split_layer=0, keep_length=0.0, min_top_z=None, decisive_margin=None)
+    call = smollm.prepare(ctx, "What is the special magic number for quiet-lake?", method="qgpm", config=cfg)
+    plan = call.plan
+    assert set(plan.layer_map) == {1} and len(plan.orders) == 2  # one (sharp) map on every layer
+    pi = plan.orders[1]
+    n = call.input_ids.shape[1]
+    assert not torch.equal(pi, torch.arange(n))  # the top sentences really move
+    ids = call.input_ids
+    moved = torch.empty_like(ids)
+    moved[0, pi] = ids[0]
+    with torch.inference_mode():
+        want = smollm.model(moved).logits[0, -1]
+        with apply_plan(smollm.model, plan):
+            got = smollm.model(ids).logits[0, -1]
+        text_order = smollm.model(ids).logits[0, -1]
+    assert torch.allclose(got, want, atol=2e-3), (got - want).abs().max()
+    assert (text_order - want).abs().max() > 0.05  # the reorder changes what the model reads
+    assert no_hooks(smollm.model)
+
+
 # ----------------------------------------------------------------------------- tiny model
 @pytest.fixture(scope="module")
 def tiny(tokenizer):

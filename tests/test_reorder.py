@@ -131,3 +131,45 @@ def test_causal_mask_follows_the_moved_slots(sizes, pre, post, extra, data):
     # queries all after the prompt: the text order holds, no mask needed
     if extra:
         assert plan.causal_mask(0, torch.tensor([[n]]), n + 1, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_reorder_refuses_a_mask_it_would_drop(attn, tokenizer):
+    """Padding or a sliding window shorter than the prompt has no meaning in the moved order:
+    the call raises instead of silently attending across them, and the model stays clean."""
+    ids, ts, rel = _prompt(len(tokenizer))
+    model = tiny_model("llama", len(tokenizer), attn_implementation=attn)
+    plan = _plan(model, ts, rel)
+    padded = torch.ones_like(ids)
+    padded[0, :2] = 0
+    with pytest.raises(ValueError, match="padding"):
+        with apply_plan(model, plan), torch.inference_mode():
+            model(ids, attention_mask=padded)
+    window = tiny_model("mistral", len(tokenizer), attn_implementation=attn, sliding_window=16)
+    with pytest.raises(ValueError, match="sliding window"):
+        with apply_plan(window, _plan(window, ts, rel)), torch.inference_mode():
+            window(ids)
+    assert all(not layer._forward_pre_hooks for m in (model, window) for layer in decoder_layers(m))
+    with torch.inference_mode():  # unpadded, the same plan runs
+        with apply_plan(model, plan):
+            model(ids, attention_mask=torch.ones_like(ids))
+
+
+def test_engine_refuses_reorder_on_an_attention_without_masks_before_pass_1(tokenizer):
+    from qgpm import QGPM
+
+    model = tiny_model("llama", len(tokenizer), attn_implementation="sdpa")
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=REORDER)
+    context = " ".join(f"Sentence {i} is about the weather in town {i}." for i in range(12))
+    res = engine.answer(context, "Which town is sentence 5 about?", max_new_tokens=3)  # sdpa: runs
+    assert res.text is not None
+    model.config._attn_implementation = "flash_attention_2"
+    calls = []
+    handle = decoder_layers(model)[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="remap='stride'"):
+            engine.answer(context, "Which town is sentence 5 about?", max_new_tokens=3)
+        assert calls == []  # refused before pass 1
+    finally:
+        handle.remove()
+        model.config._attn_implementation = "sdpa"
