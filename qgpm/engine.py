@@ -35,12 +35,12 @@ from .defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS, PASS1_FIELDS as _PAS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .heads import HeadSet, HeadSetMissingError, check_head_set, find_head_set, known_model_name, missing_head_set_error
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
-from .plan import MapResult, build_plan, oracle_units
+from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, oracle_units
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import rotary_info
-from .runtime import apply_plan, check_supported, decoder_layers, model_lock
+from .runtime import apply_plan, check_supported, decoder_layers, model_lock, reorder_mask_kind
 from .shaping import fuse_heads
 from .tokens import count_plain, count_tokens_bounded, encode_plain, encode_prompt, max_token_chars, plain_backend, special_token_ids
 
@@ -550,17 +550,10 @@ class QGPM:
                 raise ValueError(f"config.split_layer={cfg.split_layer} is beyond this model's {n} layers (use 0..{n}, or None for {n // 2})")
             if cfg.unmodulated_layers > n:
                 raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
-            if cfg.remap == "reorder":
-                impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
-                if impl not in ("sdpa", "eager"):
-                    raise ValueError(
-                        f"config.remap='reorder' sets its own causal mask, which the '{impl}' attention implementation does "
-                        "not take; load the model with attn_implementation='sdpa' (default) or 'eager', or pass "
-                        "config=engine.config.with_(remap='stride')"
-                    )
+            if cfg.remap == "reorder":  # what apply_plan and build_plan would refuse, before pass 1
+                reorder_mask_kind(self.model)
                 if self.rotary.layered:
-                    raise ValueError("config.remap='reorder' needs a model with one rotary kind (not Gemma 3, whose "
-                                     "sliding-window layers keep the text order); use remap='stride' or 'move'")
+                    raise ValueError(REORDER_LAYERED_ERROR)
         return cfg
 
     def _check_input_size(self, texts: Sequence[str], max_new_tokens: int, *, context: Sequence[str] = (), exact: bool = True) -> None:

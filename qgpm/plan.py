@@ -19,6 +19,10 @@ from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentenc
 __all__ = ["MapResult", "build_plan", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]
 
 
+REORDER_LAYERED_ERROR = ("remap='reorder' needs a model with one rotary kind: on Gemma 3 the sliding-window layers "
+                         "keep the text order; use remap='stride' or 'move' there")
+
+
 @dataclass
 class MapResult:
     """Everything computed for one plan, kept for explanations and tests."""
@@ -134,8 +138,7 @@ def build_plan(
     # (Eq. 3, 7) on its own wavelengths. One-kind models have the single kind ``None``.
     kinds: tuple[str | None, ...] = rotary.modulated_kinds if rotary.layered else (None,)
     if config.remap == "reorder" and rotary.layered:
-        raise ValueError("remap='reorder' needs a model with one rotary kind: on Gemma 3 the sliding-window layers "
-                         "keep the text order; use remap='stride' or 'move' there")
+        raise ValueError(REORDER_LAYERED_ERROR)
     positions, table_rotary, m_stars, orders = [], [], [], []
     for kind in kinds:
         rot = rotary.for_kind(kind)

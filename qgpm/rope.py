@@ -241,17 +241,17 @@ class PositionPlan:
         (no ``orders``, or every query after the prompt's reordered part)."""
         if not self.orders:
             return None
-        pi = self.orders[map_index]
-        pid = position_ids.reshape(-1).to(torch.long).cpu()
+        pi = self.orders[map_index].to(device)
+        pid = position_ids.reshape(-1).to(device=device, dtype=torch.long)
         n = pi.numel()
         if int(pid.min()) >= n or num_keys <= 0:
             return None
-        if pid.numel() and int(pid.max()) >= num_keys:
+        if int(pid.max()) >= num_keys:
             raise ValueError(f"query index {int(pid.max())} has no key (only {num_keys} keys)")
-        keys = torch.arange(num_keys)
+        keys = torch.arange(num_keys, device=device)  # built where attention runs: no [S, K] host-to-device copy
         slot_k = torch.where(keys < n, pi[keys.clamp(max=n - 1)], keys)
         slot_q = torch.where(pid < n, pi[pid.clamp(max=n - 1)], pid)
-        return (slot_k.reshape(1, -1) <= slot_q.reshape(-1, 1)).reshape(1, 1, pid.numel(), num_keys).to(device)
+        return (slot_k.reshape(1, -1) <= slot_q.reshape(-1, 1)).reshape(1, 1, pid.numel(), num_keys)
 
     def tables(self, map_index: int, position_ids: torch.Tensor, device: torch.device, dtype: torch.dtype, need: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin ``[B, S, d]`` for the tokens at ``position_ids`` (token indices), on ``device``.

@@ -42,6 +42,7 @@ __all__ = [
     "model_lock",
     "PositionPlan",
     "apply_plan",
+    "reorder_mask_kind",
 ]
 
 SUPPORTED_FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text")
@@ -110,7 +111,7 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
         layers = decoder_layers(model)
         if len(plan.layer_map) != len(layers):
             raise ValueError(f"plan has {len(plan.layer_map)} layer entries, model has {len(layers)} layers")
-        mask_kind = _mask_kind(model) if plan.orders else None
+        mask_kind = reorder_mask_kind(model) if plan.orders else None
         handles = []
         need = [0]  # this installation's own state: how far the tables must reach in the current forward
         gathered: dict = {}  # (map, device, dtype) -> this forward's cos/sin rows, shared by the layers of one map
@@ -155,8 +156,10 @@ def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None
                 h.remove()
 
 
-def _mask_kind(model: torch.nn.Module) -> str:
-    """How this model's attention reads a custom mask: ``"bool"`` (sdpa) or ``"additive"`` (eager)."""
+def reorder_mask_kind(model: torch.nn.Module) -> str:
+    """How this model's attention reads the custom causal mask of ``remap="reorder"``:
+    ``"bool"`` (sdpa) or ``"additive"`` (eager). Raises ``ValueError`` for an attention
+    implementation that takes no such mask; the engine calls it before pass 1."""
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
     if impl == "sdpa":
         return "bool"
