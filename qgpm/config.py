@@ -101,10 +101,14 @@ class QGPMConfig:
         following it too: a token attends only to tokens whose moved slot is not later
         than its own. Each map's pass 2 then computes exactly what the model computes on
         the prompt with those sentences physically moved before the question (Reorder with
-        the model's own heads as the reranker), while every token keeps its place in the
-        input and the KV cache. The gate (``anchor_ratio``, ``anchor_basis``, ``tau``,
-        ``local_window``) and ``eps`` do not act there. Needs the ``sdpa`` or ``eager``
-        attention implementation and a model with one rotary kind.
+        the model's own heads as the reranker). The gate (``anchor_ratio``, ``anchor_basis``, ``tau``,
+        ``local_window``) and ``eps`` do not act there. Needs a model with one rotary kind.
+        With one map on every layer (``split_layer=0``, no ``unmodulated_layers``; or
+        any call whose two maps move the same sentences) pass 2 runs as a plain forward over
+        the prompt fed in slot order (the KV cache then holds the slot order), on any
+        attention implementation and at vanilla prefill cost; otherwise per-layer causal
+        masks are swapped in, which needs the ``sdpa`` or ``eager`` implementation and
+        materializes an ``[N, N]`` mask.
 
     Every field is checked on construction: numbers must be finite (no NaN or
     infinity), counts must be ints in range; a bad value raises ``TypeError`` or

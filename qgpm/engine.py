@@ -35,11 +35,11 @@ from .defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS, PASS1_FIELDS as _PAS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .heads import HeadSet, HeadSetMissingError, check_head_set, find_head_set, known_model_name, missing_head_set_error
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
-from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, oracle_units
+from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, oracle_units, split_layer
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
-from .rope import rotary_info
+from .rope import PositionPlan, rotary_info
 from .runtime import apply_plan, check_supported, decoder_layers, model_lock, reorder_mask_kind
 from .shaping import fuse_heads
 from .tokens import count_plain, count_tokens_bounded, encode_plain, encode_prompt, max_token_chars, plain_backend, special_token_ids
@@ -385,14 +385,14 @@ class QGPM:
     def _run_call(self, call: PreparedCall, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score: str | None = None) -> QGPMResult:
         streamer = _TimingStreamer()
         gen = self._generate_kwargs(call.input_ids, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs)
-        ids = call.input_ids.to(self.device)
+        ids, plan = _pass2_inputs(call, self.device)
         extra: dict[str, Any] = {}
         if score is not None:
             score_ids = encode_plain(self.tokenizer, score)
             if not score_ids:
                 raise ValueError("score is empty: pass the continuation to score, e.g. the gold answer")
         t0 = time.perf_counter()
-        with apply_plan(self.model, call.plan), torch.inference_mode():
+        with apply_plan(self.model, plan), torch.inference_mode():
             if score is not None:
                 extra["score_logprob"], cache = self._score_prefill(ids, score_ids)
                 extra["score_tokens"] = len(score_ids)
@@ -526,8 +526,9 @@ class QGPM:
         ans = encode_plain(self.tokenizer, answer)
         if not ans:
             raise ValueError("answer is empty")
-        with apply_plan(self.model, call.plan), torch.inference_mode():
-            logprob, _ = self._score_prefill(call.input_ids.to(self.device), ans)
+        ids, plan = _pass2_inputs(call, self.device)
+        with apply_plan(self.model, plan), torch.inference_mode():
+            logprob, _ = self._score_prefill(ids, ans)
         return logprob
 
     # ------------------------------------------------------------------ internals
@@ -551,9 +552,10 @@ class QGPM:
             if cfg.unmodulated_layers > n:
                 raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
             if cfg.remap == "reorder":  # what apply_plan and build_plan would refuse, before pass 1
-                reorder_mask_kind(self.model)
                 if self.rotary.layered:
                     raise ValueError(REORDER_LAYERED_ERROR)
+                if reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
+                    reorder_mask_kind(self.model)
         return cfg
 
     def _check_input_size(self, texts: Sequence[str], max_new_tokens: int, *, context: Sequence[str] = (), exact: bool = True) -> None:
@@ -887,6 +889,28 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
+def reorder_needs_masks(config: QGPMConfig, n_layers: int) -> bool:
+    """Whether ``remap="reorder"`` under ``config`` needs per-layer causal masks (hooks that
+    swap the attention mask: sdpa or eager attention only). With one map on every layer
+    (``split_layer`` 0 or ``n_layers``, no ``unmodulated_layers``) pass 2 runs as a plain
+    forward over the prompt in slot order instead, on any attention implementation; with two
+    maps it does so only in calls where both maps happen to move the same sentences."""
+    ls = split_layer(n_layers, config)
+    return config.unmodulated_layers > 0 or 0 < ls < n_layers
+
+
+def _pass2_inputs(call: PreparedCall, device: torch.device) -> tuple[torch.Tensor, Any]:
+    """What pass 2 feeds the model and under which plan: the prompt in slot order with no
+    plan where a ``remap="reorder"`` plan allows it (:meth:`PositionPlan.feed_order
+    <qgpm.rope.PositionPlan.feed_order>`: the same computation through the model's own causal
+    attention, without the ``[N, N]`` mask), else the prompt in text order under the call's plan."""
+    plan = call.plan
+    order = plan.feed_order() if isinstance(plan, PositionPlan) else None
+    if order is None:
+        return call.input_ids.to(device), plan
+    return call.input_ids[:, order].to(device), None
+
+
 def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: PreparedCall | None, state: StreamState) -> Iterator[str]:
     """The generator behind :class:`AnswerStream` (a function, so it cannot reference the stream)."""
     from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
@@ -912,8 +936,9 @@ def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: P
 
     def work() -> None:
         try:
-            with apply_plan(eng.model, call.plan), torch.inference_mode():
-                out_holder["ids"] = eng.model.generate(call.input_ids.to(eng.device), streamer=timing, stopping_criteria=crit, **gen)
+            ids, plan = _pass2_inputs(call, eng.device)
+            with apply_plan(eng.model, plan), torch.inference_mode():
+                out_holder["ids"] = eng.model.generate(ids, streamer=timing, stopping_criteria=crit, **gen)
         except BaseException as exc:  # re-raised in the consumer
             errors.put(exc)
             text_streamer.end()

@@ -234,6 +234,33 @@ class PositionPlan:
         self._tables[key] = out
         return out
 
+    def feed_order(self) -> torch.Tensor | None:
+        """The token order that turns pass 2 into a plain forward, or ``None``.
+
+        When every decoder layer reads one ``remap="reorder"`` map (the same ``pi`` on every
+        layer, positions equal to the slots on every plane), pass 2 computes exactly what the
+        model computes on the prompt fed in slot order with standard positions:
+        ``input_ids[:, order]``, where ``order[s]`` is the token that takes slot ``s``.
+        Feeding it so runs the model's own causal attention (no ``[N, N]`` mask, no hooks,
+        any attention implementation); generated tokens come after every slot either way.
+        ``None`` when there is no reorder, when layers read different orders, or when some
+        layers keep standard positions (``layer_map`` entry ``None``): those plans need
+        :func:`qgpm.runtime.apply_plan`'s per-layer masks.
+        """
+        if not self.orders or self.table_rotary or any(m is None for m in self.layer_map):
+            return None
+        used = sorted({int(m) for m in self.layer_map if m is not None})
+        if not used:
+            return None
+        pi = self.orders[used[0]]
+        for m in used:
+            if not torch.equal(self.orders[m], pi):
+                return None
+            slots = pi.to(self.positions[m].dtype).reshape(1, -1)
+            if not torch.equal(self.positions[m], slots.expand_as(self.positions[m])):
+                return None
+        return torch.argsort(pi)
+
     def causal_mask(self, map_index: int, position_ids: torch.Tensor, num_keys: int, device: torch.device) -> torch.Tensor | None:
         """``[1, 1, S, K]`` bool (True = may attend) for queries at token indices
         ``position_ids`` (``[1, S]``) over the keys ``0..K-1``, in the causal order of

@@ -167,7 +167,9 @@ def reorder_mask_kind(model: torch.nn.Module) -> str:
         return "additive"
     raise ValueError(
         f"remap='reorder' sets its own causal mask, which the '{impl}' attention implementation does not take; "
-        "load the model with attn_implementation='sdpa' (default) or 'eager', or use remap='stride'"
+        "load the model with attn_implementation='sdpa' (default) or 'eager', set one map on every layer "
+        "(split_layer=0 and unmodulated_layers=0: pass 2 then runs the prompt in slot order through the model's own attention), "
+        "or use remap='stride'"
     )
 
 

@@ -96,6 +96,13 @@ def test_real_reorder_equals_the_physically_reordered_prompt(smollm):
     assert torch.allclose(got, want, atol=2e-3), (got - want).abs().max()
     assert (text_order - want).abs().max() > 0.05  # the reorder changes what the model reads
     assert no_hooks(smollm.model)
+    # the engine runs this one-map plan as a plain forward over the slot order: same log-prob
+    assert torch.equal(ids[:, plan.feed_order()], moved)
+    res = smollm.generate_prepared(call, max_new_tokens=4, score=" 6711")
+    with torch.inference_mode(), apply_plan(smollm.model, plan):
+        hooked, _ = smollm._score_prefill(ids, smollm.tokenizer(" 6711", add_special_tokens=False).input_ids)
+    assert abs(res.details["score_logprob"] - hooked) < 1e-2, (res.details["score_logprob"], hooked)
+    assert no_hooks(smollm.model)
 
 
 # ----------------------------------------------------------------------------- tiny model

@@ -173,3 +173,88 @@ def test_engine_refuses_reorder_on_an_attention_without_masks_before_pass_1(toke
     finally:
         handle.remove()
         model.config._attn_implementation = "sdpa"
+
+
+# ----------------------------------------------------------------------------- slot-order pass 2
+ONE_MAP = REORDER.with_(split_layer=0)
+CONTEXT = " ".join(f"Sentence {i} is about the weather in town {i}." for i in range(12))
+QUESTION = "Which town is sentence 5 about?"
+
+
+def test_feed_order_only_where_one_order_covers_every_layer(tokenizer):
+    """feed_order() gives the slot order exactly when a plain forward over it is the plan:
+    one reorder on every layer; None for vanilla layers, two different orders, or strides."""
+    model = tiny_model("llama", len(tokenizer))
+    ids, ts, rel = _prompt(len(tokenizer))
+    pi = move_permutation(ts, list(EVIDENCE))
+    order = _plan(model, ts, rel).feed_order()  # Oracle: both maps move the evidence, one order
+    assert order is not None and torch.equal(ids[:, order], _physical(ids, pi))
+    assert _plan(model, ts, rel, REORDER.with_(unmodulated_layers=1)).feed_order() is None
+    assert _plan(model, ts, rel, REORDER.with_(remap="stride")).feed_order() is None
+    assert _plan(model, ts, rel * 0.0).feed_order() is None  # nothing moves: no order at all
+    graded = torch.tensor([0.0, 0.2, 3.0, 0.1, 2.5, 0.3, 2.0, 1.5], dtype=torch.float64)  # heads: K_b 8 and K_s 2 move different sets
+    two = build_plan(ts, graded, config=REORDER, rotary=rotary_info(model), n_layers=len(decoder_layers(model)), capacity=80).plan
+    assert len(two.orders) == 2 and not torch.equal(two.orders[0], two.orders[1])
+    assert two.feed_order() is None
+    one = build_plan(ts, graded, config=ONE_MAP, rotary=rotary_info(model), n_layers=len(decoder_layers(model)), capacity=80).plan
+    assert one.feed_order() is not None and torch.equal(torch.argsort(one.feed_order()), one.orders[1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_engine_feeds_one_map_reorder_in_slot_order_with_the_hooked_result(family, tokenizer):
+    """With one map on every layer the engine runs pass 2 as a plain forward over the prompt in
+    slot order (no hooks, no [N, N] mask): the answer and the gold log-prob equal those of the
+    per-layer masks of apply_plan."""
+    from qgpm import QGPM
+
+    model = tiny_model(family, len(tokenizer), attn_implementation="sdpa")
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=ONE_MAP.with_(min_top_z=None, decisive_margin=None))
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    order = call.plan.feed_order()
+    assert order is not None and not torch.equal(order, torch.arange(order.numel()))
+    fed, hooks = [], []
+    h1 = model.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].clone()), with_kwargs=True)
+    h2 = decoder_layers(model)[0].register_forward_pre_hook(lambda m, a, kw: hooks.append(len(m._forward_pre_hooks)), with_kwargs=True)
+    try:
+        res = engine.generate_prepared(call, max_new_tokens=5, score=" town 5")
+    finally:
+        h1.remove()
+        h2.remove()
+    assert torch.equal(fed[0][0, : order.numel()], call.input_ids[0, order])  # slot order went in
+    assert set(hooks) == {1}  # only this test's own hook: no plan installed
+    score_ids = engine.tokenizer(" town 5", add_special_tokens=False).input_ids
+    kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+    with torch.inference_mode():
+        with apply_plan(model, call.plan):  # the per-layer masks on the text order
+            want_lp, _ = engine._score_prefill(call.input_ids, score_ids)
+            want = model.generate(call.input_ids, attention_mask=torch.ones_like(call.input_ids), **kw)
+    assert abs(res.details["score_logprob"] - want_lp) < 1e-3
+    n = call.num_tokens
+    assert res.text.strip() == engine.tokenizer.decode(want[0, n:], skip_special_tokens=True).strip()
+
+
+def test_one_map_reorder_runs_on_an_attention_that_takes_no_mask(tokenizer):
+    """An attention implementation without a custom mask (here sdpa reached through transformers'
+    AttentionInterface with the mask dropped, causal by position as flash attention is) refuses
+    two-map reorder before pass 1, and runs one-map reorder in slot order."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from qgpm import QGPM
+
+    def causal_only(module, query, key, value, attention_mask, **kwargs):
+        return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+    AttentionInterface.register("qgpm_test_causal_only", causal_only)
+    model = tiny_model("llama", len(tokenizer), attn_implementation="qgpm_test_causal_only")
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=REORDER.with_(min_top_z=None, decisive_margin=None))
+    with pytest.raises(ValueError, match="split_layer=0"):
+        engine.answer(CONTEXT, QUESTION, max_new_tokens=3)
+    cfg = ONE_MAP.with_(min_top_z=None, decisive_margin=None)
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=cfg)
+    got = engine.generate_prepared(call, max_new_tokens=4, score=" town 5").details["score_logprob"]
+    sdpa = tiny_model("llama", len(tokenizer), attn_implementation="sdpa")  # same seed, same weights
+    ref = QGPM(sdpa, tokenizer, heads=[(1, 0), (2, 1)], config=cfg)
+    with torch.inference_mode(), apply_plan(sdpa, call.plan):
+        want, _ = ref._score_prefill(call.input_ids, ref.tokenizer(" town 5", add_special_tokens=False).input_ids)
+    assert abs(got - want) < 1e-3
