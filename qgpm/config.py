@@ -75,6 +75,14 @@ class QGPMConfig:
         remapping pays where look-alike sentences compete for the answer (multi-key lookup);
         with a single clear winner there is nothing for it to separate, and on the measured
         model it only cost copying accuracy (``docs/tuning/smollm2_dev_4k.md``).
+    z_window:
+        Relevance window (``None`` = off), in z units; not in the paper. A sentence counts
+        as relevant in either map only when its fused z (Eq. 5) is within this much of the
+        top sentence's, on top of the rank shape (Eq. 6): the others get the lowest score
+        ``s_low``. ``K`` caps how many sentences each map promotes, the window drops the
+        ones the heads themselves put well below the top (look-alikes of a queried key),
+        while sentences that tie with the top (several values of one key) stay together.
+        The Oracle's labels are not shaped by it.
     split_layer:
         First layer that uses the sharp map; ``None`` = ``floor(n_layers / 2)``.
     query_tail:
@@ -131,6 +139,7 @@ class QGPMConfig:
     unmodulated_layers: int = 0
     min_top_z: float | None = None
     decisive_margin: float | None = None
+    z_window: float | None = None
     split_layer: int | None = None
     query_tail: int | None = None
     exclude_newline_tokens: bool = True
@@ -182,6 +191,11 @@ class QGPMConfig:
                 raise TypeError(f"QGPMConfig.decisive_margin must be a number or None, got {type(self.decisive_margin).__name__} {self.decisive_margin!r}")
             if not (math.isfinite(self.decisive_margin) and self.decisive_margin > 0):
                 raise ValueError(f"decisive_margin must be a positive, finite z difference or None (off), got {self.decisive_margin}")
+        if self.z_window is not None:
+            if isinstance(self.z_window, bool) or not isinstance(self.z_window, numbers.Real):
+                raise TypeError(f"QGPMConfig.z_window must be a number or None, got {type(self.z_window).__name__} {self.z_window!r}")
+            if not (math.isfinite(self.z_window) and self.z_window > 0):
+                raise ValueError(f"z_window must be a positive, finite z difference or None (off), got {self.z_window}")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.split_layer is not None and self.split_layer < 0:

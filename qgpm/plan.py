@@ -14,7 +14,7 @@ import torch
 from .config import QGPMConfig
 from .positions import boundary_plane, cumulative_positions, frequency_gate, move_permutation, moved_positions, protect_fast_planes, strides
 from .rope import PositionPlan, RotaryInfo
-from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores
+from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores, within_z_window
 
 __all__ = ["MapResult", "build_plan", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]
 
@@ -129,8 +129,9 @@ def build_plan(
     vanilla = flat or decisive
     s_low = 1.0 if vanilla else effective_s_low(int((token_unit >= 0).sum()), config)
     unit_scores = []
+    window = within_z_window(unit_relevance, None if dense else config.z_window)
     for params in (config.broad, config.sharp):
-        f = rank_shape(ranks, params) if n_units else torch.zeros(0, dtype=torch.float64)
+        f = rank_shape(ranks, params) * window if n_units else torch.zeros(0, dtype=torch.float64)
         unit_scores.append(torch.ones(n_units, dtype=torch.float64) if vanilla else sentence_scores(f, s_low))
     anchor = max(config.anchor_ratio * max(anchor_basis_length(token_unit, unit_scores[0], config, s_low), 1), 1e-6)
     tok_scores = [token_scores(token_unit, s, s_low) for s in unit_scores]

@@ -86,6 +86,19 @@ def rank_shape(ranks: torch.Tensor, params: MapParams) -> torch.Tensor:
     return torch.sigmoid((params.k - 0.5 - rho) / params.temperature)
 
 
+def within_z_window(z: torch.Tensor, window: float | None) -> torch.Tensor:
+    """The relevance window (``QGPMConfig.z_window``; an addition to the paper): 1.0 for the
+    sentences whose fused z is within ``window`` of the top sentence's, 0.0 for the others
+    (float64 per sentence). ``None``, or no finite z, keeps every sentence (all 1.0)."""
+    z = z.to(torch.float64)
+    keep = torch.ones_like(z)
+    finite = torch.isfinite(z)
+    if window is None or not bool(finite.any()):
+        return keep
+    top = float(z[finite].max())
+    return torch.where(finite & (z >= top - float(window) - 1e-12), keep, torch.zeros_like(z))
+
+
 def sentence_scores(f: torch.Tensor, s_low: float) -> torch.Tensor:
     """Min-max rescale ``f`` to [0, 1], then ``s_i = s_low + (1 - s_low) * f~_i``.
 

@@ -96,6 +96,20 @@ elif [ "$stage" = reordermv ]; then
   # Multi-value under remap="reorder" (the fourth session's 9 samples: 3 contents x 3 depths).
   d=$OUT/reorder/reorder_mv.s$i; seed "$d"
   $BASE --n 3 --tasks niah_multivalue --methods qgpm --set remap=reorder --grid "${GRID:-remap=reorder}" --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = zwin ]; then
+  # Session 7: 13 of the test grid's 60 multi-key answers were wrong, 8 of them with the queried
+  # key ranked first: K_s 4 moves all four needles (the three look-alikes too) next to the
+  # question, while the Oracle moves the evidence alone and is right 17 of 17. Dev pass 1
+  # (runs/zgap): the top sentence's z exceeds the look-alikes' by 0.54-1.1, the four values of
+  # multi-value lie within 0.25. z_window 0.3 / 0.5 keeps only sentences that close to the top
+  # z relevant. One map on every layer (split_layer 0, which the reorder stage found to give
+  # the same answers; pass 2 then runs in slot order). Multi-value (3 contents x 3 depths)
+  # first, then multi-key (6 x 3); the split_layer 0 rows of the reorder stage are copied in.
+  d=$OUT/zwin/zwin_mv.s$i; seed "$d"
+  $BASE --n 3 --tasks niah_multivalue --methods qgpm --set split_layer=0 --grid 'z_window=0.3,0.5' --out "$d" > "$d.log" 2>&1
+  d=$OUT/zwin/zwin_mk1.s$i; seed "$d"
+  cat "$OUT"/reorder/reorder_split0_mk1.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
+  $BASE --n 6 --tasks niah_multikey_1 --methods qgpm --set split_layer=0 --grid 'z_window=0.3,0.5' --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin SHARD" >&2; exit 2
 fi

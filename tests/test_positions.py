@@ -17,7 +17,7 @@ from qgpm.positions import (
 from qgpm.rope import RotaryInfo, rope_angles, rope_tables
 from qgpm.shaping import (
     MapParams, dense_ranks, fuse_heads, protected_prefix_end, rank_sentences, rank_shape,
-    sentence_scores, token_scores,
+    relevant_mask, sentence_scores, token_scores, within_z_window,
 )
 
 
@@ -295,6 +295,39 @@ def test_decisive_margin_keeps_vanilla_positions_when_one_sentence_stands_out():
             QGPMConfig(decisive_margin=bad)
     with pytest.raises(TypeError, match="decisive_margin"):
         QGPMConfig(decisive_margin="1")
+
+
+def test_z_window_keeps_only_sentences_near_the_top_z():
+    """z_window: within K, only sentences whose z is within the window of the top one stay
+    relevant; ties with the top stay together; None and the Oracle are unchanged."""
+    inv = plain_inv_freq(32, 1e4)
+    rot = RotaryInfo(inv, 1.0, "default", 32)
+    ts = torch.tensor([-1] + [i // 5 for i in range(50)] + [-1])
+    z = torch.zeros(10, dtype=torch.float64)
+    z[2], z[4], z[6], z[7] = 3.6, 2.8, 2.7, 3.4  # the top (2), one near it (7), two look-alikes 0.8+ below
+    cfg = QGPMConfig(s_low=0.3, k_sharp=4.0, anchor_ratio=1.0, remap="reorder", split_layer=0)
+    rel = lambda mr: set(relevant_mask(mr.unit_scores[1], mr.s_low).nonzero().reshape(-1).tolist())
+    assert rel(build_plan(ts, z, config=cfg, rotary=rot, n_layers=2)) == {2, 4, 6, 7}
+    win = build_plan(ts, z, config=cfg.with_(z_window=0.5), rotary=rot, n_layers=2)
+    assert rel(win) == {2, 7}
+    assert win.unit_scores[1][[4, 6]].tolist() == [0.3, 0.3]  # dropped ones get s_low
+    moved = win.plan.orders[1][ts >= 0]
+    assert moved[10:15].tolist() == [46, 47, 48, 49, 50]  # the top unit (2) ends next to the question
+    assert moved[35:40].tolist() == [41, 42, 43, 44, 45]  # unit 7 just before it; 4 and 6 stay in text order
+    assert rel(build_plan(ts, z, config=cfg.with_(z_window=0.9), rotary=rot, n_layers=2)) == {2, 4, 6, 7}
+    assert rel(build_plan(ts, z, config=cfg.with_(z_window=0.15), rotary=rot, n_layers=2)) == {2}
+    # the window never adds beyond K
+    assert rel(build_plan(ts, z, config=cfg.with_(z_window=5.0, k_sharp=2.0), rotary=rot, n_layers=2)) == {2, 7}
+    # the Oracle's labels are not shaped by it
+    labels = (z > 2.7).double()
+    assert rel(build_plan(ts, labels, config=cfg.with_(z_window=0.1), rotary=rot, n_layers=2, dense=True)) == {2, 4, 7}
+    assert within_z_window(torch.tensor([1.0, float("nan"), 0.4]), 0.5).tolist() == [1.0, 0.0, 0.0]
+    assert within_z_window(torch.tensor([float("nan")]), 0.5).tolist() == [1.0]
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="z_window"):
+            QGPMConfig(z_window=bad)
+    with pytest.raises(TypeError, match="z_window"):
+        QGPMConfig(z_window=True)
 
 
 @settings(max_examples=60, deadline=None)
