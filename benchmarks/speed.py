@@ -15,6 +15,7 @@ is the peak RSS above the pre-call RSS on CPU (sampled every 2 ms) and
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import platform
 import statistics
@@ -28,6 +29,7 @@ import psutil
 import torch
 
 from qgpm import QGPM
+from qgpm.config import coerce_value
 
 
 def long_text() -> str:
@@ -140,6 +142,7 @@ def measure(engine: QGPM, context: str, method: str, new_tokens: int) -> dict:
         "peak_mib": mem,
         "answer": res.text,
         "remapped": method != "vanilla" and float(res.details.get("s_low", 1.0)) < 1.0,  # the plan moved or compressed something
+        "pass2": res.details.get("pass2"),
     }
 
 
@@ -157,6 +160,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", default=None, help="layer:head,... for --random-arch (default: SmolLM2's set, rescaled)")
     ap.add_argument("--second-heads", default=None,
                     help="layer:head,... : also time QGPM with this head set (e.g. a shallow one) in the same run, as 'qgpm B'")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a QGPMConfig field for the timed QGPM calls, on top of the engine's (repeatable)")
     args = ap.parse_args(argv)
     if args.random_arch:
         engine = random_engine(args.random_arch, args.tokenizer, args.device, args.dtype, args.heads)
@@ -164,7 +168,7 @@ def main(argv=None) -> int:
         engine = QGPM.from_pretrained(args.model, device_map=args.device, dtype=args.dtype)
     # The engine's settings with the two confidence rules off, so that every QGPM call pays the
     # remapped pass 2 (a call those rules return to vanilla positions costs pass 1 plus a vanilla prefill).
-    timed_config = engine.config.with_(min_top_z=None, decisive_margin=None)
+    timed_config = engine.config.with_(min_top_z=None, decisive_margin=None, **{k: coerce_value(v) for k, v in (kv.split("=", 1) for kv in args.set)})
     engines = {"vanilla": engine, "qgpm": QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=timed_config, name=engine.name)}
     if args.second_heads:
         second = [tuple(int(x) for x in h.split(":")) for h in args.second_heads.split(",")]
@@ -173,7 +177,7 @@ def main(argv=None) -> int:
     heads = engine.heads
     deepest = max(l for l, _ in heads)
     expected = 1 + (deepest + 1) / engine.n_layers
-    rows, remapped = [], []
+    rows, remapped, pass2 = [], [], collections.Counter()
     for length in [int(x) for x in args.lengths.split(",")]:
         ctx = context_of(engine, text, length - args.new_tokens)
         measure(engine, ctx, "vanilla", 4)  # warm-up at this length
@@ -182,6 +186,7 @@ def main(argv=None) -> int:
             for m, e in engines.items():
                 runs[m].append(measure(e, ctx, "vanilla" if m == "vanilla" else "qgpm", args.new_tokens))
         remapped.append((length, {m: sum(bool(r["remapped"]) for r in rs) for m, rs in runs.items() if m != "vanilla"}))
+        pass2.update(r["pass2"] for m, rs in runs.items() if m != "vanilla" for r in rs)
         med = {m: {k: statistics.median(r[k] for r in rs) for k in ("prompt_tokens", "ttft_s", "pass1_s", "decode_tok_s", "peak_mib")} for m, rs in runs.items()}
         rows.append((length, med))
         print(json.dumps({"length": length, **med}), flush=True)
@@ -195,10 +200,12 @@ def main(argv=None) -> int:
         f"Head set: {len(heads)} heads, deepest layer {deepest} of {engine.n_layers} -> expected TTFT ratio "
         f"1 + (deepest+1)/n_layers = {expected:.2f}. Python {platform.python_version()}, torch {torch.__version__}.",
         "",
-        f"QGPM settings: the engine's (remap={timed_config.remap}, keep_length={timed_config.keep_length:g}) with the "
+        f"QGPM settings: the engine's (remap={timed_config.remap}, split_layer={timed_config.split_layer}, z_window={timed_config.z_window}, "
+        f"keep_length={timed_config.keep_length:g}{''.join(', --set ' + kv for kv in args.set)}) with the "
         "confidence rules off (min_top_z and decisive_margin None), so every QGPM call runs the remapped pass 2; "
         f"remapped calls per cell: {', '.join(f'{length}: ' + '/'.join(str(n) for n in counts.values()) for length, counts in remapped)} "
-        f"({'/'.join(m for m in engines if m != 'vanilla')}, of {args.repeats}).",
+        f"({'/'.join(m for m in engines if m != 'vanilla')}, of {args.repeats}); how pass 2 ran (result.details['pass2']): "
+        f"{', '.join(f'{k} {v}' for k, v in sorted(pass2.items()))}.",
         "",
         "| prompt tokens | TTFT vanilla (s) | TTFT qgpm (s) | of which pass 1 (s) | TTFT ratio | decode vanilla (tok/s) | decode qgpm (tok/s) | decode ratio | peak mem vanilla (MiB) | peak mem qgpm (MiB) | mem ratio |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -221,6 +221,10 @@ def test_engine_feeds_one_map_reorder_in_slot_order_with_the_hooked_result(famil
         h1.remove()
         h2.remove()
     assert torch.equal(fed[0][0, : order.numel()], call.input_ids[0, order])  # slot order went in
+    assert res.details["pass2"] == "slot order"
+    assert engine.answer(CONTEXT, QUESTION, method="vanilla", max_new_tokens=2).details["pass2"] == "plain"
+    two = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=engine.config.with_(split_layer=None, k_broad=8.0, k_sharp=1.0))
+    assert two.details["pass2"] == "masks"  # two maps moving different sentences: per-layer masks
     assert set(hooks) == {1}  # only this test's own hook: no plan installed
     score_ids = engine.tokenizer(" town 5", add_special_tokens=False).input_ids
     kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
