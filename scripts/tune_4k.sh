@@ -100,9 +100,10 @@ elif [ "$stage" = zwin ]; then
   # Session 7: 13 of the test grid's 60 multi-key answers were wrong, 8 of them with the queried
   # key ranked first: K_s 4 moves all four needles (the three look-alikes too) next to the
   # question, while the Oracle moves the evidence alone and is right 17 of 17. Dev pass 1
-  # (runs/zgap): the top sentence's z exceeds the look-alikes' by 0.54-1.1, the four values of
-  # multi-value lie within 0.25. z_window 0.3 / 0.5 keeps only sentences that close to the top
-  # z relevant. One map on every layer (split_layer 0, which the reorder stage found to give
+  # (benchmarks/results/tune_smollm2_dev_4k/zgap): where the key is ranked first its z exceeds
+  # the look-alikes' by 0.54-1.13 (the first multi-value sample's four values lay within 0.23;
+  # the rows of this stage later showed spreads up to 0.79). z_window 0.3 / 0.5 keeps only
+  # sentences that close to the top z relevant. One map on every layer (split_layer 0, which the reorder stage found to give
   # the same answers; pass 2 then runs in slot order). Multi-value (3 contents x 3 depths)
   # first, then multi-key (6 x 3); the split_layer 0 rows of the reorder stage are copied in.
   d=$OUT/zwin/zwin_mv.s$i; seed "$d"

@@ -1,0 +1,18 @@
+# dev-split pass-1 analysis: z of evidence vs look-alike needles (issue 10 diagnosis)
+import json, sys, torch
+torch.set_num_threads(1)
+from qgpm.eval.runner import load_engine, work_items, make_sample, prepare_kwargs
+eng = load_engine("smollm2", device="cpu", dtype="float32")
+tasks = sys.argv[1].split(","); n = int(sys.argv[2]); out = open(sys.argv[3], "a")
+for it in work_items(tasks, [4096], [0.25, 0.5, 0.75], n, "dev"):
+    s = make_sample(eng.tokenizer, it, None, 48)
+    call = eng.prepare(s.context, s.question, **prepare_kwargs(s, "qgpm"))
+    rel = sorted(call.relevance, key=lambda r: r.rank)
+    top = []
+    for r in rel[:10]:
+        lab = "E" if any(e.strip() in r.text or r.text.strip() in e for e in s.evidence) else ("N" if "magic" in r.text else "-")
+        top.append([r.rank, round(float(r.z), 3), lab, r.text[:90]])
+    rec = dict(task=it.task, depth=it.depth, index=it.index, n_sent=len(rel), evidence=s.evidence, top=top,
+               details={k: call.details.get(k) for k in ("flat_relevance", "decisive_relevance", "s_low")})
+    out.write(json.dumps(rec) + "\n"); out.flush()
+    print(it.task, it.depth, it.index, [(t[1], t[2]) for t in top[:6]], flush=True)
