@@ -404,7 +404,8 @@ class QGPM:
         new = out[0, call.num_tokens :].tolist()
         text, reason = self._finish_text(new, stop, max_new_tokens)
         res = self._result(call, text, reason, len(new), t0, streamer.first_token_at, t1)
-        extra["pass2"] = _pass2_kind(call.plan, plan)
+        if isinstance(call.plan, PositionPlan):
+            extra["pass2"] = _pass2_kind(call.plan, plan)
         res.details.update(extra)
         return res
 
@@ -912,15 +913,13 @@ def _pass2_inputs(call: PreparedCall, device: torch.device) -> tuple[torch.Tenso
     return call.input_ids[:, order].to(device), None
 
 
-def _pass2_kind(planned: Any, installed: Any) -> str:
-    """How pass 2 ran (``result.details["pass2"]``): ``"slot order"`` (a reorder fed as a plain
-    forward), ``"masks"`` (a reorder through per-layer causal masks), ``"positions"`` (a
-    stride / move plan, or a RoPE baseline's attention), ``"plain"`` (no plan: vanilla, Top-K, Reorder)."""
-    if planned is None:
-        return "plain"
+def _pass2_kind(planned: PositionPlan, installed: Any) -> str:
+    """How a qgpm / oracle call's pass 2 ran (``result.details["pass2"]``): ``"slot order"`` (a
+    reorder fed as a plain forward), ``"masks"`` (a reorder through per-layer causal masks) or
+    ``"positions"`` (a stride / move plan: remapped rotary tables)."""
     if installed is None:
         return "slot order"
-    return "masks" if getattr(planned, "orders", ()) else "positions"
+    return "masks" if planned.orders else "positions"
 
 
 def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: PreparedCall | None, state: StreamState) -> Iterator[str]:
