@@ -82,7 +82,7 @@ class QGPMConfig:
         ``s_low``. ``K`` caps how many sentences each map promotes, the window drops the
         ones the heads themselves put well below the top (look-alikes of a queried key),
         while sentences that tie with the top (several values of one key) stay together.
-        The Oracle's labels are not shaped by it.
+        The Oracle's 0/1 labels are unaffected (every evidence unit ties with the top).
     split_layer:
         First layer that uses the sharp map; ``None`` = ``floor(n_layers / 2)``.
     query_tail:

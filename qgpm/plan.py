@@ -129,7 +129,7 @@ def build_plan(
     vanilla = flat or decisive
     s_low = 1.0 if vanilla else effective_s_low(int((token_unit >= 0).sum()), config)
     unit_scores = []
-    window = within_z_window(unit_relevance, None if dense else config.z_window)
+    window = within_z_window(unit_relevance, config.z_window)  # the Oracle's 0/1 labels: every evidence unit ties with the top
     for params in (config.broad, config.sharp):
         f = rank_shape(ranks, params) * window if n_units else torch.zeros(0, dtype=torch.float64)
         unit_scores.append(torch.ones(n_units, dtype=torch.float64) if vanilla else sentence_scores(f, s_low))

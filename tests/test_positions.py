@@ -318,7 +318,7 @@ def test_z_window_keeps_only_sentences_near_the_top_z():
     assert rel(build_plan(ts, z, config=cfg.with_(z_window=0.15), rotary=rot, n_layers=2)) == {2}
     # the window never adds beyond K
     assert rel(build_plan(ts, z, config=cfg.with_(z_window=5.0, k_sharp=2.0), rotary=rot, n_layers=2)) == {2, 7}
-    # the Oracle's labels are not shaped by it
+    # the Oracle's 0/1 labels: every evidence unit ties with the top, so the window keeps them all
     labels = (z > 2.7).double()
     assert rel(build_plan(ts, labels, config=cfg.with_(z_window=0.1), rotary=rot, n_layers=2, dense=True)) == {2, 4, 7}
     assert within_z_window(torch.tensor([1.0, float("nan"), 0.4]), 0.5).tolist() == [1.0, 0.0, 0.0]
