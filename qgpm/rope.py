@@ -253,11 +253,9 @@ class PositionPlan:
         if not used:
             return None
         pi = self.orders[used[0]]
-        for m in used:
-            if not torch.equal(self.orders[m], pi):
-                return None
-            slots = pi.to(self.positions[m].dtype).reshape(1, -1)
-            if not torch.equal(self.positions[m], slots.expand_as(self.positions[m])):
+        slots = pi.to(torch.float64).reshape(1, -1)
+        for m in used:  # every used map's positions are pi's slots on every plane (so its order is pi too)
+            if not torch.equal(self.positions[m], slots.to(self.positions[m].dtype).expand_as(self.positions[m])):
                 return None
         return torch.argsort(pi)
 
