@@ -22,7 +22,7 @@ __all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config", "coerce_value
 MIN_SENTENCE_CHARS = 20
 """Smallest ``max_sentence_chars`` the sentence splitter accepts."""
 _FLOAT_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window", "keep_length")
-_INT_FIELDS = (("unmodulated_layers", False), ("split_layer", True), ("query_tail", True), ("max_heads", True), ("max_sentence_chars", False))
+_INT_FIELDS = (("unmodulated_layers", False), ("split_layer", True), ("query_tail", True), ("max_heads", True), ("max_sentence_chars", False), ("lead_tokens", False))
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,13 @@ class QGPMConfig:
         attention implementation and at vanilla prefill cost; otherwise per-layer causal
         masks are swapped in, which needs the ``sdpa`` or ``eager`` implementation and
         materializes an ``[N, N]`` mask.
+    lead_tokens:
+        ``remap="move"`` / ``"reorder"`` only (0 = off; not in the paper): each moved
+        sentence takes along the sentences just before it in the text, up to this many
+        tokens (:func:`qgpm.positions.with_leads`), so that moved sentences sit apart by
+        some of their own text, as a reranker's chunks do, and the top sentence still ends
+        next to the question. Look-alike sentences moved side by side (several keys of
+        one kind, only one of them queried) are then not adjacent.
 
     Every field is checked on construction: numbers must be finite (no NaN or
     infinity), counts must be ints in range; a bad value raises ``TypeError`` or
@@ -146,6 +153,7 @@ class QGPMConfig:
     max_heads: int | None = None
     max_sentence_chars: int = 600
     remap: str = "stride"
+    lead_tokens: int = 0
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
@@ -196,6 +204,10 @@ class QGPMConfig:
                 raise TypeError(f"QGPMConfig.z_window must be a number or None, got {type(self.z_window).__name__} {self.z_window!r}")
             if not (math.isfinite(self.z_window) and self.z_window > 0):
                 raise ValueError(f"z_window must be a positive, finite z difference or None (off), got {self.z_window}")
+        if self.lead_tokens < 0:
+            raise ValueError(f"lead_tokens must be >= 0 tokens (0 = off), got {self.lead_tokens}")
+        if self.lead_tokens and self.remap == "stride":
+            raise ValueError(f"lead_tokens={self.lead_tokens} moves text along with moved sentences; it needs remap='move' or 'reorder', not 'stride'")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.split_layer is not None and self.split_layer < 0:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import QGPMConfig
-from .positions import boundary_plane, cumulative_positions, frequency_gate, move_permutation, moved_positions, protect_fast_planes, strides
+from .positions import boundary_plane, cumulative_positions, frequency_gate, move_permutation, moved_positions, protect_fast_planes, strides, with_leads
 from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores, within_z_window
 
@@ -150,9 +150,10 @@ def build_plan(
         m_stars.append(m_star)
         for t, s in zip(tok_scores, unit_scores):
             if config.remap == "move":  # relevant units take the last context slots on the modulated planes
-                positions.append(moved_positions(move_permutation(token_unit, move_order(ranks, s, s_low)), gate))
+                moved = with_leads(token_unit, move_order(ranks, s, s_low), config.lead_tokens)
+                positions.append(moved_positions(move_permutation(token_unit, moved), gate))
             elif config.remap == "reorder":  # the same slots on every plane, and the causal order follows them
-                pi = move_permutation(token_unit, move_order(ranks, s, s_low))
+                pi = move_permutation(token_unit, with_leads(token_unit, move_order(ranks, s, s_low), config.lead_tokens))
                 positions.append(moved_positions(pi, torch.zeros_like(gate)))
                 orders.append(pi)
             else:  # Eq. 7-8: strides, cumulated

@@ -27,6 +27,7 @@ __all__ = [
     "continuation_positions",
     "positions_at",
     "move_permutation",
+    "with_leads",
     "moved_positions",
 ]
 
@@ -183,6 +184,44 @@ def move_permutation(token_unit: torch.Tensor, moved_units: list[int]) -> torch.
     order = [stay] + [slots[tu[slots] == u] for u in moved_units]
     pi[torch.cat(order)] = slots
     return pi
+
+
+def with_leads(token_unit: torch.Tensor, moved_units: list[int], lead_tokens: int) -> list[int]:
+    """Each moved unit together with the units just before it in the text: its lead.
+
+    ``moved_units`` is a slot order as :func:`move_permutation` takes it (the last unit
+    ends next to the question). Each moved unit takes along the context units right before
+    it, nearest first, as long as their tokens add up to at most ``lead_tokens`` and none
+    of them is moved already (by its own rank or in another unit's lead). The best unit
+    (last in ``moved_units``) takes its lead first. So moved units sit apart by some of
+    their own surrounding text, as a reranker's chunks do, and the top unit still ends next
+    to the question. Returns the units to move, in slot order: each lead in text order
+    followed by its unit, the groups in the order of ``moved_units``. ``lead_tokens == 0``
+    returns ``moved_units`` unchanged. Units must be numbered in text order
+    (``token_unit`` non-decreasing over the context), as sentences and Oracle runs are.
+    """
+    if lead_tokens < 0:
+        raise ValueError(f"lead_tokens must be >= 0, got {lead_tokens}")
+    if lead_tokens == 0 or not moved_units:
+        return list(moved_units)
+    tu = token_unit.to(torch.long).reshape(-1)
+    ctx = tu[tu >= 0]
+    if ctx.numel() and bool((ctx[1:] < ctx[:-1]).any()):
+        raise ValueError("with_leads needs units numbered in text order (token_unit non-decreasing over the context)")
+    counts = torch.bincount(ctx, minlength=int(max(moved_units)) + 1).tolist()
+    taken = set(moved_units)
+    groups: dict[int, list[int]] = {}
+    for u in reversed(moved_units):
+        lead: list[int] = []
+        total, v = 0, u - 1
+        while v >= 0 and v not in taken and total + counts[v] <= lead_tokens:
+            if counts[v]:
+                lead.append(v)
+            taken.add(v)
+            total += counts[v]
+            v -= 1
+        groups[u] = lead[::-1] + [u]
+    return [w for u in moved_units for w in groups[u]]
 
 
 def moved_positions(pi: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -111,6 +111,25 @@ elif [ "$stage" = zwin ]; then
   d=$OUT/zwin/zwin_mk1.s$i; seed "$d"
   cat "$OUT"/reorder/reorder_split0_mk1.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
   $BASE --n 6 --tasks niah_multikey_1 --methods qgpm --set split_layer=0 --grid 'z_window=0.3,0.5' --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = lead ]; then
+  # Session 8: 6 of the test grid's 12 multi-key misses under the one-map preset copy the
+  # look-alike key that K_s 4 moved right before the queried one, which the heads ranked first
+  # (the Oracle moves the evidence alone: 26 of 26). Reorder (93.3 %) moves 128-token chunks,
+  # so its moved needles sit apart by their own text. lead_tokens=128 (Reorder's chunk length,
+  # the one value tried) moves each relevant sentence with the sentences just before it, up to
+  # 128 tokens; the top one still ends next to the question. No gold log-prob (cost).
+  # Multi-value (the zwin stage's 9 samples; its preset rows are copied in), then multi-key on
+  # essays with 12 contents (the first 6 are the earlier stages' samples, their preset rows
+  # copied in), then multi-key on the SQuAD haystack (6 contents, new samples).
+  L="--methods qgpm --no-logprob --grid lead_tokens=0,128 --set remap=reorder"
+  d=$OUT/lead/lead_mv.s$i; seed "$d"
+  cat "$OUT"/zwin/zwin_mv.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
+  $BASE --n 3 --tasks niah_multivalue $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/lead/lead_mk1.s$i; seed "$d"
+  cat "$OUT"/zwin/zwin_mk1.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
+  $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/lead/lead_mk1_squad.s$i; seed "$d"
+  $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead SHARD" >&2; exit 2
 fi

@@ -452,3 +452,78 @@ def test_move_plan_moves_the_evidence_next_to_the_question_on_fast_planes_only()
     assert flat.flat and all(torch.equal(p[m], ar) for p in flat.plan.positions for m in range(32))
     with pytest.raises(ValueError, match="remap"):
         QGPMConfig(remap="swap")
+
+
+# ----------------------------------------------------------------------------- lead_tokens
+
+
+def test_with_leads_takes_the_sentences_before_each_moved_one_best_first():
+    from qgpm.positions import with_leads
+
+    ts = torch.tensor([-1, -1] + [u for u in range(10) for _ in range(10)] + [-1])  # ten units of 10 tokens
+    assert with_leads(ts, [7, 3], 0) == [7, 3]
+    # unit 3 (best, last) takes 2 and 1 (20 tokens; 0 would make 30 > 25); unit 7 takes 6 and 5
+    assert with_leads(ts, [7, 3], 25) == [5, 6, 7, 1, 2, 3]
+    assert with_leads(ts, [7, 3], 9) == [7, 3]  # no whole sentence fits
+    # a lead stops at a moved unit; the best unit's lead is taken before the others'
+    assert with_leads(ts, [4, 5], 100) == [0, 1, 2, 3, 4, 5]
+    assert with_leads(ts, [5, 8], 30) == [2, 3, 4, 5, 6, 7, 8]  # 8 takes 7, 6 first and stops at 5
+    assert with_leads(ts, [8, 5], 30) == [6, 7, 8, 2, 3, 4, 5]  # 5 takes 4, 3, 2 first; 8 takes 7, 6
+    assert with_leads(ts, [], 50) == []
+    with pytest.raises(ValueError, match="lead_tokens"):
+        with_leads(ts, [1], -1)
+    with pytest.raises(ValueError, match="text order"):
+        with_leads(torch.tensor([0, 0, 2, 1]), [2], 5)
+
+
+@settings(max_examples=80, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=10), lead=st.integers(0, 15), data=st.data())
+def test_with_leads_groups_are_disjoint_contiguous_and_end_with_their_unit(sizes, lead, data):
+    from qgpm.positions import move_permutation, with_leads
+
+    ts = torch.tensor([-1] * 2 + [u for u, k in enumerate(sizes) for _ in range(k)] + [-1] * 3)
+    moved = data.draw(st.permutations(range(len(sizes))).map(lambda p: list(p)[: data.draw(st.integers(1, len(sizes)))]))
+    out = with_leads(ts, moved, lead)
+    assert len(set(out)) == len(out) and set(moved) <= set(out)
+    # the output is the moved units in their order, each preceded by a run of the units just before it
+    owner, i = {}, 0
+    groups = []
+    for k, u in enumerate(moved):
+        j = out.index(u)
+        lead_units = out[i:j]
+        assert lead_units == list(range(u - len(lead_units), u))  # contiguous, in text order, right before u
+        assert sum(sizes[v] for v in lead_units) <= lead
+        assert not set(lead_units) & set(moved)
+        owner.update({v: k for v in lead_units + [u]})
+        groups.append(lead_units)
+        i = j + 1
+    assert i == len(out)
+    # a lead stops only where the next sentence is moved, belongs to a better unit's group, or would not fit
+    for k, (u, lead_units) in enumerate(zip(moved, groups)):
+        v = u - len(lead_units) - 1
+        if v >= 0 and not (v in moved or owner.get(v, -1) > k):
+            assert sum(sizes[w] for w in lead_units) + sizes[v] > lead
+    pi = move_permutation(ts, out)
+    assert sorted(pi.tolist()) == list(range(ts.numel()))
+    best = moved[-1]
+    ctx_end = int((ts >= 0).nonzero().max())
+    assert int(pi[ts == best].max()) == ctx_end  # the best unit still ends next to the question
+
+
+def test_lead_tokens_needs_a_moving_remap_and_moves_text_with_the_evidence():
+    with pytest.raises(ValueError, match="remap='move' or 'reorder'"):
+        QGPMConfig(lead_tokens=64)
+    with pytest.raises(ValueError, match="lead_tokens"):
+        QGPMConfig(remap="reorder", lead_tokens=-1)
+    with pytest.raises(TypeError, match="lead_tokens"):
+        QGPMConfig(remap="reorder", lead_tokens=1.5)
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    ts = torch.tensor([-1] * 3 + [u for u in range(8) for _ in range(5)] + [-1] * 4)
+    rel = torch.zeros(8, dtype=torch.float64)
+    rel[5] = 1.0
+    cfg = QGPMConfig(s_low=0.3, remap="reorder", split_layer=0)
+    plain = build_plan(ts, rel, config=cfg, rotary=rot, n_layers=2, dense=True).plan.orders[0]
+    led = build_plan(ts, rel, config=cfg.with_(lead_tokens=10), rotary=rot, n_layers=2, dense=True).plan.orders[0]
+    read = lambda pi: ts[torch.argsort(pi)][3:-4].unique_consecutive().tolist()  # units in slot order
+    assert read(plain) == [0, 1, 2, 3, 4, 6, 7, 5]
+    assert read(led) == [0, 1, 2, 6, 7, 3, 4, 5]  # units 3 and 4 (10 tokens) move along, before 5

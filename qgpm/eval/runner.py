@@ -141,7 +141,8 @@ def _reranker_name(reranker: Any) -> str:
 # Config fields added after rows were first committed: hashed only when they are not at
 # their "off" value, so rows made before they existed keep their config_hash.
 _HASHED_WHEN_SET = {"local_window": 0.0, "keep_length": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None,
-                    "decisive_margin": None, "remap": "stride", "z_window": None}
+                    "decisive_margin": None, "remap": "stride", "z_window": None,
+                    "lead_tokens": 0}
 
 
 def _config_dict(config) -> dict:
