@@ -110,7 +110,8 @@ class QGPMConfig:
         than its own. Each map's pass 2 then computes exactly what the model computes on
         the prompt with those sentences physically moved before the question (Reorder with
         the model's own heads as the reranker). The gate (``anchor_ratio``, ``anchor_basis``, ``tau``,
-        ``local_window``) and ``eps`` do not act there. Needs a model with one rotary kind.
+        ``local_window``) and ``eps`` do not act there. On a model with several rotary
+        kinds (Gemma 3) it needs one map on every layer (the slot-order forward below).
         With one map on every layer (``split_layer=0``, no ``unmodulated_layers``; or
         any call whose two maps move the same sentences) pass 2 runs as a plain forward over
         the prompt fed in slot order (the KV cache then holds the slot order), on any

@@ -554,7 +554,7 @@ class QGPM:
             if cfg.unmodulated_layers > n:
                 raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
             if cfg.remap == "reorder":  # what apply_plan and build_plan would refuse, before pass 1
-                if self.rotary.layered:
+                if self.rotary.layered and reorder_needs_masks(cfg, n):
                     raise ValueError(REORDER_LAYERED_ERROR)
                 if reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
                     reorder_mask_kind(self.model)

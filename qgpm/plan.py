@@ -19,8 +19,10 @@ from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentenc
 __all__ = ["MapResult", "build_plan", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]
 
 
-REORDER_LAYERED_ERROR = ("remap='reorder' needs a model with one rotary kind: on Gemma 3 the sliding-window layers "
-                         "keep the text order; use remap='stride' or 'move' there")
+REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (Gemma 3's sliding-window and global layers) "
+                         "runs only as a plain forward over the prompt in slot order: use one map on every layer "
+                         "(split_layer=0, unmodulated_layers=0), or remap='stride' or 'move'; per-layer reorder masks "
+                         "that also follow the sliding window are not built")
 
 
 @dataclass
@@ -139,7 +141,13 @@ def build_plan(
     # (Eq. 3, 7) on its own wavelengths. One-kind models have the single kind ``None``.
     kinds: tuple[str | None, ...] = rotary.modulated_kinds if rotary.layered else (None,)
     if config.remap == "reorder" and rotary.layered:
-        raise ValueError(REORDER_LAYERED_ERROR)
+        # Only a slot-order forward (PositionPlan.feed_order) runs a layered reorder: one map
+        # on every layer, and every kind in it, since a physical reorder reaches the local
+        # (sliding-window) layers too; the window then applies over the slot order.
+        ls0 = split_layer(n_layers, config)
+        if config.unmodulated_layers > 0 or 0 < ls0 < n_layers:
+            raise ValueError(REORDER_LAYERED_ERROR)
+        kinds = tuple(sorted(rotary.kinds))
     positions, table_rotary, m_stars, orders = [], [], [], []
     for kind in kinds:
         rot = rotary.for_kind(kind)

@@ -245,9 +245,11 @@ class PositionPlan:
         any attention implementation); generated tokens come after every slot either way.
         ``None`` when there is no reorder, when layers read different orders, or when some
         layers keep standard positions (``layer_map`` entry ``None``): those plans need
-        :func:`qgpm.runtime.apply_plan`'s per-layer masks.
+        :func:`qgpm.runtime.apply_plan`'s per-layer masks. Layered plans (one table set
+        per rotary kind, Gemma 3) qualify too: each layer applies its own rotary to the
+        standard positions of the slot order, and sliding windows apply over that order.
         """
-        if not self.orders or self.table_rotary or any(m is None for m in self.layer_map):
+        if not self.orders or any(m is None for m in self.layer_map):
             return None
         used = sorted({int(m) for m in self.layer_map if m is not None})
         if not used:

@@ -103,8 +103,10 @@ def test_reorder_refuses_what_it_cannot_do_before_any_forward(tokenizer):
         model.config._attn_implementation = "eager"
     assert calls == [] and all(not layer._forward_pre_hooks for layer in decoder_layers(model))
     gemma = tiny_model("gemma3_text", len(tokenizer))
-    with pytest.raises(ValueError, match="one rotary kind"):
+    with pytest.raises(ValueError, match="split_layer=0"):  # two maps on a layered model: masks not built
         _plan(gemma, ts, rel)
+    with pytest.raises(ValueError, match="split_layer=0"):
+        _plan(gemma, ts, rel, REORDER.with_(split_layer=0, unmodulated_layers=1))
 
 
 @settings(max_examples=60, deadline=None)
@@ -262,3 +264,41 @@ def test_one_map_reorder_runs_on_an_attention_that_takes_no_mask(tokenizer):
     with torch.inference_mode(), apply_plan(sdpa, call.plan):
         want, _ = ref._score_prefill(call.input_ids, ref.tokenizer(" town 5", add_special_tokens=False).input_ids)
     assert abs(got - want) < 1e-3
+
+
+def test_one_map_reorder_on_gemma3_is_the_physically_reordered_prompt(tokenizer):
+    """Gemma 3 (sliding-window and global layers, two rotary kinds): one-map reorder has one
+    order on every layer, local ones included, and the engine's pass 2 and decoding equal the
+    unpatched model on the prompt physically reordered, with the window shorter than the
+    prompt; two maps are refused before pass 1."""
+    from qgpm import QGPM
+
+    model = tiny_model("gemma3_text", len(tokenizer), attn_implementation="sdpa")
+    assert model.config.sliding_window < 60
+    ids, ts, rel = _prompt(len(tokenizer))
+    pi = move_permutation(ts, list(EVIDENCE))
+    plan = _plan(model, ts, rel, ONE_MAP)
+    assert set(plan.layer_map) == {1, 3}  # every layer, local ones included: the sharp map of each of the two kinds
+    order = plan.feed_order()
+    assert order is not None and torch.equal(ids[:, order], _physical(ids, pi))
+    cfg = ONE_MAP.with_(min_top_z=None, decisive_margin=None)
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=cfg)
+    context = " ".join(f"Sentence {i} is about the weather in town {i}, which lies by the sea." for i in range(12))
+    call = engine.prepare(context, QUESTION, method="qgpm")
+    order = call.plan.feed_order()
+    assert order is not None and not torch.equal(order, torch.arange(order.numel()))
+    assert call.num_tokens > 2 * model.config.sliding_window
+    res = engine.generate_prepared(call, max_new_tokens=6)
+    assert res.details["pass2"] == "slot order"
+    moved = call.input_ids[:, order]
+    with torch.inference_mode():
+        want = model.generate(moved, attention_mask=torch.ones_like(moved), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert res.text.strip() == engine.tokenizer.decode(want[0, moved.shape[1]:], skip_special_tokens=True).strip()
+    calls = []
+    handle = decoder_layers(model)[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="split_layer=0"):
+            engine.answer(context, QUESTION, max_new_tokens=2, config=cfg.with_(split_layer=None))
+    finally:
+        handle.remove()
+    assert calls == []  # refused before pass 1
