@@ -75,6 +75,15 @@ class QGPMConfig:
         remapping pays where look-alike sentences compete for the answer (multi-key lookup);
         with a single clear winner there is nothing for it to separate, and on the measured
         model it only cost copying accuracy (``docs/tuning/smollm2_dev_4k.md``).
+    solo_margin:
+        Solo rule (``None`` = off; not in the paper), in z units: when the top sentence's
+        fused z (Eq. 5) exceeds the second sentence's by at least this much (but less than
+        ``decisive_margin``, which keeps vanilla positions), the top sentence alone is
+        relevant in every map, whatever ``K``; ``result.details["solo_relevance"]`` says
+        so. ``K`` sentences move where several sentences compete at the top (several values
+        of one key, or a ranking the heads are unsure of); one moves where the heads single
+        one out among look-alikes (one key among several), so the look-alikes stay where
+        they are. The Oracle's labels are unaffected.
     z_window:
         Relevance window (``None`` = off), in z units; not in the paper. A sentence counts
         as relevant in either map only when its fused z (Eq. 5) is within this much of the
@@ -148,6 +157,7 @@ class QGPMConfig:
     min_top_z: float | None = None
     decisive_margin: float | None = None
     z_window: float | None = None
+    solo_margin: float | None = None
     split_layer: int | None = None
     query_tail: int | None = None
     exclude_newline_tokens: bool = True
@@ -209,6 +219,11 @@ class QGPMConfig:
             raise ValueError(f"lead_tokens must be >= 0 tokens (0 = off), got {self.lead_tokens}")
         if self.lead_tokens and self.remap == "stride":
             raise ValueError(f"lead_tokens={self.lead_tokens} moves text along with moved sentences; it needs remap='move' or 'reorder', not 'stride'")
+        if self.solo_margin is not None:
+            if isinstance(self.solo_margin, bool) or not isinstance(self.solo_margin, numbers.Real):
+                raise TypeError(f"QGPMConfig.solo_margin must be a number or None, got {type(self.solo_margin).__name__} {self.solo_margin!r}")
+            if not (math.isfinite(self.solo_margin) and self.solo_margin > 0):
+                raise ValueError(f"solo_margin must be a positive, finite z difference or None (off), got {self.solo_margin}")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.split_layer is not None and self.split_layer < 0:

@@ -379,7 +379,7 @@ class QGPM:
             relevance = self._relevance(prompt, mr, None, call.units)
         plan = mr.plan
         timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
-        details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low)
+        details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo)
         return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
 
     def _run_call(self, call: PreparedCall, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score: str | None = None) -> QGPMResult:
@@ -657,7 +657,7 @@ class QGPM:
             plan = mr.plan
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
-                           flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low)
+                           flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg)
         elif method == "oracle":
             if not evidence:

@@ -38,6 +38,7 @@ class MapResult:
     flat: bool = False  # relevance too flat (top z below config.min_top_z): every score 1, vanilla positions
     decisive: bool = False  # one sentence stands out (z margin >= config.decisive_margin): every score 1, vanilla positions
     s_low: float = 0.0  # the low score this call used (effective_s_low); 1.0 = vanilla positions
+    solo: bool = False  # the top sentence alone is relevant (z margin >= config.solo_margin)
 
 
 def split_layer(n_layers: int, config: QGPMConfig) -> int:
@@ -58,17 +59,35 @@ def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
     return finite.numel() == 0 or float(finite.max()) < config.min_top_z
 
 
+def top_gap(z: torch.Tensor) -> float | None:
+    """How far the top fused z-score (Eq. 5) lies above the second one; ``None`` with fewer
+    than two finite scores."""
+    finite = z[torch.isfinite(z)]
+    if finite.numel() < 2:
+        return None
+    top2 = torch.topk(finite.to(torch.float64), 2).values
+    return float(top2[0] - top2[1])
+
+
 def is_decisive(z: torch.Tensor, config: QGPMConfig) -> bool:
     """Dominance rule: one sentence already stands out when the top fused z-score (Eq. 5)
     exceeds the second one by at least ``config.decisive_margin``. ``None`` (default)
     never applies; fewer than two sentences with a finite z never count as decisive."""
     if config.decisive_margin is None:
         return False
-    finite = z[torch.isfinite(z)]
-    if finite.numel() < 2:
+    gap = top_gap(z)
+    return gap is not None and gap >= config.decisive_margin
+
+
+def is_solo(z: torch.Tensor, config: QGPMConfig) -> bool:
+    """Solo rule: the top sentence alone is relevant in every map when its fused z-score
+    (Eq. 5) exceeds the second one by at least ``config.solo_margin`` (and the call is
+    not already vanilla by the dominance rule, which the caller checks first). ``None``
+    (default) never applies."""
+    if config.solo_margin is None:
         return False
-    top2 = torch.topk(finite.to(torch.float64), 2).values
-    return float(top2[0] - top2[1]) >= config.decisive_margin
+    gap = top_gap(z)
+    return gap is not None and gap >= config.solo_margin
 
 
 def effective_s_low(context_len: int, config: QGPMConfig) -> float:
@@ -129,9 +148,12 @@ def build_plan(
     flat = is_flat(unit_relevance, config) if not dense else False
     decisive = is_decisive(unit_relevance, config) if not (dense or flat) else False
     vanilla = flat or decisive
+    solo = is_solo(unit_relevance, config) if not (dense or vanilla) else False
     s_low = 1.0 if vanilla else effective_s_low(int((token_unit >= 0).sum()), config)
     unit_scores = []
     window = within_z_window(unit_relevance, config.z_window)  # the Oracle's 0/1 labels: every evidence unit ties with the top
+    if solo:  # the top sentence stands out from the second: it alone is relevant
+        window = window * (ranks == 0).to(torch.float64)
     for params in (config.broad, config.sharp):
         f = rank_shape(ranks, params) * window if n_units else torch.zeros(0, dtype=torch.float64)
         unit_scores.append(torch.ones(n_units, dtype=torch.float64) if vanilla else sentence_scores(f, s_low))
@@ -181,7 +203,7 @@ def build_plan(
     plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity,
                         table_rotary=tuple(table_rotary) if rotary.layered else (),
                         orders=tuple(orders) if any(bool((o != torch.arange(o.numel())).any()) for o in orders) else ())
-    return MapResult(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low)
+    return MapResult(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low, solo=solo)
 
 
 def oracle_units(token_sentence: torch.Tensor, evidence_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

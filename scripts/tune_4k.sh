@@ -130,6 +130,25 @@ elif [ "$stage" = lead ]; then
   $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
   d=$OUT/lead/lead_mk1_squad.s$i; seed "$d"
   $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = solo ]; then
+  # Session 8: lead_tokens=128 cost multi-value 3 of its 4 all-four answers on the lead stage's 9
+  # samples (stage stopped there). The zgap rows separate the two cases by the top-two z gap
+  # alone: where the heads rank the queried key first its z exceeds the second sentence's by
+  # 0.54-1.13 (10 samples); misranked multi-key samples and the multi-value samples have gaps of
+  # 0.03-0.18. solo_margin=0.4 (the midpoint, the one value tried): where the gap is at least
+  # 0.4 (and below decisive_margin 1.3) the top sentence moves alone, as the Oracle's evidence
+  # does. Rule set before the rows: ship it if dev multi-key (54 samples) answers at least as
+  # many as the preset with b >= c, and multi-value loses at most 1 of 9 all-four answers.
+  # Same samples and order as the lead stage; the preset's rows are copied in. No gold log-prob.
+  L="--methods qgpm --no-logprob --grid solo_margin=0.4 --set remap=reorder"
+  d=$OUT/solo/solo_mv.s$i; seed "$d"
+  cat "$OUT"/zwin/zwin_mv.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
+  $BASE --n 3 --tasks niah_multivalue $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/solo/solo_mk1.s$i; seed "$d"
+  cat "$OUT"/zwin/zwin_mk1.s$i/tune_rows.jsonl "$OUT"/lead/lead_mk1.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' | grep 864337 >> "$d/tune_rows.jsonl"
+  $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/solo/solo_mk1_squad.s$i; seed "$d"
+  $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo SHARD" >&2; exit 2
 fi

@@ -527,3 +527,30 @@ def test_lead_tokens_needs_a_moving_remap_and_moves_text_with_the_evidence():
     read = lambda pi: ts[torch.argsort(pi)][3:-4].unique_consecutive().tolist()  # units in slot order
     assert read(plain) == [0, 1, 2, 3, 4, 6, 7, 5]
     assert read(led) == [0, 1, 2, 6, 7, 3, 4, 5]  # units 3 and 4 (10 tokens) move along, before 5
+
+
+def test_solo_margin_keeps_only_the_top_sentence_when_it_stands_out():
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    ts = torch.tensor([-1] * 3 + [u for u in range(8) for _ in range(5)] + [-1] * 4)
+    cfg = QGPMConfig(s_low=0.3, k_sharp=4.0, k_broad=8.0, t_sharp=0.5, remap="reorder", split_layer=0,
+                     decisive_margin=1.3, solo_margin=0.4)
+    read = lambda mr: ts[mr.plan.feed_order()][3:-4].unique_consecutive().tolist()  # units in slot order, every layer
+    apart = torch.tensor([0.1, 3.6, 0.2, 2.9, 0.0, 2.7, 0.3, 2.5], dtype=torch.float64)  # top 0.7 above the second
+    mr = build_plan(ts, apart, config=cfg, rotary=rot, n_layers=2)
+    assert mr.solo and not mr.decisive
+    assert read(mr) == [0, 2, 3, 4, 5, 6, 7, 1]  # the top sentence alone moves
+    close = torch.tensor([0.1, 3.6, 0.2, 3.4, 0.0, 2.7, 0.3, 2.5], dtype=torch.float64)  # 0.2 apart: K_s 4 move
+    mr = build_plan(ts, close, config=cfg, rotary=rot, n_layers=2)
+    assert not mr.solo and read(mr) == [0, 2, 4, 6, 7, 5, 3, 1]
+    off = build_plan(ts, apart, config=cfg.with_(solo_margin=None), rotary=rot, n_layers=2)
+    assert not off.solo and read(off) == [0, 2, 4, 6, 7, 5, 3, 1]
+    far = torch.tensor([0.1, 4.6, 0.2, 2.9, 0.0, 2.7, 0.3, 2.5], dtype=torch.float64)  # dominance rule first: vanilla
+    mr = build_plan(ts, far, config=cfg, rotary=rot, n_layers=2)
+    assert mr.decisive and not mr.solo and mr.plan.orders == ()
+    labels = torch.tensor([0, 1, 0, 1, 0, 0, 0, 0], dtype=torch.float64)  # the Oracle's labels: never solo
+    mr = build_plan(ts, labels, config=cfg.with_(decisive_margin=None, solo_margin=0.5), rotary=rot, n_layers=2, dense=True)
+    assert not mr.solo and read(mr) == [0, 2, 4, 5, 6, 7, 1, 3]
+    with pytest.raises(ValueError, match="solo_margin"):
+        QGPMConfig(solo_margin=0.0)
+    with pytest.raises(TypeError, match="solo_margin"):
+        QGPMConfig(solo_margin="0.4")
