@@ -134,6 +134,8 @@ def _print_why(method: str, result, top: int) -> None:
             print(f"  (one sentence stood out, its z at least decisive_margin above the next, so {method} kept vanilla positions)")
         elif d.get("s_low") is not None and float(d["s_low"]) >= 1.0:
             print(f"  (the context is no longer than keep_length, so {method} kept vanilla positions)")
+        elif d.get("solo_relevance"):
+            print(f"  (the top sentence stood out, its z at least solo_margin above the next, so {method} promoted it alone)")
     if result.edit is not None:
         print(f"\n{method} kept chunks {result.edit.kept} of {len(result.edit.chunks)}")
     if method in BASELINE_METHODS:

@@ -397,8 +397,8 @@ class QGPM:
                 extra["score_logprob"], cache = self._score_prefill(ids, score_ids)
                 extra["score_tokens"] = len(score_ids)
                 extra["score_s"] = time.perf_counter() - t0
-                cache.crop(-(len(score_ids) + 1))  # back to the prompt minus its last token, which generation recomputes
-                gen[_cache_kwarg(self.model.forward)] = cache  # generate takes the name forward takes
+                if _rewind(cache, len(score_ids) + 1):  # back to the prompt minus its last token, which generation recomputes
+                    gen[_cache_kwarg(self.model.forward)] = cache  # generate takes the name forward takes
             out = self.model.generate(ids, streamer=streamer, **gen)
         t1 = time.perf_counter()
         new = out[0, call.num_tokens :].tolist()
@@ -419,6 +419,8 @@ class QGPM:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
+        if hasattr(cache, "activate_past_recording"):  # sliding-window layers (Gemma 3) keep what a rewind needs
+            cache.activate_past_recording()
         full = torch.cat([ids, torch.tensor([score_ids], device=ids.device)], dim=1)
         keep = len(score_ids) + 1
         logits = self.model(input_ids=full, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(self.model.forward): cache}).logits[0, -keep:]
@@ -889,6 +891,19 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     """``text`` up to the first stop string, and whether one was found."""
     hits = [text.index(s) for s in stop if s and s in text]
     return (text[: min(hits)], True) if hits else (text, False)
+
+
+def _rewind(cache: Any, tokens: int) -> bool:
+    """Drop the last ``tokens`` entries of a KV cache so generation can continue from it;
+    ``False`` (logged) when this cache cannot be rewound (a sliding-window layer past its
+    window that kept no past states), and generation then recomputes the prompt."""
+    try:
+        cache.crop(-tokens)
+    except RuntimeError as exc:
+        logger.warning("qgpm: the log-prob prefill's KV cache cannot be rewound (%s); generation recomputes the prompt "
+                       "(one more prefill, same answer)", exc)
+        return False
+    return True
 
 
 def reorder_needs_masks(config: QGPMConfig, n_layers: int) -> bool:

@@ -103,6 +103,8 @@ def render_html(result: "QGPMResult", *, top: int = 10, title: str = "QGPM: why 
         meta.append("one sentence stands out (decisive_margin): vanilla positions kept")
     elif d.get("s_low") is not None and float(d["s_low"]) >= 1.0:
         meta.append("short context (keep_length): vanilla positions kept")
+    elif d.get("solo_relevance"):
+        meta.append("the top sentence stands out (solo_margin): it alone was promoted")
     no_rank = "" if rows else '<p class="meta">This method has no relevance ranking (standard positions).</p>'
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -377,6 +377,36 @@ def test_flat_relevance_fallback_is_logged_and_vanilla(tiny, caplog):
     assert normal.details["flat_relevance"] is False and not any("flat" in r.getMessage() for r in caplog.records)
 
 
+def test_solo_margin_promotes_the_top_sentence_alone_and_says_so(tiny):
+    """solo_margin: a call whose top z stands out by the margin moves one sentence (whatever
+    K), reports it in details and in the HTML view; below the margin the K best move; the
+    Oracle is never solo."""
+    ctx = needle_context(12, 6)
+    call = tiny.prepare(ctx, QUESTION, method="qgpm")
+    z = sorted((float(v) for v in call.z if v == v), reverse=True)
+    margin = z[0] - z[1]
+    cfg = tiny.config.with_(k_sharp=4.0, remap="reorder", split_layer=0, solo_margin=margin / 2)
+
+    def slot_units(c):  # the context's sentences in slot order
+        ts = c.prompt.token_sentence[c.plan.feed_order()]
+        return ts[ts >= 0].unique_consecutive().tolist()
+
+    def moving(c, k):  # the slot order that moves the k best sentences, the best one last
+        rank = {r.index: r.rank for r in c.relevance}
+        top = sorted((u for u in rank if rank[u] < k), key=lambda u: -rank[u])
+        return [u for u in sorted(rank) if u not in top] + top
+
+    solo = tiny.prepare(ctx, QUESTION, method="qgpm", config=cfg)
+    assert solo.details["solo_relevance"] is True and solo.details["decisive_relevance"] is False
+    assert slot_units(solo) == moving(solo, 1)
+    res = tiny.generate_prepared(solo, max_new_tokens=3)
+    assert res.details["solo_relevance"] is True and "solo_margin" in res.to_html()
+    wide = tiny.prepare(ctx, QUESTION, method="qgpm", config=cfg.with_(solo_margin=margin * 2))
+    assert wide.details["solo_relevance"] is False and slot_units(wide) == moving(wide, 4)
+    oracle = tiny.prepare(ctx, QUESTION, method="oracle", evidence=[NEEDLE], config=cfg)
+    assert not oracle.details.get("solo_relevance") and oracle.plan.feed_order() is not None
+
+
 def test_decisive_relevance_fallback_is_logged_and_vanilla(tiny, caplog):
     import logging
 

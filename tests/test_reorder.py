@@ -302,3 +302,28 @@ def test_one_map_reorder_on_gemma3_is_the_physically_reordered_prompt(tokenizer)
     finally:
         handle.remove()
     assert calls == []  # refused before pass 1
+
+
+def test_gold_logprob_and_answer_on_gemma3_past_its_sliding_window(tokenizer, caplog):
+    """The log-prob prefill's KV cache is rewound for generation on sliding-window layers too
+    (a prompt longer than the window): the answer equals the one without scoring, and no
+    rewind fallback is logged."""
+    import logging
+
+    from qgpm import QGPM
+
+    model = tiny_model("gemma3_text", len(tokenizer), attn_implementation="sdpa")
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=ONE_MAP.with_(min_top_z=None, decisive_margin=None))
+    context = " ".join(f"Sentence {i} is about the weather in town {i}, which lies by the sea." for i in range(12))
+    for method in ("vanilla", "qgpm"):
+        call = engine.prepare(context, QUESTION, method=method)
+        assert call.num_tokens > 2 * model.config.sliding_window
+        plain = engine.generate_prepared(call, max_new_tokens=6)
+        with caplog.at_level(logging.WARNING, logger="qgpm"):
+            scored = engine.generate_prepared(call, max_new_tokens=6, score=" town 5")
+        assert not [r for r in caplog.records if "rewound" in r.getMessage()]
+        assert scored.text == plain.text and scored.details["score_logprob"] < 0
+        ids = call.input_ids if method == "vanilla" else call.input_ids[:, call.plan.feed_order()]
+        with torch.inference_mode():
+            want, _ = engine._score_prefill(ids, engine.tokenizer(" town 5", add_special_tokens=False).input_ids)
+        assert abs(scored.details["score_logprob"] - want) < 1e-4
