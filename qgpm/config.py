@@ -22,7 +22,18 @@ __all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config", "coerce_value
 MIN_SENTENCE_CHARS = 20
 """Smallest ``max_sentence_chars`` the sentence splitter accepts."""
 _FLOAT_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window", "keep_length")
+_Z_MARGIN_FIELDS = ("decisive_margin", "z_window", "solo_margin")  # optional positive z differences (None = off)
 _INT_FIELDS = (("unmodulated_layers", False), ("split_layer", True), ("query_tail", True), ("max_heads", True), ("max_sentence_chars", False), ("lead_tokens", False))
+
+
+def _check_z_margin(name: str, value: Any) -> None:
+    """A field that is a positive, finite z difference or ``None`` (off)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"QGPMConfig.{name} must be a number or None, got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive, finite z difference or None (off), got {value}")
 
 
 @dataclass(frozen=True)
@@ -205,25 +216,12 @@ class QGPMConfig:
             raise ValueError(f"keep_length must be >= 0 tokens (0 = off), got {self.keep_length}")
         if self.min_top_z is not None and not math.isfinite(self.min_top_z):
             raise ValueError(f"min_top_z must be a finite z-score or None, got {self.min_top_z}")
-        if self.decisive_margin is not None:
-            if isinstance(self.decisive_margin, bool) or not isinstance(self.decisive_margin, numbers.Real):
-                raise TypeError(f"QGPMConfig.decisive_margin must be a number or None, got {type(self.decisive_margin).__name__} {self.decisive_margin!r}")
-            if not (math.isfinite(self.decisive_margin) and self.decisive_margin > 0):
-                raise ValueError(f"decisive_margin must be a positive, finite z difference or None (off), got {self.decisive_margin}")
-        if self.z_window is not None:
-            if isinstance(self.z_window, bool) or not isinstance(self.z_window, numbers.Real):
-                raise TypeError(f"QGPMConfig.z_window must be a number or None, got {type(self.z_window).__name__} {self.z_window!r}")
-            if not (math.isfinite(self.z_window) and self.z_window > 0):
-                raise ValueError(f"z_window must be a positive, finite z difference or None (off), got {self.z_window}")
+        for name in _Z_MARGIN_FIELDS:
+            _check_z_margin(name, getattr(self, name))
         if self.lead_tokens < 0:
             raise ValueError(f"lead_tokens must be >= 0 tokens (0 = off), got {self.lead_tokens}")
         if self.lead_tokens and self.remap == "stride":
             raise ValueError(f"lead_tokens={self.lead_tokens} moves text along with moved sentences; it needs remap='move' or 'reorder', not 'stride'")
-        if self.solo_margin is not None:
-            if isinstance(self.solo_margin, bool) or not isinstance(self.solo_margin, numbers.Real):
-                raise TypeError(f"QGPMConfig.solo_margin must be a number or None, got {type(self.solo_margin).__name__} {self.solo_margin!r}")
-            if not (math.isfinite(self.solo_margin) and self.solo_margin > 0):
-                raise ValueError(f"solo_margin must be a positive, finite z difference or None (off), got {self.solo_margin}")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.split_layer is not None and self.split_layer < 0:
