@@ -17,6 +17,20 @@ OUT=${OUT:-runs/tune4k}
 PY=${PY:-.venv/bin/python}
 BASE="$PY -m qgpm.eval.cli tune --model smollm2 --device cpu --dtype float32 --lengths 4096 --depths 0.25,0.5,0.75 --max-new-tokens 48 --objective guarded --no-progress --shard $i/2"
 seed() { mkdir -p "$1"; cat "$OUT"/*/*.s*/tune_rows.jsonl 2>/dev/null | grep '"method": "vanilla"' | sort -u >> "$1/tune_rows.jsonl"; }
+# Session 8's stages: one grid ($1 = stage name, $2 = grid) on multi-value (the zwin stage's 9
+# samples), multi-key on essays (12 contents; the first 6 are the earlier stages' samples) and
+# multi-key on the SQuAD haystack (6 contents); the preset's rows of earlier stages copied in.
+lookalike_stage() {
+  L="--methods qgpm --no-logprob --grid $2 --set remap=reorder"
+  d=$OUT/$1/$1_mv.s$i; seed "$d"
+  cat "$OUT"/zwin/zwin_mv.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
+  $BASE --n 3 --tasks niah_multivalue $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/$1/$1_mk1.s$i; seed "$d"
+  cat "$OUT"/zwin/zwin_mk1.s$i/tune_rows.jsonl "$OUT"/lead/lead_mk1.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' | grep 864337 >> "$d/tune_rows.jsonl"
+  $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/$1/$1_mk1_squad.s$i; seed "$d"
+  $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
+}
 
 if [ "$stage" = coarse ]; then
   # Oracle only (the remapping's ceiling, no head errors): MK-1 and QA-1, 8 needle contents.
@@ -121,15 +135,7 @@ elif [ "$stage" = lead ]; then
   # Multi-value (the zwin stage's 9 samples; its preset rows are copied in), then multi-key on
   # essays with 12 contents (the first 6 are the earlier stages' samples, their preset rows
   # copied in), then multi-key on the SQuAD haystack (6 contents, new samples).
-  L="--methods qgpm --no-logprob --grid lead_tokens=0,128 --set remap=reorder"
-  d=$OUT/lead/lead_mv.s$i; seed "$d"
-  cat "$OUT"/zwin/zwin_mv.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
-  $BASE --n 3 --tasks niah_multivalue $L --out "$d" > "$d.log" 2>&1
-  d=$OUT/lead/lead_mk1.s$i; seed "$d"
-  cat "$OUT"/zwin/zwin_mk1.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
-  $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
-  d=$OUT/lead/lead_mk1_squad.s$i; seed "$d"
-  $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
+  lookalike_stage lead lead_tokens=0,128
 elif [ "$stage" = solo ]; then
   # Session 8: lead_tokens=128 cost multi-value 3 of its 4 all-four answers on the lead stage's 9
   # samples (stage stopped there). The zgap rows separate the two cases by the top-two z gap
@@ -140,15 +146,7 @@ elif [ "$stage" = solo ]; then
   # does. Rule set before the rows: ship it if dev multi-key (54 samples) answers at least as
   # many as the preset with b >= c, and multi-value loses at most 1 of 9 all-four answers.
   # Same samples and order as the lead stage; the preset's rows are copied in. No gold log-prob.
-  L="--methods qgpm --no-logprob --grid solo_margin=0.4 --set remap=reorder"
-  d=$OUT/solo/solo_mv.s$i; seed "$d"
-  cat "$OUT"/zwin/zwin_mv.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
-  $BASE --n 3 --tasks niah_multivalue $L --out "$d" > "$d.log" 2>&1
-  d=$OUT/solo/solo_mk1.s$i; seed "$d"
-  cat "$OUT"/zwin/zwin_mk1.s$i/tune_rows.jsonl "$OUT"/lead/lead_mk1.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' | grep 864337 >> "$d/tune_rows.jsonl"
-  $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
-  d=$OUT/solo/solo_mk1_squad.s$i; seed "$d"
-  $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
+  lookalike_stage solo solo_margin=0.4
 else
   echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo SHARD" >&2; exit 2
 fi
