@@ -35,7 +35,7 @@ from .defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS, PASS1_FIELDS as _PAS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .heads import HeadSet, HeadSetMissingError, check_head_set, find_head_set, known_model_name, missing_head_set_error
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
-from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, oracle_units, split_layer
+from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, oracle_units, reorder_needs_masks, split_layer
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
@@ -556,9 +556,9 @@ class QGPM:
             if cfg.unmodulated_layers > n:
                 raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
             if cfg.remap == "reorder":  # what apply_plan and build_plan would refuse, before pass 1
-                if self.rotary.layered and reorder_needs_masks(cfg, n):
-                    raise ValueError(REORDER_LAYERED_ERROR)
                 if reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
+                    if self.rotary.layered:
+                        raise ValueError(REORDER_LAYERED_ERROR)
                     reorder_mask_kind(self.model)
         return cfg
 
@@ -904,16 +904,6 @@ def _rewind(cache: Any, tokens: int) -> bool:
                        "(one more prefill, same answer)", exc)
         return False
     return True
-
-
-def reorder_needs_masks(config: QGPMConfig, n_layers: int) -> bool:
-    """Whether ``remap="reorder"`` under ``config`` needs per-layer causal masks (hooks that
-    swap the attention mask: sdpa or eager attention only). With one map on every layer
-    (``split_layer`` 0 or ``n_layers``, no ``unmodulated_layers``) pass 2 runs as a plain
-    forward over the prompt in slot order instead, on any attention implementation; with two
-    maps it does so only in calls where both maps happen to move the same sentences."""
-    ls = split_layer(n_layers, config)
-    return config.unmodulated_layers > 0 or 0 < ls < n_layers
 
 
 def _pass2_inputs(call: PreparedCall, device: torch.device) -> tuple[torch.Tensor, Any]:

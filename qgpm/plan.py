@@ -16,7 +16,7 @@ from .positions import boundary_plane, cumulative_positions, frequency_gate, mov
 from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores, within_z_window
 
-__all__ = ["MapResult", "build_plan", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units"]
+__all__ = ["MapResult", "build_plan", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
 
 
 REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (Gemma 3's sliding-window and global layers) "
@@ -47,6 +47,16 @@ def split_layer(n_layers: int, config: QGPMConfig) -> int:
     if not 0 <= ls <= n_layers:
         raise ValueError(f"split_layer must be in [0, {n_layers}], got {ls}")
     return ls
+
+
+def reorder_needs_masks(config: QGPMConfig, n_layers: int) -> bool:
+    """Whether ``remap="reorder"`` under ``config`` needs per-layer causal masks (hooks that
+    swap the attention mask: sdpa or eager attention only). With one map on every layer
+    (``split_layer`` 0 or ``n_layers``, no ``unmodulated_layers``) pass 2 runs as a plain
+    forward over the prompt in slot order instead, on any attention implementation; with two
+    maps it does so only in calls where both maps happen to move the same sentences."""
+    ls = split_layer(n_layers, config)
+    return config.unmodulated_layers > 0 or 0 < ls < n_layers
 
 
 def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
@@ -166,10 +176,12 @@ def build_plan(
         # Only a slot-order forward (PositionPlan.feed_order) runs a layered reorder: one map
         # on every layer, and every kind in it, since a physical reorder reaches the local
         # (sliding-window) layers too; the window then applies over the slot order.
-        ls0 = split_layer(n_layers, config)
-        if config.unmodulated_layers > 0 or 0 < ls0 < n_layers:
+        if reorder_needs_masks(config, n_layers):
             raise ValueError(REORDER_LAYERED_ERROR)
         kinds = tuple(sorted(rotary.kinds))
+    # move / reorder: each map's slot order (pi[j] = the slot of token j), the same for every kind
+    pis = ([move_permutation(token_unit, with_leads(token_unit, move_order(ranks, s, s_low), config.lead_tokens)) for s in unit_scores]
+           if config.remap in ("move", "reorder") else [])
     positions, table_rotary, m_stars, orders = [], [], [], []
     for kind in kinds:
         rot = rotary.for_kind(kind)
@@ -178,14 +190,12 @@ def build_plan(
         if config.local_window > 0:
             gate = protect_fast_planes(gate, boundary_plane(config.local_window, rot.inv_freq), config.tau)
         m_stars.append(m_star)
-        for t, s in zip(tok_scores, unit_scores):
+        for k, t in enumerate(tok_scores):
             if config.remap == "move":  # relevant units take the last context slots on the modulated planes
-                moved = with_leads(token_unit, move_order(ranks, s, s_low), config.lead_tokens)
-                positions.append(moved_positions(move_permutation(token_unit, moved), gate))
+                positions.append(moved_positions(pis[k], gate))
             elif config.remap == "reorder":  # the same slots on every plane, and the causal order follows them
-                pi = move_permutation(token_unit, with_leads(token_unit, move_order(ranks, s, s_low), config.lead_tokens))
-                positions.append(moved_positions(pi, torch.zeros_like(gate)))
-                orders.append(pi)
+                positions.append(moved_positions(pis[k], torch.zeros_like(gate)))
+                orders.append(pis[k])
             else:  # Eq. 7-8: strides, cumulated
                 positions.append(cumulative_positions(strides(t, gate, config.eps)))
             table_rotary.append(rot)
