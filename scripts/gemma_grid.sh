@@ -9,5 +9,12 @@ S="--set remap=reorder --set split_layer=0 --set k_sharp=4.0 --set s_low=0.45 --
 E="python -m qgpm.eval.cli eval --model $G --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
   --tasks niah_multikey_1,niah_single_2,qa_1 --lengths ${LENGTHS:-2048} --depths 0.25,0.5,0.75 --n 4 \
   --max-new-tokens 48 --no-logprob --no-progress $S --shard $1/2"
+if [ "${2:-2k}" = 4k ]; then
+  # The 4K part (multi-key and QA, every method with the rules off, one pass): bash scripts/gemma_grid.sh I 4k
+  python -m qgpm.eval.cli eval --model "$G" --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
+    --tasks niah_multikey_1,qa_1 --lengths 4096 --depths 0.25,0.5,0.75 --n 4 \
+    --max-new-tokens 48 --no-logprob --no-progress $S --methods vanilla,qgpm,oracle,reorder --shard $1/2
+  exit
+fi
 $E --methods vanilla,oracle,reorder --set min_top_z=2.5 --set decisive_margin=1.3
 $E --methods qgpm
