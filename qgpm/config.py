@@ -145,6 +145,14 @@ class QGPMConfig:
         some of their own text, as a reranker's chunks do, and the top sentence still ends
         next to the question. Look-alike sentences moved side by side (several keys of
         one kind, only one of them queried) are then not adjacent.
+    placement:
+        ``remap="move"`` / ``"reorder"`` only; where the moved sentences go (not in the
+        paper). ``"question"`` (default): all of them before the question, the top one
+        last. ``"ends"``: split between the two ends of the context as LangChain's
+        ``LongContextReorder`` splits documents (:func:`qgpm.positions.ends_placement`): the
+        top sentence next to the question, the second at the start of the context, the
+        third before the top one, the fourth after the second. A look-alike ranked second
+        then sits a whole context away from the top sentence instead of right before it.
 
     Every field is checked on construction: numbers must be finite (no NaN or
     infinity), counts must be ints in range; a bad value raises ``TypeError`` or
@@ -176,6 +184,7 @@ class QGPMConfig:
     max_sentence_chars: int = 600
     remap: str = "stride"
     lead_tokens: int = 0
+    placement: str = "question"
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
@@ -222,6 +231,12 @@ class QGPMConfig:
             raise ValueError(f"lead_tokens must be >= 0 tokens (0 = off), got {self.lead_tokens}")
         if self.lead_tokens and self.remap == "stride":
             raise ValueError(f"lead_tokens={self.lead_tokens} moves text along with moved sentences; it needs remap='move' or 'reorder', not 'stride'")
+        if self.placement not in ("question", "ends"):
+            raise ValueError(f"placement must be 'question' (moved sentences before the question) or 'ends' (split between both ends of the context), got {self.placement!r}")
+        if self.placement != "question" and self.remap == "stride":
+            raise ValueError(f"placement={self.placement!r} places moved sentences; it needs remap='move' or 'reorder', not 'stride'")
+        if self.placement != "question" and self.lead_tokens:
+            raise ValueError(f"placement={self.placement!r} and lead_tokens={self.lead_tokens} cannot be combined (leads are defined for sentences moved before the question only); set one of them")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.split_layer is not None and self.split_layer < 0:

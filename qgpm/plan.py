@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 
 from .config import QGPMConfig
-from .positions import boundary_plane, cumulative_positions, frequency_gate, move_permutation, moved_positions, protect_fast_planes, strides, with_leads
+from .positions import boundary_plane, cumulative_positions, ends_placement, frequency_gate, move_permutation, moved_positions, protect_fast_planes, strides, with_leads
 from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores, within_z_window
 
-__all__ = ["MapResult", "build_plan", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
+__all__ = ["MapResult", "build_plan", "slot_order", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
 
 
 REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (Gemma 3's sliding-window and global layers) "
@@ -135,6 +135,18 @@ def anchor_basis_length(token_unit: torch.Tensor, unit_scores: torch.Tensor, con
     return int(token_unit.numel() - int(where[0]))
 
 
+def slot_order(token_unit: torch.Tensor, ranks: torch.Tensor, unit_scores: torch.Tensor, s_low: float, config: QGPMConfig) -> torch.Tensor:
+    """One map's slot order under ``remap="move"`` / ``"reorder"``: ``pi[j]`` is the slot of
+    token ``j``. The map's relevant units (:func:`~qgpm.shaping.move_order`) go before the
+    question (``placement="question"``, with their leads when ``lead_tokens`` is set) or to
+    both ends of the context (``placement="ends"``, :func:`~qgpm.positions.ends_placement`)."""
+    order = move_order(ranks, unit_scores, s_low)
+    if config.placement == "ends":
+        back, front = ends_placement(order, ranks)
+        return move_permutation(token_unit, back, front)
+    return move_permutation(token_unit, with_leads(token_unit, order, config.lead_tokens))
+
+
 def build_plan(
     token_unit: torch.Tensor,
     unit_relevance: torch.Tensor,
@@ -180,8 +192,7 @@ def build_plan(
             raise ValueError(REORDER_LAYERED_ERROR)
         kinds = tuple(sorted(rotary.kinds))
     # move / reorder: each map's slot order (pi[j] = the slot of token j), the same for every kind
-    pis = ([move_permutation(token_unit, with_leads(token_unit, move_order(ranks, s, s_low), config.lead_tokens)) for s in unit_scores]
-           if config.remap in ("move", "reorder") else [])
+    pis = [slot_order(token_unit, ranks, s, s_low, config) for s in unit_scores] if config.remap in ("move", "reorder") else []
     positions, table_rotary, m_stars, orders = [], [], [], []
     for kind in kinds:
         rot = rotary.for_kind(kind)

@@ -28,6 +28,7 @@ __all__ = [
     "positions_at",
     "move_permutation",
     "with_leads",
+    "ends_placement",
     "moved_positions",
 ]
 
@@ -162,28 +163,53 @@ def positions_at(positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return base + extra
 
 
-def move_permutation(token_unit: torch.Tensor, moved_units: list[int]) -> torch.Tensor:
+def move_permutation(token_unit: torch.Tensor, moved_units: list[int], front_units: list[int] | tuple[int, ...] = ()) -> torch.Tensor:
     """The token order of the ``remap="move"`` map: ``pi[j]`` is the slot token ``j`` takes.
 
     ``token_unit[j]`` is the context unit of token ``j`` (-1 outside the context);
     ``moved_units`` lists the units to move, in the order they take the last context slots
-    (the last one ends next to the question). The context's slots are its own token indices:
-    the other context tokens fill the first slots in text order, the moved units' tokens
-    the last ones, each unit's tokens in text order. Tokens outside the context keep their
-    index. Returns a permutation of ``0..N-1`` (int64).
+    (the last one ends next to the question); ``front_units`` (optional) the units that take
+    the first context slots, in that order (the first one opens the context). The context's
+    slots are its own token indices: the front units' tokens fill the first slots, the other
+    context tokens the next ones in text order, the moved units' tokens the last ones, each
+    unit's tokens in text order. Tokens outside the context keep their index. Returns a
+    permutation of ``0..N-1`` (int64).
     """
     tu = token_unit.to(torch.long).reshape(-1)
     pi = torch.arange(tu.numel(), dtype=torch.long)
-    if not moved_units:
+    front_units = list(front_units)
+    if not moved_units and not front_units:
         return pi
-    if len(set(moved_units)) != len(moved_units):
-        raise ValueError(f"moved_units repeats a unit: {moved_units}")
+    both = list(moved_units) + front_units
+    if len(set(both)) != len(both):
+        raise ValueError(f"moved_units and front_units together repeat a unit (each unit moves once): moved_units={list(moved_units)}, front_units={front_units}")
     slots = (tu >= 0).nonzero().reshape(-1)
-    moved = torch.tensor(moved_units, dtype=torch.long)
+    moved = torch.tensor(both, dtype=torch.long)
     stay = slots[~torch.isin(tu[slots], moved)]
-    order = [stay] + [slots[tu[slots] == u] for u in moved_units]
+    order = [slots[tu[slots] == u] for u in front_units] + [stay] + [slots[tu[slots] == u] for u in moved_units]
     pi[torch.cat(order)] = slots
     return pi
+
+
+def ends_placement(moved_units: list[int], ranks: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Split a slot order (:func:`move_permutation`'s ``moved_units``, best last) between the
+    two ends of the context, as LangChain's ``LongContextReorder`` does with documents: the
+    best unit stays next to the question, the second best opens the context, the third
+    comes before the best, the fourth after the second, and so on. Units that tie with the
+    best rank (the Oracle's evidence) all stay next to the question, in their given order.
+
+    Returns ``(back, front)``: ``back`` best last (next to the question), ``front`` in the
+    order of its slots (the second best first). Look-alike sentences moved with the best one
+    then sit a context apart from it instead of right before it.
+    """
+    if not moved_units:
+        return [], []
+    top = int(ranks[moved_units[-1]])
+    ties = [u for u in moved_units if int(ranks[u]) == top]
+    rest = [u for u in reversed(moved_units) if int(ranks[u]) != top]  # best first
+    front = rest[0::2]  # the 2nd, 4th, ... best
+    back = rest[1::2][::-1] + ties  # ..., the 5th, the 3rd best, then the best
+    return back, front
 
 
 def with_leads(token_unit: torch.Tensor, moved_units: list[int], lead_tokens: int) -> list[int]:

@@ -397,7 +397,7 @@ def test_move_permutation_puts_moved_units_last_in_order(sizes, pre, post, data)
     for u in range(len(sizes)):  # each unit's tokens stay consecutive and in text order
         p = pi[ts == u]
         assert torch.equal(p, torch.arange(int(p[0]), int(p[0]) + p.numel()))
-    with pytest.raises(ValueError, match="repeats"):
+    with pytest.raises(ValueError, match="repeat"):
         move_permutation(ts, [0, 0])
 
 
@@ -527,6 +527,77 @@ def test_lead_tokens_needs_a_moving_remap_and_moves_text_with_the_evidence():
     read = lambda pi: ts[torch.argsort(pi)][3:-4].unique_consecutive().tolist()  # units in slot order
     assert read(plain) == [0, 1, 2, 3, 4, 6, 7, 5]
     assert read(led) == [0, 1, 2, 6, 7, 3, 4, 5]  # units 3 and 4 (10 tokens) move along, before 5
+
+
+# ----------------------------------------------------------------------------- placement="ends"
+
+
+def test_ends_placement_alternates_like_long_context_reorder():
+    from qgpm.positions import ends_placement
+
+    ranks = torch.tensor([4, 0, 2, 1, 3, 5])  # unit 1 best, then 3, 2, 4, 0, 5
+    assert ends_placement([], ranks) == ([], [])
+    assert ends_placement([1], ranks) == ([1], [])
+    # best last: 2nd best (3) opens the context, 4th (4) after it; 3rd (2) right before the best
+    assert ends_placement([4, 2, 3, 1], ranks) == ([2, 1], [3, 4])
+    assert ends_placement([5, 0, 4, 2, 3, 1], ranks) == ([0, 2, 1], [3, 4, 5])  # ..., 5th, 3rd, best
+    tied = torch.tensor([0, 1, 0, 1, 0])  # the Oracle's dense ranks: every evidence unit ties with the best
+    assert ends_placement([0, 2, 4], tied) == ([0, 2, 4], [])
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=9), data=st.data())
+def test_ends_placement_keeps_every_moved_unit_once_and_the_best_next_to_the_question(sizes, data):
+    from qgpm.positions import ends_placement, move_permutation
+
+    n_units = len(sizes)
+    ranks = torch.tensor(data.draw(st.permutations(range(n_units))))
+    k = data.draw(st.integers(1, n_units))
+    moved = sorted(range(n_units), key=lambda u: -int(ranks[u]))[-k:]  # the k best, best last (as move_order gives)
+    back, front = ends_placement(moved, ranks)
+    assert sorted(back + front) == sorted(moved) and back[-1] == moved[-1]
+    assert len(front) == k // 2 and len(back) == k - len(front)
+    # the front opens with the second best; ranks grow along the front and towards the context's middle from the back
+    assert [int(ranks[u]) for u in front] == sorted(int(ranks[u]) for u in front)
+    assert [int(ranks[u]) for u in back] == sorted((int(ranks[u]) for u in back), reverse=True)
+    if k > 1:
+        assert int(ranks[front[0]]) == 1
+    ts = torch.tensor([-1] * 2 + [u for u, c in enumerate(sizes) for _ in range(c)] + [-1] * 3)
+    pi = move_permutation(ts, back, front)
+    inv = torch.argsort(pi)
+    slots = (ts >= 0).nonzero().reshape(-1)
+    read = ts[inv[slots]].tolist()
+    kept = [u for u in range(n_units) if u not in moved]
+    assert read == [u for u in front + kept + back for _ in range(sizes[u])]
+    with pytest.raises(ValueError, match="repeat"):
+        move_permutation(ts, [0], [0])
+
+
+def test_placement_needs_a_moving_remap_and_splits_the_moved_sentences():
+    with pytest.raises(ValueError, match="placement must be"):
+        QGPMConfig(remap="reorder", placement="middle")
+    with pytest.raises(ValueError, match="remap='move' or 'reorder'"):
+        QGPMConfig(placement="ends")
+    with pytest.raises(ValueError, match="lead_tokens"):
+        QGPMConfig(remap="reorder", placement="ends", lead_tokens=64)
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    ts = torch.tensor([-1] * 3 + [u for u in range(8) for _ in range(5)] + [-1] * 4)
+    z = torch.tensor([0.1, 3.6, 0.2, 3.4, 0.0, 2.7, 0.3, 2.5], dtype=torch.float64)  # ranks: 1, 3, 5, 7 best
+    cfg = QGPMConfig(s_low=0.3, k_sharp=4.0, k_broad=8.0, t_sharp=0.5, remap="reorder", split_layer=0)
+    read = lambda mr: ts[mr.plan.feed_order()][3:-4].unique_consecutive().tolist()  # units in slot order, every layer
+    assert read(build_plan(ts, z, config=cfg, rotary=rot, n_layers=2)) == [0, 2, 4, 6, 7, 5, 3, 1]
+    ends = build_plan(ts, z, config=cfg.with_(placement="ends"), rotary=rot, n_layers=2)
+    assert read(ends) == [3, 7, 0, 2, 4, 6, 5, 1]  # 2nd and 4th open the context, 3rd before the best
+    # under remap="move" the fast planes read the same slots, the slow planes the text order
+    moved = build_plan(ts, z, config=cfg.with_(remap="move", placement="ends", anchor_ratio=1.0, tau=0.0), rotary=rot, n_layers=2)
+    pos = moved.plan.positions[0]
+    assert torch.equal(pos[0], ends.plan.orders[0].double())
+    assert torch.equal(pos[-1], torch.arange(ts.numel(), dtype=torch.float64))
+    # the Oracle's tied evidence all stays next to the question
+    rel = torch.zeros(8, dtype=torch.float64)
+    rel[[2, 5]] = 1.0
+    oracle = build_plan(ts, rel, config=cfg.with_(placement="ends"), rotary=rot, n_layers=2, dense=True)
+    assert read(oracle) == [0, 1, 3, 4, 6, 7, 2, 5]
 
 
 def test_solo_margin_keeps_only_the_top_sentence_when_it_stands_out():

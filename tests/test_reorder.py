@@ -75,6 +75,27 @@ def test_reorder_equals_the_physically_reordered_prompt(family, attn, tokenizer)
         assert torch.equal(model(ids).logits[0], text_order)
 
 
+@pytest.mark.parametrize("split", [None, 0])  # two maps that move the same sentences, one map
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_ends_placement_equals_the_physically_reordered_prompt(attn, split, tokenizer):
+    """placement="ends" sends the second-best sentence to the first context slot: tokens
+    there must see only the template before them, as in the physically reordered prompt."""
+    model = tiny_model("llama", len(tokenizer), attn_implementation=attn)
+    ids, ts, _ = _prompt(len(tokenizer))
+    z = torch.tensor([0.1, 3.0, 0.3, 2.6, 0.0, 3.4, 0.2, 0.4], dtype=torch.float64)  # best 5, then 1, 3
+    cfg = REORDER.with_(k_sharp=2.5, k_broad=3.0, t_sharp=0.0, t_broad=0.0, split_layer=split, placement="ends")
+    plan = build_plan(ts, z, config=cfg, rotary=rotary_info(model), n_layers=len(decoder_layers(model)), capacity=ts.numel() + 8).plan
+    pi = move_permutation(ts, [3, 5], [1])
+    assert plan.orders and all(torch.equal(o, pi) for o in plan.orders)
+    moved = _physical(ids, pi)
+    assert torch.equal(ids[:, plan.feed_order()], moved)  # the slot-order forward feeds the physical reorder
+    with torch.inference_mode():
+        want = model(moved).logits[0]
+        with apply_plan(model, plan):  # the per-layer causal masks
+            got = model(ids).logits[0]
+    assert torch.allclose(got, want[pi], atol=1e-5), (got - want[pi]).abs().max()
+
+
 def test_reorder_without_relevant_sentences_is_vanilla(tokenizer):
     model = tiny_model("llama", len(tokenizer))
     ids, ts, rel = _prompt(len(tokenizer))
