@@ -147,6 +147,25 @@ elif [ "$stage" = solo ]; then
   # many as the preset with b >= c, and multi-value loses at most 1 of 9 all-four answers.
   # Same samples and order as the lead stage; the preset's rows are copied in. No gold log-prob.
   lookalike_stage solo solo_margin=0.4
+elif [ "$stage" = ends ]; then
+  # Session 9: the look-alike copying again (6 of the 12 test multi-key misses: the model copies
+  # the look-alike ranked second, moved right before the queried key). Reorder (93.3 %) sorts
+  # chunks; LangChain's LongContextReorder would put the second best first in the context.
+  # placement=ends (new, off) does that with the moved sentences: best next to the question,
+  # 2nd first in the context, 3rd before the best, 4th after the 2nd. Same samples as the solo
+  # stage; its committed vanilla and preset rows are copied in. Rule set before the rows: ship it
+  # if dev multi-key (54 samples) answers at least as many as the preset with b >= c, and
+  # multi-value loses at most 1 of its 4 all-four answers (9 samples).
+  R=benchmarks/results/tune_smollm2_dev_4k/solo
+  for part in mv mk1 mk1_squad; do
+    d=$OUT/ends/ends_$part.s$i; mkdir -p "$d"
+    solo_h=$(grep '"solo_margin": 0.4' "$R/solo_$part/trials.jsonl" | sed 's/.*"config_hash": "\([0-9a-f]*\)".*/\1/')
+    grep -v "$solo_h" "$R/solo_$part/tune_rows.jsonl" >> "$d/tune_rows.jsonl"  # vanilla and the preset
+  done
+  L="--methods qgpm --no-logprob --grid placement=ends --set remap=reorder"
+  d=$OUT/ends/ends_mv.s$i; $BASE --n 3 --tasks niah_multivalue $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/ends/ends_mk1.s$i; $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/ends/ends_mk1_squad.s$i; $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends SHARD" >&2; exit 2
 fi
