@@ -7,12 +7,19 @@ import json, sys, torch
 torch.set_num_threads(1)
 from qgpm.eval.runner import load_engine, work_items, make_sample, prepare_kwargs
 eng = load_engine("smollm2", device="cpu", dtype="float32")
-tasks = sys.argv[1].split(","); n = int(sys.argv[2]); out = open(sys.argv[3], "a")
+tasks = sys.argv[1].split(","); n = int(sys.argv[2])
+try:  # resumable: skip the (sample, head set) rows OUT already holds
+    done = {(r["task"], r["depth"], r["index"], r["max_heads"]) for r in map(json.loads, open(sys.argv[3]))}
+except FileNotFoundError:
+    done = set()
+out = open(sys.argv[3], "a")
 i, k = (int(x) for x in sys.argv[4].split("/"))
 items = work_items(tasks, [4096], [0, 0.25, 0.5, 0.75, 1], n, "dev")[i::k]
 for it in items:
     s = make_sample(eng.tokenizer, it, None, 48)
     for heads in (None, 4):
+        if (it.task, float(it.depth), it.index, heads) in done:
+            continue
         cfg = eng.config.with_(max_heads=heads, solo_margin=0.4)
         call = eng.prepare(s.context, s.question, **prepare_kwargs(s, "qgpm", config=cfg))
         rel = sorted(call.relevance, key=lambda r: r.rank)
