@@ -145,6 +145,16 @@ class QGPMConfig:
         some of their own text, as a reranker's chunks do, and the top sentence still ends
         next to the question. Look-alike sentences moved side by side (several keys of
         one kind, only one of them queried) are then not adjacent.
+    local_layers:
+        Models with sliding-window ("local") layers only (Gemma 3); ``None`` = the remap's
+        own choice. ``"vanilla"``: local layers keep standard positions; only the global
+        layers are remapped (what ``remap="stride"`` / ``"move"`` do by default: the window
+        already bounds every distance a local layer sees). ``"modulated"``: local layers are
+        remapped too, each kind with its own boundary plane on its own wavelengths (Eq. 3, 7);
+        the window itself (which tokens a local layer sees) does not change. ``remap="reorder"``
+        always reads the reordered prompt on every layer (its slot-order forward), so it takes
+        ``None`` or ``"modulated"``. On a model without local layers any value but ``None``
+        is an error.
     placement:
         ``remap="move"`` / ``"reorder"`` only; where the moved sentences go (not in the
         paper). ``"question"`` (default): all of them before the question, the top one
@@ -185,6 +195,7 @@ class QGPMConfig:
     remap: str = "stride"
     lead_tokens: int = 0
     placement: str = "question"
+    local_layers: str | None = None
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
@@ -231,6 +242,11 @@ class QGPMConfig:
             raise ValueError(f"lead_tokens must be >= 0 tokens (0 = off), got {self.lead_tokens}")
         if self.lead_tokens and self.remap == "stride":
             raise ValueError(f"lead_tokens={self.lead_tokens} moves text along with moved sentences; it needs remap='move' or 'reorder', not 'stride'")
+        if self.local_layers not in (None, "vanilla", "modulated"):
+            raise ValueError(f"local_layers must be None (the remap's choice), 'vanilla' or 'modulated', got {self.local_layers!r}")
+        if self.local_layers == "vanilla" and self.remap == "reorder":
+            raise ValueError("local_layers='vanilla' cannot be kept by remap='reorder': its pass 2 feeds the reordered prompt to every layer; "
+                             "use local_layers=None or 'modulated', or remap='stride' / 'move'")
         if self.placement not in ("question", "ends"):
             raise ValueError(f"placement must be 'question' (moved sentences before the question) or 'ends' (split between both ends of the context), got {self.placement!r}")
         if self.placement != "question" and self.remap == "stride":

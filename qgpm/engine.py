@@ -35,7 +35,7 @@ from .defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS, PASS1_FIELDS as _PAS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .heads import HeadSet, HeadSetMissingError, check_head_set, find_head_set, known_model_name, missing_head_set_error
 from .loading import ModelSource, load_model, load_tokenizer, resolve_source
-from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, oracle_units, reorder_needs_masks, split_layer
+from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, check_local_layers, oracle_units, reorder_needs_masks, split_layer
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
@@ -555,6 +555,7 @@ class QGPM:
                 raise ValueError(f"config.split_layer={cfg.split_layer} is beyond this model's {n} layers (use 0..{n}, or None for {n // 2})")
             if cfg.unmodulated_layers > n:
                 raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
+            check_local_layers(cfg, self.rotary)
             if cfg.remap == "reorder":  # what apply_plan and build_plan would refuse, before pass 1
                 if reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
                     if self.rotary.layered:

@@ -16,7 +16,7 @@ from .positions import boundary_plane, cumulative_positions, ends_placement, fre
 from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores, within_z_window
 
-__all__ = ["MapResult", "build_plan", "slot_order", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
+__all__ = ["MapResult", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
 
 
 REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (Gemma 3's sliding-window and global layers) "
@@ -57,6 +57,14 @@ def reorder_needs_masks(config: QGPMConfig, n_layers: int) -> bool:
     maps it does so only in calls where both maps happen to move the same sentences."""
     ls = split_layer(n_layers, config)
     return config.unmodulated_layers > 0 or 0 < ls < n_layers
+
+
+def check_local_layers(config: QGPMConfig, rotary: RotaryInfo) -> None:
+    """``config.local_layers`` is for models with sliding-window layers: raise ``ValueError``
+    when it is set on a model with one rotary kind on every layer (nothing to apply it to)."""
+    if not rotary.layered and config.local_layers is not None:
+        raise ValueError(f"local_layers={config.local_layers!r} applies to models with sliding-window layers (Gemma 3); "
+                         "this model has one rotary kind on every layer: leave local_layers=None")
 
 
 def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
@@ -184,6 +192,9 @@ def build_plan(
     # One table set per (rotary kind, map): each kind gets its own boundary plane and gate
     # (Eq. 3, 7) on its own wavelengths. One-kind models have the single kind ``None``.
     kinds: tuple[str | None, ...] = rotary.modulated_kinds if rotary.layered else (None,)
+    check_local_layers(config, rotary)
+    if rotary.layered and config.local_layers == "modulated":  # the global kind first, then the local kinds
+        kinds = tuple(rotary.modulated_kinds) + tuple(k for k in sorted(rotary.kinds) if k not in rotary.modulated_kinds)
     if config.remap == "reorder" and rotary.layered:
         # Only a slot-order forward (PositionPlan.feed_order) runs a layered reorder: one map
         # on every layer, and every kind in it, since a physical reorder reaches the local

@@ -106,6 +106,52 @@ def test_identity_tiny_gemma3_local_and_global_layers(family, attn, tokenizer):
         assert not layer._forward_pre_hooks
 
 
+@pytest.mark.parametrize("family", LAYERED_FAMILIES)
+def test_gemma3_local_layers_modulated_on_request_and_identity_still_vanilla(family, tokenizer):
+    """local_layers="modulated": the sliding-window layers get tables of their own kind (base
+    1e4) and a live remap; with every score 1 the model is still exactly vanilla. A one-kind
+    model refuses the setting before pass 1; reorder cannot keep local layers vanilla."""
+    model = tiny_model(family, len(tokenizer), attn_implementation="sdpa")
+    kinds = model.config.layer_types
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 3)], config=IDENTITY.with_(local_layers="modulated"))
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    ids = call.prompt.input_ids
+    assert None not in call.plan.layer_map
+    rot = model.model.rotary_emb
+    local_tables = {i for i, k in enumerate(kinds) if k == "sliding_attention" for i in [call.plan.layer_map[i]]}
+    assert local_tables and all(torch.equal(call.plan.table_rotary[t].inv_freq, rot.sliding_attention_inv_freq.float()) for t in local_tables)
+    ref = prefill_logits(model, ids)
+    torch.testing.assert_close(prefill_logits(model, ids, call.plan), ref, rtol=0, atol=1e-5)
+    seq_ref, steps_ref = greedy_logits(model, ids, 4)
+    seq_got, steps_got = greedy_logits(model, ids, 4, call.plan)
+    assert torch.equal(seq_got, seq_ref)
+    torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-5)
+    # with a real remap the first (local) layer's output changes; with the default it does not
+    strong = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=STRONG.with_(local_layers="modulated"))
+    default = engine.prepare(CONTEXT, QUESTION, method="qgpm", config=STRONG)
+    h_ref, _ = _layer_input(model, ids, 1)
+    h_mod, _ = _layer_input(model, ids, 1, strong.plan)
+    h_def, _ = _layer_input(model, ids, 1, default.plan)
+    assert kinds[0] == "sliding_attention"
+    assert (h_mod - h_ref).abs().max() > 1e-4 and torch.equal(h_def, h_ref)
+    # the global layers get the same tables either way
+    g = kinds.index("full_attention")
+    assert torch.equal(strong.plan.positions[strong.plan.layer_map[g]], default.plan.positions[default.plan.layer_map[g]])
+    with pytest.raises(ValueError, match="remap='reorder'"):
+        QGPMConfig(remap="reorder", local_layers="vanilla")
+    with pytest.raises(ValueError, match="local_layers must be"):
+        QGPMConfig(local_layers="sliding")
+    llama = QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=[(1, 0)], config=STRONG.with_(local_layers="vanilla"))
+    calls = []
+    handle = decoder_layers(llama.model)[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="one rotary kind"):
+            llama.prepare(CONTEXT, QUESTION, method="qgpm")
+    finally:
+        handle.remove()
+    assert calls == []  # refused before pass 1
+
+
 def test_identity_scaled_rope_llama3(tokenizer):
     rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 512}
