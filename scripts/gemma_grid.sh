@@ -9,6 +9,18 @@ S="--set remap=reorder --set split_layer=0 --set k_sharp=4.0 --set s_low=0.45 --
 E="python -m qgpm.eval.cli eval --model $G --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
   --tasks niah_multikey_1,niah_single_2,qa_1 --lengths ${LENGTHS:-2048} --depths 0.25,0.5,0.75 --n 4 \
   --max-new-tokens 48 --no-logprob --no-progress $S --shard $1/2"
+if [ "${2:-2k}" = local ]; then
+  # Issue 17, ninth session: the sliding-window layers under the paper's stride remap, kept at
+  # standard positions (local_layers=vanilla, the default) or remapped too (modulated), on the
+  # grid's 2K multi-key and QA samples (confidence rules off): bash scripts/gemma_grid.sh I local
+  L="--set remap=stride --set k_sharp=4.0 --set s_low=0.45 --set keep_length=1024.0 --set anchor_ratio=2.0"
+  for ll in vanilla modulated; do
+    python -m qgpm.eval.cli eval --model "$G" --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
+      --tasks niah_multikey_1,qa_1 --lengths 2048 --depths 0.25,0.5,0.75 --n 4 \
+      --max-new-tokens 48 --no-logprob --no-progress $L --set local_layers=$ll --methods qgpm --shard $1/2
+  done
+  exit
+fi
 if [ "${2:-2k}" = 4k ]; then
   # The 4K part (multi-key and QA, every method with the rules off, one pass): bash scripts/gemma_grid.sh I 4k
   python -m qgpm.eval.cli eval --model "$G" --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
