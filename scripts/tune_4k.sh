@@ -32,6 +32,22 @@ lookalike_stage() {
   $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
 }
 
+# Session 9's stages: one grid ($1 = stage name, $2 = grid) on the solo stage's samples
+# (multi-value, multi-key on essays, multi-key on SQuAD), its committed vanilla and preset rows
+# copied in so that only the new setting runs.
+seeded_stage() {
+  R=benchmarks/results/tune_smollm2_dev_4k/solo
+  for part in mv mk1 mk1_squad; do
+    d=$OUT/$1/$1_$part.s$i; mkdir -p "$d"
+    solo_h=$(grep '"solo_margin": 0.4' "$R/solo_$part/trials.jsonl" | sed 's/.*"config_hash": "\([0-9a-f]*\)".*/\1/')
+    grep -v "$solo_h" "$R/solo_$part/tune_rows.jsonl" >> "$d/tune_rows.jsonl"  # vanilla and the preset
+  done
+  L="--methods qgpm --no-logprob --grid $2 --set remap=reorder"
+  d=$OUT/$1/$1_mv.s$i; $BASE --n 3 --tasks niah_multivalue $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/$1/$1_mk1.s$i; $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/$1/$1_mk1_squad.s$i; $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
+}
+
 if [ "$stage" = coarse ]; then
   # Oracle only (the remapping's ceiling, no head errors): MK-1 and QA-1, 8 needle contents.
   run() {  # name anchor_ratio s_low local_window
@@ -156,16 +172,13 @@ elif [ "$stage" = ends ]; then
   # stage; its committed vanilla and preset rows are copied in. Rule set before the rows: ship it
   # if dev multi-key (54 samples) answers at least as many as the preset with b >= c, and
   # multi-value loses at most 1 of its 4 all-four answers (9 samples).
-  R=benchmarks/results/tune_smollm2_dev_4k/solo
-  for part in mv mk1 mk1_squad; do
-    d=$OUT/ends/ends_$part.s$i; mkdir -p "$d"
-    solo_h=$(grep '"solo_margin": 0.4' "$R/solo_$part/trials.jsonl" | sed 's/.*"config_hash": "\([0-9a-f]*\)".*/\1/')
-    grep -v "$solo_h" "$R/solo_$part/tune_rows.jsonl" >> "$d/tune_rows.jsonl"  # vanilla and the preset
-  done
-  L="--methods qgpm --no-logprob --grid placement=ends --set remap=reorder"
-  d=$OUT/ends/ends_mv.s$i; $BASE --n 3 --tasks niah_multivalue $L --out "$d" > "$d.log" 2>&1
-  d=$OUT/ends/ends_mk1.s$i; $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
-  d=$OUT/ends/ends_mk1_squad.s$i; $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
+  seeded_stage ends placement=ends
+elif [ "$stage" = lead32 ]; then
+  # Session 9: the ends stage fixed the dev look-alike sample but lost multi-value (0 of 9 with all
+  # four: the values must sit together), and lead_tokens=128 (session 8) lost it too (1 of 9).
+  # lead_tokens=32 (about one filler sentence between moved sentences) is the smallest
+  # separation; the same rule and samples as the ends stage.
+  seeded_stage lead32 lead_tokens=32
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32 SHARD" >&2; exit 2
 fi
