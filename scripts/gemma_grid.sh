@@ -23,8 +23,9 @@ if [ "${2:-2k}" = local ]; then
 fi
 if [ "${2:-2k}" = 4k ]; then
   # The 4K part (multi-key and QA, every method with the rules off, one pass): bash scripts/gemma_grid.sh I 4k
+  # (ninth session: single needle at 4K with TASKS=niah_single_2 bash scripts/gemma_grid.sh I 4k)
   python -m qgpm.eval.cli eval --model "$G" --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
-    --tasks niah_multikey_1,qa_1 --lengths 4096 --depths 0.25,0.5,0.75 --n 4 \
+    --tasks ${TASKS:-niah_multikey_1,qa_1} --lengths 4096 --depths 0.25,0.5,0.75 --n 4 \
     --max-new-tokens 48 --no-logprob --no-progress $S --methods vanilla,qgpm,oracle,reorder --shard $1/2
   exit
 fi
