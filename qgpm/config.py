@@ -145,6 +145,16 @@ class QGPMConfig:
         some of their own text, as a reranker's chunks do, and the top sentence still ends
         next to the question. Look-alike sentences moved side by side (several keys of
         one kind, only one of them queried) are then not adjacent.
+    term_ratio:
+        Query-term filter (``None`` = off; not in the paper), in ``(0, 1]``: among each map's
+        top ``K`` sentences, those whose BM25 score for the question (over the context's
+        sentences; needs the ``bm25s`` package, extra ``rerank``) is below ``term_ratio``
+        times the best one's are not relevant (:func:`qgpm.shaping.term_filter`). The heads
+        choose the candidates; the question's own words drop look-alikes among them (the
+        sentence of another key, built like the queried one), while sentences that share the
+        question's rare words (several values of one key) stay together.
+        ``result.details["term_dropped"]`` counts the dropped sentences. The Oracle's labels
+        are unaffected.
     local_layers:
         Models with sliding-window ("local") layers only (Gemma 3); ``None`` = the remap's
         own choice. ``"vanilla"``: local layers keep standard positions; only the global
@@ -196,6 +206,7 @@ class QGPMConfig:
     lead_tokens: int = 0
     placement: str = "question"
     local_layers: str | None = None
+    term_ratio: float | None = None
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
@@ -242,6 +253,11 @@ class QGPMConfig:
             raise ValueError(f"lead_tokens must be >= 0 tokens (0 = off), got {self.lead_tokens}")
         if self.lead_tokens and self.remap == "stride":
             raise ValueError(f"lead_tokens={self.lead_tokens} moves text along with moved sentences; it needs remap='move' or 'reorder', not 'stride'")
+        if self.term_ratio is not None:
+            if isinstance(self.term_ratio, bool) or not isinstance(self.term_ratio, numbers.Real):
+                raise TypeError(f"QGPMConfig.term_ratio must be a number or None, got {type(self.term_ratio).__name__} {self.term_ratio!r}")
+            if not (math.isfinite(self.term_ratio) and 0 < self.term_ratio <= 1):
+                raise ValueError(f"term_ratio must be in (0, 1] (a share of the best candidate's BM25 score) or None (off), got {self.term_ratio}")
         if self.local_layers not in (None, "vanilla", "modulated"):
             raise ValueError(f"local_layers must be None (the remap's choice), 'vanilla' or 'modulated', got {self.local_layers!r}")
         if self.local_layers == "vanilla" and self.remap == "reorder":

@@ -370,7 +370,8 @@ class QGPM:
         prompt = call.prompt
         capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
         if call.method == "qgpm":
-            mr = build_plan(prompt.token_sentence, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity)
+            mr = build_plan(prompt.token_sentence, call.z, config=config, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity,
+                            unit_lexical=_unit_lexical(prompt, config))
             _note_flat(mr, config)
             relevance = self._relevance(prompt, mr, call.z)
         else:
@@ -380,6 +381,9 @@ class QGPM:
         plan = mr.plan
         timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
         details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo)
+        details.pop("term_dropped", None)
+        if config.term_ratio is not None and call.method == "qgpm":
+            details["term_dropped"] = len(mr.term_dropped)
         return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
 
     def _run_call(self, call: PreparedCall, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score: str | None = None) -> QGPMResult:
@@ -654,13 +658,16 @@ class QGPM:
             z = fuse_heads(sl)
             timings.pass1_s = time.perf_counter() - t
             t = time.perf_counter()
-            mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity)
+            mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity,
+                            unit_lexical=_unit_lexical(prompt, cfg))
             _note_flat(mr, cfg)
             timings.plan_s = time.perf_counter() - t
             plan = mr.plan
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
                            flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo)
+            if cfg.term_ratio is not None:
+                details["term_dropped"] = len(mr.term_dropped)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg)
         elif method == "oracle":
             if not evidence:
@@ -875,6 +882,20 @@ class _SeededSampler:
         drawn = torch.multinomial(probs, num_samples=1, generator=self.generator)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, drawn, 0.0)
+
+
+def _unit_lexical(prompt: Prompt, config: QGPMConfig) -> torch.Tensor | None:
+    """BM25 score of each context sentence for the question (the context's sentences are the
+    corpus), for the query-term filter (``config.term_ratio``); ``None`` when it is off."""
+    if config.term_ratio is None:
+        return None
+    from .rerank import BM25Reranker
+
+    question = prompt.question_text or ""
+    texts = [s.text for s in prompt.sentences]
+    if not texts or not question.strip():
+        return torch.zeros(len(texts), dtype=torch.float64)
+    return torch.tensor(BM25Reranker().score(question, texts), dtype=torch.float64)
 
 
 def _cache_kwarg(fn) -> str:

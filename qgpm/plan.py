@@ -14,7 +14,7 @@ import torch
 from .config import QGPMConfig
 from .positions import boundary_plane, cumulative_positions, ends_placement, frequency_gate, move_permutation, moved_positions, protect_fast_planes, strides, with_leads
 from .rope import PositionPlan, RotaryInfo
-from .shaping import dense_ranks, move_order, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores, within_z_window
+from .shaping import dense_ranks, move_order, term_filter, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores, within_z_window
 
 __all__ = ["MapResult", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
 
@@ -39,6 +39,7 @@ class MapResult:
     decisive: bool = False  # one sentence stands out (z margin >= config.decisive_margin): every score 1, vanilla positions
     s_low: float = 0.0  # the low score this call used (effective_s_low); 1.0 = vanilla positions
     solo: bool = False  # the top sentence alone is relevant (z margin >= config.solo_margin)
+    term_dropped: tuple[int, ...] = ()  # units the query-term filter (config.term_ratio) dropped from the top K of a map some layer uses
 
 
 def split_layer(n_layers: int, config: QGPMConfig) -> int:
@@ -164,6 +165,7 @@ def build_plan(
     n_layers: int,
     dense: bool = False,
     capacity: int = 0,
+    unit_lexical: torch.Tensor | None = None,
 ) -> MapResult:
     """Shape unit relevance into broad/sharp token scores and per-plane positions.
 
@@ -171,6 +173,8 @@ def build_plan(
     ``unit_relevance`` is ``z_i`` (higher = more relevant). ``dense=True`` gives tied
     units one shared rank (Oracle). ``capacity``: the plan's
     :attr:`~qgpm.rope.PositionPlan.capacity` (prompt plus generation budget, in tokens).
+    ``unit_lexical``: one lexical score per unit for the question (BM25), needed only with
+    ``config.term_ratio`` (the query-term filter).
     """
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
@@ -184,8 +188,16 @@ def build_plan(
     window = within_z_window(unit_relevance, config.z_window)  # the Oracle's 0/1 labels: every evidence unit ties with the top
     if solo:  # the top sentence stands out from the second: it alone is relevant
         window = window * (ranks == 0).to(torch.float64)
+    use_terms = config.term_ratio is not None and not (dense or vanilla)
+    if use_terms and (unit_lexical is None or unit_lexical.numel() != n_units):
+        raise ValueError("config.term_ratio needs unit_lexical: one lexical score per unit (the engine computes BM25 scores for the question)")
+    dropped: list[list[int]] = []  # per map: the top-K units the query-term filter dropped
     for params in (config.broad, config.sharp):
         f = rank_shape(ranks, params) * window if n_units else torch.zeros(0, dtype=torch.float64)
+        terms = term_filter(ranks, unit_lexical, params.k, config.term_ratio) if use_terms and n_units else None
+        dropped.append([] if terms is None else (terms == 0).nonzero().reshape(-1).tolist())
+        if terms is not None:
+            f = f * terms
         unit_scores.append(torch.ones(n_units, dtype=torch.float64) if vanilla else sentence_scores(f, s_low))
     anchor = max(config.anchor_ratio * max(anchor_basis_length(token_unit, unit_scores[0], config, s_low), 1), 1e-6)
     tok_scores = [token_scores(token_unit, s, s_low) for s in unit_scores]
@@ -235,7 +247,8 @@ def build_plan(
     plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity,
                         table_rotary=tuple(table_rotary) if rotary.layered else (),
                         orders=tuple(orders) if any(bool((o != torch.arange(o.numel())).any()) for o in orders) else ())
-    return MapResult(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low, solo=solo)
+    return MapResult(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low, solo=solo,
+                     term_dropped=tuple(sorted({u for m in {m % 2 for m in layer_map if m is not None} for u in dropped[m]})))
 
 
 def oracle_units(token_sentence: torch.Tensor, evidence_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ __all__ = [
     "protected_prefix_end",
     "relevant_mask",
     "move_order",
+    "term_filter",
 ]
 
 
@@ -97,6 +98,31 @@ def within_z_window(z: torch.Tensor, window: float | None) -> torch.Tensor:
         return keep
     top = float(z[finite].max())
     return torch.where(finite & (z >= top - float(window) - 1e-12), keep, torch.zeros_like(z))
+
+
+def term_filter(ranks: torch.Tensor, lexical: torch.Tensor, k: float, ratio: float | None) -> torch.Tensor:
+    """The query-term filter (``QGPMConfig.term_ratio``; an addition to the paper): 1.0 per
+    sentence, except that among a map's top ``k`` (rank below ``k``) the sentences whose
+    lexical score for the question (``lexical``, e.g. BM25 over the context's sentences)
+    is below ``ratio`` times the best lexical score among them get 0.0. The heads choose
+    the candidates; the question's own words drop the look-alikes among them (another key's
+    sentence built like the queried one), while sentences that all carry the question's
+    rare words (several values of one key) stay together. ``None``, no candidate, or no
+    candidate sharing a word with the question keeps every sentence (all 1.0)."""
+    keep = torch.ones(ranks.numel(), dtype=torch.float64)
+    if ratio is None or ranks.numel() == 0:
+        return keep
+    if lexical.numel() != ranks.numel():
+        raise ValueError(f"term_filter got {lexical.numel()} lexical scores for {ranks.numel()} sentences")
+    lex = lexical.to(torch.float64)
+    cand = ranks.to(torch.float64) < float(k)
+    if not bool(cand.any()):
+        return keep
+    best = float(lex[cand].max())
+    if not best > 0:
+        return keep
+    keep[cand & (lex < ratio * best)] = 0.0
+    return keep
 
 
 def sentence_scores(f: torch.Tensor, s_low: float) -> torch.Tensor:

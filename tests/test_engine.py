@@ -407,6 +407,40 @@ def test_solo_margin_promotes_the_top_sentence_alone_and_says_so(tiny):
     assert not oracle.details.get("solo_relevance") and oracle.plan.feed_order() is not None
 
 
+def test_term_ratio_keeps_only_top_sentences_with_the_question_words(tiny):
+    """term_ratio: among the K best sentences by the (here random) heads, only those whose BM25
+    score for the question reaches the share of the best one move; prepare and replan agree;
+    details and eval rows count the dropped ones."""
+    colours = ["red", "green", "grey", "white", "black", "pink", "brown", "gold", "silver", "orange"]
+    sents = [f"The secret password for the {c} door is {c}berry." for c in colours]  # look-alikes of the needle
+    sents[5:5] = [NEEDLE] + FILLER[:2]
+    ctx = " ".join(sents)
+    cfg = tiny.config.with_(k_sharp=4.0, remap="reorder", split_layer=0, min_top_z=None, decisive_margin=None)
+    call = tiny.prepare(ctx, QUESTION, method="qgpm", config=cfg.with_(term_ratio=0.9))
+    ts = call.prompt.token_sentence[call.plan.feed_order()]
+    moved = ts[ts >= 0].unique_consecutive().tolist()
+    needle = next(r.index for r in call.relevance if r.text == NEEDLE)
+    rank = {r.index: r.rank for r in call.relevance}
+    top4 = {u for u, k in rank.items() if k < 4}
+    from qgpm.rerank import BM25Reranker
+
+    lex = BM25Reranker().score(QUESTION, [s.text for s in call.prompt.sentences])
+    best = max(lex[u] for u in top4)
+    kept = {u for u in top4 if lex[u] >= 0.9 * best}
+    assert best > 0 and call.details["term_dropped"] == len(top4 - kept) > 0
+    # the dropped candidates keep their place in the text order; the kept ones end the context, best ranked last
+    stay = [u for u in moved if u not in kept]
+    assert stay == sorted(stay) and set(moved[len(stay):]) <= kept
+    assert moved[-1] == min(kept, key=lambda u: rank[u])
+    assert needle not in top4 or needle in kept
+    again = tiny.replan(tiny.prepare(ctx, QUESTION, method="qgpm", config=cfg), cfg.with_(term_ratio=0.9))
+    assert torch.equal(again.plan.feed_order(), call.plan.feed_order()) and again.details["term_dropped"] == call.details["term_dropped"]
+    off = tiny.replan(call, cfg)
+    assert "term_dropped" not in off.details
+    oracle = tiny.prepare(ctx, QUESTION, method="oracle", evidence=[NEEDLE], config=cfg.with_(term_ratio=0.9))
+    assert "term_dropped" not in oracle.details
+
+
 def test_decisive_relevance_fallback_is_logged_and_vanilla(tiny, caplog):
     import logging
 

@@ -625,3 +625,47 @@ def test_solo_margin_keeps_only_the_top_sentence_when_it_stands_out():
         QGPMConfig(solo_margin=0.0)
     with pytest.raises(TypeError, match="solo_margin"):
         QGPMConfig(solo_margin="0.4")
+
+
+# ----------------------------------------------------------------------------- term_ratio
+
+
+def test_term_filter_drops_low_overlap_candidates_only():
+    from qgpm.shaping import term_filter
+
+    ranks = torch.tensor([2, 0, 5, 1, 3, 4])
+    lex = torch.tensor([1.0, 8.0, 9.0, 2.0, 7.5, 0.0], dtype=torch.float64)
+    # candidates: ranks 0-3 = units 1, 3, 0, 4; best lexical among them 8.0 -> keep >= 4.0
+    assert term_filter(ranks, lex, 4.0, 0.5).tolist() == [0.0, 1.0, 1.0, 0.0, 1.0, 1.0]  # unit 2 (rank 5) is no candidate
+    assert term_filter(ranks, lex, 4.0, None).tolist() == [1.0] * 6
+    assert term_filter(ranks, torch.zeros(6, dtype=torch.float64), 4.0, 0.5).tolist() == [1.0] * 6  # no shared word: no filter
+    # the heads' top can go: the best lexical candidate stays whatever its rank
+    assert term_filter(ranks, torch.tensor([0.0, 1.0, 0.0, 6.0, 0.0, 0.0]), 2.0, 0.5).tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="lexical scores"):
+        term_filter(ranks, lex[:3], 4.0, 0.5)
+
+
+def test_term_ratio_moves_only_the_candidates_that_carry_the_question_words():
+    with pytest.raises(ValueError, match="term_ratio"):
+        QGPMConfig(term_ratio=0.0)
+    with pytest.raises(ValueError, match="term_ratio"):
+        QGPMConfig(term_ratio=1.5)
+    with pytest.raises(TypeError, match="term_ratio"):
+        QGPMConfig(term_ratio="high")
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    ts = torch.tensor([-1] * 3 + [u for u in range(8) for _ in range(5)] + [-1] * 4)
+    z = torch.tensor([0.1, 3.6, 0.2, 3.4, 0.0, 2.7, 0.3, 2.5], dtype=torch.float64)  # heads: 1, 3, 5, 7 on top
+    lex = torch.tensor([0.0, 2.0, 0.0, 9.0, 0.0, 1.0, 0.0, 8.0], dtype=torch.float64)  # the question's words: 3 and 7
+    cfg = QGPMConfig(s_low=0.3, k_sharp=4.0, k_broad=8.0, t_sharp=0.5, remap="reorder", split_layer=0)
+    read = lambda mr: ts[mr.plan.feed_order()][3:-4].unique_consecutive().tolist()  # units in slot order
+    assert read(build_plan(ts, z, config=cfg, rotary=rot, n_layers=2)) == [0, 2, 4, 6, 7, 5, 3, 1]
+    mr = build_plan(ts, z, config=cfg.with_(term_ratio=0.5), rotary=rot, n_layers=2, unit_lexical=lex)
+    assert read(mr) == [0, 1, 2, 4, 5, 6, 7, 3]  # 1 and 5 stay in place; 7 and 3 move, 3 (better ranked) next to the question
+    assert mr.term_dropped == (1, 5)  # the sharp map's drops (the broad map is used by no layer here)
+    with pytest.raises(ValueError, match="unit_lexical"):
+        build_plan(ts, z, config=cfg.with_(term_ratio=0.5), rotary=rot, n_layers=2)
+    # the Oracle's labels are not filtered
+    rel = torch.zeros(8, dtype=torch.float64)
+    rel[[1, 5]] = 1.0
+    oracle = build_plan(ts, rel, config=cfg.with_(term_ratio=0.5), rotary=rot, n_layers=2, dense=True)
+    assert read(oracle) == [0, 2, 3, 4, 6, 7, 1, 5] and oracle.term_dropped == ()

@@ -142,7 +142,7 @@ def _reranker_name(reranker: Any) -> str:
 # their "off" value, so rows made before they existed keep their config_hash.
 _HASHED_WHEN_SET = {"local_window": 0.0, "keep_length": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None,
                     "decisive_margin": None, "remap": "stride", "z_window": None,
-                    "lead_tokens": 0, "solo_margin": None, "placement": "question", "local_layers": None}
+                    "lead_tokens": 0, "solo_margin": None, "placement": "question", "local_layers": None, "term_ratio": None}
 
 
 def _config_dict(config) -> dict:
@@ -325,6 +325,8 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         out["decisive_relevance"] = bool(call.details.get("decisive_relevance", False))
         if call.details.get("solo_relevance"):
             out["solo_relevance"] = True
+        if "term_dropped" in call.details:
+            out["term_dropped"] = int(call.details["term_dropped"])
     if method in BASELINE_METHODS:
         out["baseline"] = dict(call.details)  # e.g. STRING's S and W for this prompt
     if method in ("topk", "reorder") and res.edit is not None:
