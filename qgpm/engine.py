@@ -381,9 +381,8 @@ class QGPM:
         plan = mr.plan
         timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
         details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo)
-        details.pop("term_dropped", None)
-        if config.term_ratio is not None and call.method == "qgpm":
-            details["term_dropped"] = len(mr.term_dropped)
+        if call.method == "qgpm":
+            _note_terms(details, mr, config)
         return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
 
     def _run_call(self, call: PreparedCall, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score: str | None = None) -> QGPMResult:
@@ -666,8 +665,7 @@ class QGPM:
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
                            flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo)
-            if cfg.term_ratio is not None:
-                details["term_dropped"] = len(mr.term_dropped)
+            _note_terms(details, mr, cfg)
             return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg)
         elif method == "oracle":
             if not evidence:
@@ -882,6 +880,14 @@ class _SeededSampler:
         drawn = torch.multinomial(probs, num_samples=1, generator=self.generator)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, drawn, 0.0)
+
+
+def _note_terms(details: dict[str, Any], mr: MapResult, config: QGPMConfig) -> None:
+    """``details["term_dropped"]``: how many top-K sentences the query-term filter dropped,
+    present exactly when ``config.term_ratio`` is set."""
+    details.pop("term_dropped", None)
+    if config.term_ratio is not None:
+        details["term_dropped"] = len(mr.term_dropped)
 
 
 def _unit_lexical(prompt: Prompt, config: QGPMConfig) -> torch.Tensor | None:
