@@ -126,6 +126,24 @@ def _require(module: str, what: str) -> Any:
         raise ImportError(f"{what} needs the package '{module}'. {_INSTALL_HINT}") from exc
 
 
+def _quiet_bm25s(module: Any) -> None:
+    """``bm25s`` sets its own logger to DEBUG on import, so an application that configures
+    logging at INFO prints "Building index from IDs" on every QGPM call that uses the term
+    filter. Put it back to the root logger's level (NOTSET) the first time, unless the
+    user has set another level on it since."""
+    import logging
+
+    log = logging.getLogger(getattr(module, "__name__", "bm25s"))
+    global _BM25S_QUIETED
+    if not _BM25S_QUIETED:
+        if log.level == logging.DEBUG:
+            log.setLevel(logging.NOTSET)
+        _BM25S_QUIETED = True
+
+
+_BM25S_QUIETED = False
+
+
 # --------------------------------------------------------------------------- LLM judge
 
 
@@ -510,7 +528,7 @@ class BM25Reranker:
     name = "bm25"
 
     def __init__(self, *, k1: float = 1.5, b: float = 0.75, stopwords: str | list[str] | None = "en") -> None:
-        _require("bm25s", "BM25Reranker")
+        _quiet_bm25s(_require("bm25s", "BM25Reranker"))
         self.k1 = float(k1)
         self.b = float(b)
         self.stopwords = stopwords

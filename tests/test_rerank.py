@@ -105,6 +105,17 @@ def test_bm25_handles_empty_and_stopword_passages(bm25):
     assert scores[0] == 0.0 and scores[1] == 0.0 and scores[2] > 0.0
 
 
+def test_bm25_does_not_print_debug_lines_at_info(bm25, caplog):
+    """bm25s sets its logger to DEBUG on import; an app logging at INFO must not get
+    "Building index from IDs" on every call (QGPM's term filter scores every prompt)."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        bm25.score(QUERY, PASSAGES)
+    assert not [r for r in caplog.records if r.name.startswith("bm25s")]
+    assert logging.getLogger("bm25s").getEffectiveLevel() == logging.getLogger().getEffectiveLevel()
+
+
 def test_minilm_no_overlap_is_finite(minilm):
     scores = minilm.score("xylophone zeppelin quokka", PASSAGES)
     assert len(scores) == len(PASSAGES) and all(math.isfinite(s) for s in scores)
