@@ -21,6 +21,15 @@ if [ "${2:-2k}" = local ]; then
   done
   exit
 fi
+if [ "${2:-2k}" = term ]; then
+  # Tenth session: the query-term filter (term_ratio=0.6, the SmolLM2 candidate preset's new field) on
+  # top of the grid's qgpm settings (rules off), multi-key, single needle and QA at 2K and 4K:
+  # bash scripts/gemma_grid.sh I term
+  python -m qgpm.eval.cli eval --model "$G" --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
+    --tasks niah_multikey_1,niah_single_2,qa_1 --lengths 2048,4096 --depths 0.25,0.5,0.75 --n 4 \
+    --max-new-tokens 48 --no-logprob --no-progress $S --set term_ratio=0.6 --methods qgpm --shard $1/2
+  exit
+fi
 if [ "${2:-2k}" = 4k ]; then
   # The 4K part (multi-key and QA, every method with the rules off, one pass): bash scripts/gemma_grid.sh I 4k
   # (ninth session: single needle at 4K with TASKS=niah_single_2 bash scripts/gemma_grid.sh I 4k)
