@@ -117,7 +117,7 @@ def _print_answer(method: str, result, *, width: int) -> None:
 def _print_why(method: str, result, top: int) -> None:
     """What a method did to the context: the sentences QGPM/Oracle promoted (rank, relevance,
     score, depth in the context), the chunks Top-K/Reorder kept, a baseline's settings."""
-    from .explain import sentence_rows
+    from .explain import sentence_rows, term_note
 
     if result.relevance:
         rows = sorted(sentence_rows(result), key=lambda r: r["rank"])[:top]
@@ -136,6 +136,8 @@ def _print_why(method: str, result, top: int) -> None:
             print(f"  (the context is no longer than keep_length, so {method} kept vanilla positions)")
         elif d.get("solo_relevance"):
             print(f"  (the top sentence stood out, its z at least solo_margin above the next, so {method} promoted it alone)")
+        if d.get("term_dropped"):
+            print(f"  ({term_note(d['term_dropped'])})")
     if result.edit is not None:
         print(f"\n{method} kept chunks {result.edit.kept} of {len(result.edit.chunks)}")
     if method in BASELINE_METHODS:

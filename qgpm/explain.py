@@ -39,6 +39,12 @@ def _shade(score: float) -> str:
     return f"rgba(255,176,0,{0.08 + 0.62 * a:.3f})"
 
 
+def term_note(n: int) -> str:
+    """What the query-term filter (``QGPMConfig.term_ratio``) did, for ``qgpm ask`` and the page."""
+    return (f"term_ratio: {n} of the heads' top sentences carried too few of the question's rare words "
+            "(BM25), so they were not promoted and kept their place")
+
+
 def sentence_rows(result: "QGPMResult") -> list[dict[str, Any]]:
     """One dict per context sentence: text, char span, depth in the context (0..1), rank,
     z, broad/sharp scores, whether it kept a full stride in the upper layers, and the
@@ -105,6 +111,8 @@ def render_html(result: "QGPMResult", *, top: int = 10, title: str = "QGPM: why 
         meta.append("short context (keep_length): vanilla positions kept")
     elif d.get("solo_relevance"):
         meta.append("the top sentence stands out (solo_margin): it alone was promoted")
+    if d.get("term_dropped"):
+        meta.append(esc(term_note(d["term_dropped"])))
     no_rank = "" if rows else '<p class="meta">This method has no relevance ranking (standard positions).</p>'
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

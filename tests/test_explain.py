@@ -86,3 +86,20 @@ def test_text_between_sentences_is_escaped_too():
            SentenceRelevance(1, "Second one.", ctx.index("Second"), len(ctx), 0, 1, 0.3, 0.3, -2.0)]
     page = render_html(QGPMResult(text="ok", method="qgpm", relevance=rel, context=ctx, question="q?"))
     assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+
+
+def test_page_says_when_the_query_term_filter_kept_candidates_in_place(engine):
+    """Every sentence is a candidate (K 40): only the one carrying the question's words
+    ("calibrated", "tide", "gauge") stays relevant, and the page says how many were dropped."""
+    from qgpm import QGPMConfig
+
+    cfg = QGPMConfig(k_sharp=40.0, k_broad=50.0, term_ratio=0.6, min_top_z=None, decisive_margin=None)
+    res = engine.answer(CONTEXT, QUESTION, method="qgpm", max_new_tokens=2, config=cfg)
+    n = res.details["term_dropped"]
+    assert n == len(res.relevance) - 1
+    gold = next(i for i, s in enumerate(res.relevance) if s.text.startswith("The tide gauge was calibrated"))
+    assert res.relevance[gold].sharp == 1.0  # the one relevant sentence; the text before it keeps its place anyway
+    assert all(s.sharp < 1.0 for s in res.relevance[gold + 1:])  # every candidate after it was dropped
+    assert html.escape(f"term_ratio: {n} of the heads' top sentences") in res.to_html()
+    plain = engine.answer(CONTEXT, QUESTION, method="qgpm", max_new_tokens=2, config=QGPMConfig(k_sharp=40.0, k_broad=50.0))
+    assert "term_dropped" not in plain.details and "term_ratio:" not in plain.to_html()
