@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 _INSTALL_HINT = "Install the reranker extras with `pip install qgpm[rerank]`."
+_BM25S_HINT = "It is one of qgpm's own dependencies: reinstall qgpm (`pip install -e .`) or run `pip install 'bm25s>=0.2,<0.4'`."
 
 QWEN3_RERANKER_SYSTEM = (
     "Judge whether the Document meets the requirements based on the Query and the "
@@ -119,11 +120,11 @@ def _finite(values: Sequence[float], who: str) -> list[float]:
     return out
 
 
-def _require(module: str, what: str) -> Any:
+def _require(module: str, what: str, hint: str = _INSTALL_HINT) -> Any:
     try:
         return __import__(module)
     except ImportError as exc:
-        raise ImportError(f"{what} needs the package '{module}'. {_INSTALL_HINT}") from exc
+        raise ImportError(f"{what} needs the package '{module}'. {hint}") from exc
 
 
 def _quiet_bm25s(module: Any) -> None:
@@ -528,7 +529,7 @@ class BM25Reranker:
     name = "bm25"
 
     def __init__(self, *, k1: float = 1.5, b: float = 0.75, stopwords: str | list[str] | None = "en") -> None:
-        _quiet_bm25s(_require("bm25s", "BM25Reranker"))
+        _quiet_bm25s(_require("bm25s", "BM25Reranker (and QGPMConfig.term_ratio)", _BM25S_HINT))
         self.k1 = float(k1)
         self.b = float(b)
         self.stopwords = stopwords
