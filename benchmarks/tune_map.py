@@ -21,7 +21,7 @@ from pathlib import Path
 from qgpm.eval.stats import mcnemar_exact
 
 KEY = ("task", "length", "depth", "seed")
-SHOWN = ("anchor_ratio", "s_low", "k_sharp", "t_sharp", "k_broad", "t_broad", "eps", "local_window", "unmodulated_layers", "split_layer", "tau", "remap", "z_window", "lead_tokens", "solo_margin", "placement", "local_layers", "term_ratio")
+SHOWN = ("anchor_ratio", "s_low", "k_sharp", "t_sharp", "k_broad", "t_broad", "eps", "local_window", "unmodulated_layers", "split_layer", "tau", "remap", "z_window", "lead_tokens", "solo_margin", "placement", "local_layers", "term_ratio", "moved_order")
 ZERO_MEANS = ("t_sharp", "t_broad", "split_layer")  # T = 0 is a hard cut and split_layer 0 the sharp map everywhere, not "off": always shown
 
 

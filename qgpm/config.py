@@ -173,6 +173,12 @@ class QGPMConfig:
         top sentence next to the question, the second at the start of the context, the
         third before the top one, the fourth after the second. A look-alike ranked second
         then sits a whole context away from the top sentence instead of right before it.
+    moved_order:
+        ``remap="move"`` / ``"reorder"`` with ``placement="question"`` only; the order of the
+        moved sentences before the question (not in the paper). ``"rank"`` (default): the
+        top-ranked one last, next to the question. ``"text"``: the order they have in the
+        context, as the Oracle places its evidence (several values of one key read in the
+        order they were written).
 
     Every field is checked on construction: numbers must be finite (no NaN or
     infinity), counts must be ints in range; a bad value raises ``TypeError`` or
@@ -207,6 +213,7 @@ class QGPMConfig:
     placement: str = "question"
     local_layers: str | None = None
     term_ratio: float | None = None
+    moved_order: str = "rank"
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
@@ -269,6 +276,12 @@ class QGPMConfig:
             raise ValueError(f"placement={self.placement!r} places moved sentences; it needs remap='move' or 'reorder', not 'stride'")
         if self.placement != "question" and self.lead_tokens:
             raise ValueError(f"placement={self.placement!r} and lead_tokens={self.lead_tokens} cannot be combined (leads are defined for sentences moved before the question only); set one of them")
+        if self.moved_order not in ("rank", "text"):
+            raise ValueError(f"moved_order must be 'rank' (the top sentence last, next to the question) or 'text' (the context's order), got {self.moved_order!r}")
+        if self.moved_order != "rank" and self.remap == "stride":
+            raise ValueError(f"moved_order={self.moved_order!r} orders moved sentences; it needs remap='move' or 'reorder', not 'stride'")
+        if self.moved_order != "rank" and self.placement != "question":
+            raise ValueError(f"moved_order={self.moved_order!r} and placement={self.placement!r} cannot be combined (placement='ends' splits the moved sentences by rank); set one of them")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.split_layer is not None and self.split_layer < 0:

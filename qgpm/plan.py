@@ -146,10 +146,11 @@ def anchor_basis_length(token_unit: torch.Tensor, unit_scores: torch.Tensor, con
 
 def slot_order(token_unit: torch.Tensor, ranks: torch.Tensor, unit_scores: torch.Tensor, s_low: float, config: QGPMConfig) -> torch.Tensor:
     """One map's slot order under ``remap="move"`` / ``"reorder"``: ``pi[j]`` is the slot of
-    token ``j``. The map's relevant units (:func:`~qgpm.shaping.move_order`) go before the
+    token ``j``. The map's relevant units (:func:`~qgpm.shaping.move_order`, in
+    ``config.moved_order``) go before the
     question (``placement="question"``, with their leads when ``lead_tokens`` is set) or to
     both ends of the context (``placement="ends"``, :func:`~qgpm.positions.ends_placement`)."""
-    order = move_order(ranks, unit_scores, s_low)
+    order = move_order(ranks, unit_scores, s_low, config.moved_order)
     if config.placement == "ends":
         back, front = ends_placement(order, ranks)
         return move_permutation(token_unit, back, front)

@@ -154,15 +154,21 @@ def protected_prefix_end(sent_scores: torch.Tensor, s_low: float) -> int:
     return int(relevant[0]) if relevant.numel() else 0
 
 
-def move_order(ranks: torch.Tensor, sent_scores: torch.Tensor, s_low: float) -> list[int]:
-    """The units ``remap="move"`` moves, in slot order: the relevant sentences of the map
-    (:func:`relevant_mask`), worst-ranked first, so the top sentence ends next to the
-    question; tied ranks (the Oracle's evidence) keep text order. Empty when every sentence
-    is relevant (nothing stands out, e.g. every score 1: vanilla positions)."""
+def move_order(ranks: torch.Tensor, sent_scores: torch.Tensor, s_low: float, order: str = "rank") -> list[int]:
+    """The units ``remap="move"`` / ``"reorder"`` moves, in slot order: the relevant sentences
+    of the map (:func:`relevant_mask`). ``order="rank"``: worst-ranked first, so the top
+    sentence ends next to the question; tied ranks (the Oracle's evidence) keep text order.
+    ``order="text"`` (``QGPMConfig.moved_order``): in their order in the context, as the
+    Oracle places its evidence. Empty when every sentence is relevant (nothing stands out,
+    e.g. every score 1: vanilla positions)."""
+    if order not in ("rank", "text"):
+        raise ValueError(f"move_order: order must be 'rank' or 'text', got {order!r}")
     rel = relevant_mask(sent_scores, s_low)
     if s_low >= 1 or bool(rel.all()):
         return []
     units = rel.nonzero().reshape(-1).tolist()
+    if order == "text":
+        return units
     return sorted(units, key=lambda i: (-int(ranks[i]), i))
 
 

@@ -48,6 +48,21 @@ seeded_stage() {
   d=$OUT/$1/$1_mk1_squad.s$i; $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
 }
 
+# Session 10's stages: one grid ($1 = stage name, $2 = grid) on top of the preset with
+# term_ratio 0.6, on the term stage's samples, its committed vanilla, seventh-session preset
+# and term_ratio rows copied in so that only the new setting runs.
+term_seeded_stage() {
+  R=benchmarks/results/tune_smollm2_dev_4k/term
+  for part in mv mk1 mk1_squad; do
+    d=$OUT/$1/$1_$part.s$i; mkdir -p "$d"
+    cat "$R/term_$part/tune_rows.jsonl" >> "$d/tune_rows.jsonl"
+  done
+  L="--methods qgpm --no-logprob --grid $2 --set remap=reorder"
+  d=$OUT/$1/$1_mv.s$i; $BASE --n 3 --tasks niah_multivalue $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/$1/$1_mk1.s$i; $BASE --n 12 --tasks niah_multikey_1 $L --out "$d" > "$d.log" 2>&1
+  d=$OUT/$1/$1_mk1_squad.s$i; $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
+}
+
 if [ "$stage" = coarse ]; then
   # Oracle only (the remapping's ceiling, no head errors): MK-1 and QA-1, 8 needle contents.
   run() {  # name anchor_ratio s_low local_window
@@ -187,6 +202,15 @@ elif [ "$stage" = term ]; then
   # the queried needle's on these prompts) drops the top-K sentences below 0.6 of the best BM25
   # score among them. Same rule and samples as the ends stage.
   seeded_stage term term_ratio=0.6
+elif [ "$stage" = textorder ]; then
+  # Session 10: the Oracle lists all four multi-value values in 16 of 30 test samples, QGPM
+  # (preset, with or without term_ratio) in 10, and in every test multi-value call the term
+  # filter dropped nothing, so both move the same four sentences (the values); what differs
+  # is their order before the question: the Oracle keeps the context's order, QGPM puts the
+  # best-ranked last. moved_order=text keeps the context's order. Rule, written before the rows:
+  # keep it if multi-value gains on dev and neither multi-key haystack loses (b/c against
+  # the term_ratio preset).
+  term_seeded_stage textorder moved_order=text
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder SHARD" >&2; exit 2
 fi

@@ -423,6 +423,25 @@ def test_move_order_moves_the_relevant_sentences_best_last():
     assert move_order(ranks, scores, 1.0) == []  # s_low 1: vanilla strength
     tied = torch.tensor([0, 1, 0, 1])  # the Oracle's dense ranks: evidence in text order
     assert move_order(tied, torch.tensor([1.0, 0.2, 1.0, 0.2]), 0.2) == [0, 2]
+    assert move_order(ranks, scores, 0.3, "text") == [1, 3]  # moved_order="text": the context's order
+    assert move_order(tied, torch.tensor([1.0, 0.2, 1.0, 0.2]), 0.2, "text") == [0, 2]
+    with pytest.raises(ValueError, match="'rank' or 'text'"):
+        move_order(ranks, scores, 0.3, "random")
+
+
+def test_moved_order_text_keeps_the_moved_sentences_in_context_order():
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    ts = torch.tensor([-1] * 3 + [u for u in range(8) for _ in range(5)] + [-1] * 4)
+    z = torch.tensor([0.1, 3.6, 0.2, 3.4, 0.0, 2.7, 0.3, 2.5], dtype=torch.float64)  # ranks: 1, 3, 5, 7 best
+    cfg = QGPMConfig(s_low=0.3, k_sharp=4.0, k_broad=8.0, t_sharp=0.5, remap="reorder", split_layer=0)
+    read = lambda mr: ts[mr.plan.feed_order()][3:-4].unique_consecutive().tolist()  # units in slot order
+    assert read(build_plan(ts, z, config=cfg, rotary=rot, n_layers=2)) == [0, 2, 4, 6, 7, 5, 3, 1]
+    text = build_plan(ts, z, config=cfg.with_(moved_order="text"), rotary=rot, n_layers=2)
+    assert read(text) == [0, 2, 4, 6, 1, 3, 5, 7]  # the same four moved, in the context's order
+    with pytest.raises(ValueError, match="moved_order must be"):
+        QGPMConfig(moved_order="best")
+    with pytest.raises(ValueError, match="placement='ends'"):
+        QGPMConfig(remap="reorder", placement="ends", moved_order="text")
 
 
 def test_move_plan_moves_the_evidence_next_to_the_question_on_fast_planes_only():

@@ -142,7 +142,8 @@ def _reranker_name(reranker: Any) -> str:
 # their "off" value, so rows made before they existed keep their config_hash.
 _HASHED_WHEN_SET = {"local_window": 0.0, "keep_length": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None,
                     "decisive_margin": None, "remap": "stride", "z_window": None,
-                    "lead_tokens": 0, "solo_margin": None, "placement": "question", "local_layers": None, "term_ratio": None}
+                    "lead_tokens": 0, "solo_margin": None, "placement": "question", "local_layers": None, "term_ratio": None,
+                    "moved_order": "rank"}
 
 
 def _config_dict(config) -> dict:

@@ -67,7 +67,7 @@ __all__ = [
     "load_config",
 ]
 
-SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "anchor_basis", "tau", "local_window", "unmodulated_layers", "min_top_z", "decisive_margin", "z_window", "solo_margin", "split_layer", "remap", "lead_tokens", "placement", "local_layers", "term_ratio")
+SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "anchor_basis", "tau", "local_window", "unmodulated_layers", "min_top_z", "decisive_margin", "z_window", "solo_margin", "split_layer", "remap", "lead_tokens", "placement", "local_layers", "term_ratio", "moved_order")
 
 DEFAULT_GRID: dict[str, list] = {
     "k_broad": [8.0, 16.0],
