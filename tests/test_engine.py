@@ -575,3 +575,27 @@ def test_seeded_sampling_is_reproducible_under_concurrent_calls(tiny):
     noisy.join()
     assert not errors
     assert got == [ref] * 9
+
+
+@pytest.mark.real_model
+def test_real_preset_term_filter_moves_the_queried_key_alone(smollm):
+    """The shipped preset's query-term filter on the real model: four look-alike keys, one
+    asked; the heads' top 4 hold all four, the question's rare word (the key) keeps only its
+    sentence, so it alone moves before the question and the model reads its value."""
+    keys = ["amber-fox", "silver-owl", "quiet-lake", "brave-stone"]
+    sents = [FILLER[i % len(FILLER)] for i in range(28)]
+    for k, (key, at) in enumerate(zip(keys, (4, 10, 17, 23))):
+        sents.insert(at, f"One of the special magic numbers for {key} is: {4711 + 1000 * k}.")
+    ctx = " ".join(sents)
+    assert smollm.config.term_ratio == 0.6
+    cfg = smollm.config.with_(keep_length=0.0, min_top_z=None, decisive_margin=None)
+    res = smollm.answer(ctx, "What is the special magic number for quiet-lake?", method="qgpm", config=cfg, max_new_tokens=16)
+    top4 = {s.text for s in res.top_sentences(4)}
+    assert all(any(k in t for t in top4) for k in keys)  # the heads rank all four look-alikes first
+    assert res.details["term_dropped"] == 3
+    score = {k: next(s.sharp for s in res.relevance if k in s.text) for k in keys}
+    assert score["quiet-lake"] == 1.0 and score["brave-stone"] < 1.0  # (text before the first relevant sentence keeps score 1)
+    assert "6711" in res.text
+    off = smollm.answer(ctx, "What is the special magic number for quiet-lake?", method="qgpm", config=cfg.with_(term_ratio=None), max_new_tokens=16)
+    assert next(s.sharp for s in off.relevance if "brave-stone" in s.text) > score["brave-stone"]  # without the filter the look-alike is relevant too
+    assert "term_dropped" not in off.details
