@@ -559,6 +559,10 @@ class QGPM:
             if cfg.unmodulated_layers > n:
                 raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
             check_local_layers(cfg, self.rotary)
+            if method == "qgpm" and cfg.term_ratio is not None:  # the query-term filter's BM25, before pass 1
+                from .rerank import BM25Reranker
+
+                BM25Reranker()
             if cfg.remap == "reorder":  # what apply_plan and build_plan would refuse, before pass 1
                 if reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
                     if self.rotary.layered:

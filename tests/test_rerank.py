@@ -162,14 +162,16 @@ def test_get_reranker_rejects_other_types():
 
 
 @pytest.mark.parametrize(
-    "module, factory",
-    [("bm25s", BM25Reranker), ("sentence_transformers", EmbeddingReranker), ("sentence_transformers", lambda: CrossEncoderReranker("x"))],
+    "module, factory, hint",
+    [("bm25s", BM25Reranker, r"one of qgpm's own dependencies.*pip install 'bm25s"),  # core: the preset's term filter needs it
+     ("sentence_transformers", EmbeddingReranker, r"pip install qgpm\[rerank\]"),
+     ("sentence_transformers", lambda: CrossEncoderReranker("x"), r"pip install qgpm\[rerank\]")],
 )
-def test_missing_extras_point_to_install_hint(monkeypatch, module, factory):
+def test_missing_dependencies_point_to_install_hint(monkeypatch, module, factory, hint):
     import sys
 
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
-    with pytest.raises(ImportError, match=r"pip install qgpm\[rerank\]"):
+    with pytest.raises(ImportError, match=hint):
         factory()
 
 
@@ -332,3 +334,26 @@ def test_judge_prompt_pieces_tokenize_like_the_full_prompt(judge):
     assert pieces == tok.encode(before + " " + doc + after, add_special_tokens=False)
     assert before.startswith("<|im_start|>system\nJudge whether the Document")
     assert after.endswith("<|im_start|>assistant\n")
+
+
+def test_term_filter_without_bm25s_fails_before_pass_1(monkeypatch, tokenizer):
+    """The preset's query-term filter needs bm25s: a broken install is reported before any
+    forward pass, with the install hint, and the model is left as it was."""
+    import sys
+
+    from qgpm import QGPM, QGPMConfig
+
+    from qgpm_testing import tiny_model
+
+    engine = QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=[(1, 0)])
+    calls = []
+    from qgpm.runtime import decoder_layers
+
+    hook = decoder_layers(engine.model)[0].register_forward_pre_hook(lambda *a: calls.append(1))  # pass 1 runs the layers
+    monkeypatch.setitem(sys.modules, "bm25s", None)
+    with pytest.raises(ImportError, match="bm25s"):
+        engine.answer(" ".join(f"Sentence {i} is here." for i in range(8)), "Which sentence?", config=QGPMConfig(term_ratio=0.6), max_new_tokens=2)
+    assert calls == []
+    engine.answer(" ".join(f"Sentence {i} is here." for i in range(8)), "Which sentence?", max_new_tokens=2)  # without the filter it runs
+    assert calls
+    hook.remove()
