@@ -130,8 +130,8 @@ def _require(module: str, what: str, hint: str = _INSTALL_HINT) -> Any:
 def _quiet_bm25s(module: Any) -> None:
     """``bm25s`` sets its own logger to DEBUG on import, so an application that configures
     logging at INFO prints "Building index from IDs" on every QGPM call that uses the term
-    filter. Put it back to the root logger's level (NOTSET) the first time, unless the
-    user has set another level on it since."""
+    filter. The first time a BM25Reranker is made, a DEBUG level on that logger is put back
+    to NOTSET (the root's level applies); any other level, and any level set later, is kept."""
     import logging
 
     log = logging.getLogger(getattr(module, "__name__", "bm25s"))
