@@ -70,7 +70,8 @@ def _sample_prompt(engine, sample: Any) -> Prompt:
         answer_prefix=getattr(sample, "answer_prefix", None),
         template=getattr(sample, "template", None) or DEFAULT_TEMPLATE,
     )
-    return build_prompt(engine.tokenizer, spec, max_sentence_chars=engine.config.max_sentence_chars, query_tail=engine.config.query_tail)
+    return build_prompt(engine.tokenizer, spec, max_sentence_chars=engine.config.max_sentence_chars, query_tail=engine.config.query_tail,
+                        split_run_ons=engine.config.split_run_ons)
 
 
 def _all_sentence_logits(engine, prompt: Prompt, heads: list[tuple[int, int]]) -> torch.Tensor:

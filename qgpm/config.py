@@ -116,6 +116,15 @@ class QGPMConfig:
     max_sentence_chars:
         Sentences longer than this (e.g. text with no punctuation) are cut at whitespace
         (at least 20).
+    split_run_ons:
+        Run-on rule of the sentence splitter (off by default; not in the paper): a
+        capitalized sentence opener (``One``, ``The``, ``If``, ...;
+        :data:`qgpm.segment.RUN_ON_OPENERS`) right after a lowercase word also starts a
+        sentence. Text cut mid-sentence and joined to the next text (a chunk cut at a word
+        count; RULER's haystack, cut before a needle at the end of the context) is then
+        split where the next sentence starts, so a moved sentence does not take the cut
+        fragment along. A pass-1 setting (it changes the units relevance is summed over):
+        :meth:`qgpm.QGPM.replan` cannot change it.
     remap:
         How the scores become positions. ``"stride"`` (default, the paper's Eq. 7-8): low
         scores shorten the strides of irrelevant tokens on the modulated planes, so the
@@ -208,6 +217,7 @@ class QGPMConfig:
     exclude_newline_tokens: bool = True
     max_heads: int | None = None
     max_sentence_chars: int = 600
+    split_run_ons: bool = False
     remap: str = "stride"
     lead_tokens: int = 0
     placement: str = "question"
@@ -230,8 +240,9 @@ class QGPMConfig:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral):
                 kind = "an int or None" if optional else "an int"
                 raise TypeError(f"QGPMConfig.{name} must be {kind}, got {type(value).__name__} {value!r}")
-        if not isinstance(self.exclude_newline_tokens, bool):
-            raise TypeError(f"QGPMConfig.exclude_newline_tokens must be a bool, got {type(self.exclude_newline_tokens).__name__}")
+        for name in ("exclude_newline_tokens", "split_run_ons"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"QGPMConfig.{name} must be a bool, got {type(getattr(self, name)).__name__} {getattr(self, name)!r}")
         if not self.k_broad > self.k_sharp > 0:
             raise ValueError(f"need K_b > K_s > 0, got K_b={self.k_broad}, K_s={self.k_sharp}")
         if self.t_broad < self.t_sharp or self.t_sharp < 0:

@@ -354,7 +354,7 @@ class QGPM:
         Pass 1 is not rerun: the stored relevance ``z`` (or the oracle's evidence units)
         is shaped again, so trying many shaping settings (K, T, s_low, eps, c, tau,
         split layer) costs one pass 1 per prompt. Settings that change pass 1 itself
-        (``max_sentence_chars``, ``query_tail``, ``exclude_newline_tokens``,
+        (``max_sentence_chars``, ``split_run_ons``, ``query_tail``, ``exclude_newline_tokens``,
         ``max_heads``) need a new :meth:`prepare`.
         """
         if not isinstance(call, PreparedCall):
@@ -647,7 +647,8 @@ class QGPM:
             details.update(original_tokens=edit.original_tokens, compressed_tokens=edit.compressed_tokens)
             context = edit.documents
         spec = PromptSpec(context=context, question=question, instruction=instruction, system=system, answer_prefix=answer_prefix, template=template)
-        prompt = build_prompt(self.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail)
+        prompt = build_prompt(self.tokenizer, spec, max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail,
+                              split_run_ons=cfg.split_run_ons)
         self._check_fits(prompt.num_tokens, max_new_tokens, context_tokens=prompt.context_tokens)
         capacity = prompt.num_tokens + max(max_new_tokens, 1) + 1
         plan = None

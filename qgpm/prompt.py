@@ -388,15 +388,19 @@ def count_prompt_tokens(tokenizer: Any, spec: PromptSpec) -> int:
     return len(encode_prompt(tokenizer, r.text, r.protected, add_special_tokens=r.add_special_tokens)[0])
 
 
-def build_prompt(tokenizer, spec: PromptSpec, *, max_sentence_chars: int = 600, query_tail: int | None = None) -> Prompt:
+def build_prompt(tokenizer, spec: PromptSpec, *, max_sentence_chars: int = 600, query_tail: int | None = None,
+                 split_run_ons: bool = False) -> Prompt:
     """Assemble, tokenize and annotate a prompt.
+
+    ``max_sentence_chars`` and ``split_run_ons`` go to the sentence splitter
+    (:func:`qgpm.segment.split_documents`), ``query_tail`` chooses the query rows.
 
     Raises :class:`PromptError` for an unusable context or question (see
     :func:`check_prompt_inputs`). Special-token strings in the caller's text are
     tokenized as plain text.
     """
     docs = check_prompt_inputs(spec.context, spec.question, instruction=spec.instruction, system=spec.system, answer_prefix=spec.answer_prefix)
-    context_text, sentences, doc_spans = split_documents(docs, spec.document_separator, max_chars=max_sentence_chars)
+    context_text, sentences, doc_spans = split_documents(docs, spec.document_separator, max_chars=max_sentence_chars, run_ons=split_run_ons)
     rendered = _render(tokenizer, normalize_spec(spec), context_text)
     if rendered.user_start is None:
         raise PromptError(

@@ -11,6 +11,13 @@ Rules
 * A unit longer than ``max_chars`` characters (a text with no punctuation at all) is cut
   at whitespace into pieces of at most ``max_chars`` characters, so relevance can still
   be graded inside it.
+* Optional run-on rule (``run_ons=True``, ``QGPMConfig.split_run_ons``): a capitalized
+  sentence opener from :data:`RUN_ON_OPENERS` (``One``, ``The``, ``If``, ...) right after a
+  lowercase word, with only spaces between, also starts a unit. Text cut mid-sentence and
+  joined to the next text (a retrieved chunk cut at a word count, RULER's haystack cut
+  before a needle: "... woven into the story One of the special magic numbers ...") then
+  splits where the next sentence starts. A title that holds such a word ("in The Hague")
+  is split too; nothing else changes.
 * Sentence spans tile the text with no gap: the whitespace between two sentences belongs
   to the *next* sentence, and a token belongs to the sentence holding its first
   character.
@@ -32,6 +39,7 @@ __all__ = [
     "split_documents",
     "assign_tokens_to_sentences",
     "ABBREVIATIONS",
+    "RUN_ON_OPENERS",
 ]
 
 ABBREVIATIONS: frozenset[str] = frozenset(
@@ -43,6 +51,17 @@ ABBREVIATIONS: frozenset[str] = frozenset(
         "lt", "capt", "sgt", "u.s", "u.k", "a.m", "p.m", "ph.d", "est", "ave", "blvd", "rd",
     }
 )
+
+RUN_ON_OPENERS: tuple[str, ...] = (
+    "One", "The", "If", "In", "It", "Its", "This", "That", "These", "Those", "There", "Then", "They", "We", "He",
+    "She", "You", "But", "And", "So", "When", "While", "What", "Why", "How", "After", "Before", "Some", "Many",
+    "Most", "Our", "My", "His", "Her", "Their", "Your", "Although", "Because", "Since", "However",
+)
+"""Capitalized words that open a sentence and are rarely capitalized inside one: the run-on
+rule of :func:`split_sentences` starts a unit at one of them when it follows a lowercase
+word (``"I"`` and ``"A"`` are left out: ``"vitamin A is"``)."""
+
+_RUN_ON = re.compile(r"(?<=[a-z])[ \t]+(?=(?:" + "|".join(RUN_ON_OPENERS) + r")\b)")
 
 # Terminator (+ optional closers) followed by whitespace, or a CJK terminator.
 _END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s)|[\u3002\uff01\uff1f]")
@@ -78,8 +97,9 @@ def _is_abbreviation(text: str, end_of_dot: int) -> bool:
     return len(word.replace(".", "")) == 1 or bool(re.fullmatch(r"(?:[a-z]\.)+[a-z]", word))
 
 
-def _breakpoints(text: str) -> list[int]:
-    """Character offsets where a new unit may start (end of a sentence or a line)."""
+def _breakpoints(text: str, run_ons: bool = False) -> list[int]:
+    """Character offsets where a new unit may start (end of a sentence or a line; with
+    ``run_ons``, also the spaces before a sentence opener that follows a lowercase word)."""
     cuts: set[int] = set()
     for m in _END.finditer(text):
         end = m.end()
@@ -88,6 +108,9 @@ def _breakpoints(text: str) -> list[int]:
         cuts.add(end)
     for m in re.finditer(r"\n", text):
         cuts.add(m.start())  # the line break itself leads the next unit
+    if run_ons:
+        for m in _RUN_ON.finditer(text):
+            cuts.add(m.start())  # the spaces lead the next unit, as after a terminator
     return sorted(c for c in cuts if 0 < c < len(text))
 
 
@@ -104,8 +127,13 @@ def _cut_long(text: str, start: int, end: int, max_chars: int) -> list[int]:
     return cuts
 
 
-def split_sentences(text: str, *, offset: int = 0, doc: int = 0, max_chars: int = 600, first_index: int = 0) -> list[Sentence]:
+def split_sentences(text: str, *, offset: int = 0, doc: int = 0, max_chars: int = 600, first_index: int = 0,
+                    run_ons: bool = False) -> list[Sentence]:
     """Split ``text`` into sentences whose spans tile ``[offset, offset + len(text))``.
+
+    ``run_ons``: also start a unit at a sentence opener (:data:`RUN_ON_OPENERS`) that
+    follows a lowercase word with no punctuation between (off by default; see the module
+    docstring).
 
     Units made only of whitespace are merged into the following sentence (or the
     previous one at the end of the text), so every returned sentence has visible text.
@@ -115,7 +143,9 @@ def split_sentences(text: str, *, offset: int = 0, doc: int = 0, max_chars: int 
         raise ValueError(f"max_chars must be at least 20, got {max_chars}")
     if not text.strip():
         return []
-    bounds = [0, *_breakpoints(text), len(text)]
+    if not isinstance(run_ons, bool):
+        raise TypeError(f"run_ons must be a bool, got {type(run_ons).__name__}")
+    bounds = [0, *_breakpoints(text, run_ons), len(text)]
     pieces: list[tuple[int, int]] = []
     for a, b in zip(bounds, bounds[1:]):
         inner = [a, *_cut_long(text, a, b, max_chars), b]
@@ -139,13 +169,15 @@ def split_sentences(text: str, *, offset: int = 0, doc: int = 0, max_chars: int 
     ]
 
 
-def split_documents(documents: Sequence[str], separator: str = "\n\n", *, max_chars: int = 600) -> tuple[str, list[Sentence], list[tuple[int, int]]]:
+def split_documents(documents: Sequence[str], separator: str = "\n\n", *, max_chars: int = 600,
+                    run_ons: bool = False) -> tuple[str, list[Sentence], list[tuple[int, int]]]:
     """Join ``documents`` with ``separator`` and segment each one on its own.
 
     Sentences never cross a document boundary; the separator belongs to the first
     sentence of the next document. Returns ``(joined_text, sentences, doc_spans)``
     where ``doc_spans[i]`` is the char span of document ``i`` inside the joined text.
-    Empty documents are skipped (they keep an empty span).
+    Empty documents are skipped (they keep an empty span). ``run_ons``: as in
+    :func:`split_sentences`.
     """
     parts: list[str] = []
     raw: list[Sentence] = []
@@ -157,7 +189,7 @@ def split_documents(documents: Sequence[str], separator: str = "\n\n", *, max_ch
         if parts:
             parts.append(separator)
             pos += len(separator)
-        raw.extend(split_sentences(doc, offset=pos, doc=d, max_chars=max_chars))
+        raw.extend(split_sentences(doc, offset=pos, doc=d, max_chars=max_chars, run_ons=run_ons))
         doc_spans.append((pos, pos + len(doc)))
         parts.append(doc)
         pos += len(doc)

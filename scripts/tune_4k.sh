@@ -211,6 +211,35 @@ elif [ "$stage" = textorder ]; then
   # keep it if multi-value gains on dev and neither multi-key haystack loses (b/c against
   # the term_ratio preset).
   term_seeded_stage textorder moved_order=text
+elif [ "$stage" = textorder30 ]; then
+  # Session 11: the textorder stage stopped after 8 dev samples (1 win / 3 losses), while on
+  # test the Oracle's context order beats QGPM's rank order 7 to 1 on the same moved
+  # sentences. 8 samples cannot tell these apart: the same grid on 30 dev multi-value samples
+  # (6 needle contents x depths 0, 0.25, 0.5, 0.75, 1, as the test grid; the first 8 of them
+  # are the textorder stage's, seeded). Rule, written before the rows: ship moved_order=text
+  # if it lists all four values in more dev samples than rank order, with more wins than
+  # losses (b/c); multi-key cannot change (one moved sentence, see the textorder stage).
+  d=$OUT/textorder30/textorder30_mv.s$i; mkdir -p "$d"
+  cat benchmarks/results/tune_smollm2_dev_4k/textorder/textorder_mv/tune_rows.jsonl >> "$d/tune_rows.jsonl"
+  $BASE --n 6 --depths 0,0.25,0.5,0.75,1 --tasks niah_multivalue --methods qgpm --no-logprob \
+    --grid moved_order=text --set remap=reorder --out "$d" > "$d.log" 2>&1
+elif [ "$stage" = runon ]; then
+  # Session 11: at depth 1.0 QGPM lists all four multi-value values in 0 of 6 dev and 0 of 6
+  # test samples (other depths 8 of 24 and 10 of 24); every one of them holds a needle glued to
+  # the haystack's cut last sentence ("... woven into the story One of the special magic
+  # numbers ..."), which QGPM then moves as one unit with the fragment. split_run_ons=true
+  # splits such units (a sentence opener after a lowercase word). Only the samples whose units
+  # it changes can change (benchmarks/run_on_units.py lists them; the others read the same
+  # units, so the same relevance, plan and answer): dev multi-value 8 of 30, multi-key 2 of 36
+  # (essays) and 7 of 18 (SQuAD, where titles such as "The Independent" are split too).
+  # Rule, written before the rows: make it part of the preset if, on those samples, it lists
+  # all four values in more multi-value samples than the preset with more wins than losses,
+  # and no multi-key sample (either haystack) loses against the preset.
+  E="$PY -m qgpm.eval.cli eval --model smollm2 --split dev --device cpu --dtype float32 --lengths 4096 --max-new-tokens 48 --methods qgpm --set split_run_ons=true --no-logprob --no-progress --shard $i/2"
+  R=benchmarks/results/run_on
+  $E --tasks niah_multivalue --depths 0,0.25,0.5,0.75,1 --n 6 --only $R/ids_dev_mv.jsonl --out $OUT/runon/mv > $OUT/runon/mv.s$i.log 2>&1
+  $E --tasks niah_multikey_1 --depths 0.25,0.5,0.75 --n 12 --only $R/ids_dev_mk1.jsonl --out $OUT/runon/mk1 > $OUT/runon/mk1.s$i.log 2>&1
+  $E --tasks niah_multikey_1 --haystack squad --depths 0.25,0.5,0.75 --n 6 --only $R/ids_dev_mk1_squad.jsonl --out $OUT/runon/mk1_squad > $OUT/runon/mk1_squad.s$i.log 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder|textorder30|runon SHARD" >&2; exit 2
 fi

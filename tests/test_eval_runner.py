@@ -528,6 +528,25 @@ def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
     assert main(["report", "--out", str(out)]) == 0 and (out / "report.md").is_file()
 
 
+def test_only_answers_the_named_samples_and_refuses_unknown_ones(tiny_engine, tmp_path):
+    from qgpm.eval.cli import main
+    from qgpm.eval.runner import read_sample_ids
+
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text(json.dumps({"task": "niah_multikey_1", "length": LENGTH, "depth": 1.0, "index": 1, "note": "extra keys are fine"}) + "\n\n")
+    assert read_sample_ids(ids) == [("niah_multikey_1", LENGTH, 1.0, 1)]
+    out = _run(tiny_engine, tmp_path / "run", methods=["vanilla"], n=2, only=read_sample_ids(ids))
+    assert [(r["depth"], r["index"]) for r in _rows(out)] == [(1.0, 1)]
+    with pytest.raises(ValueError, match="outside this run"):
+        _run(tiny_engine, tmp_path / "run2", methods=["vanilla"], n=1, only=read_sample_ids(ids))  # index 1 needs n >= 2
+    assert not (tmp_path / "run2" / "rows.jsonl").exists()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task": "qa_1", "length": 512}\n')
+    with pytest.raises(ValueError, match="line 1: expected a JSON object with task, length, depth and index"):
+        read_sample_ids(bad)
+    assert main(["eval", "--model", str(tmp_path / "never_loaded"), "--tasks", "qa_1", "--out", str(tmp_path / "r3"), "--only", str(bad)]) == 2
+
+
 @pytest.mark.skipif(shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(), reason="accelerate CLI missing")
 def test_two_process_accelerate_run_merges(tiny_dir, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on CPU (gloo): each process writes its

@@ -125,6 +125,9 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--shard", default=None, help="manual sharding i/N (separate jobs); accelerate launch shards by itself")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first error (default: record it in the row and go on)")
+    p.add_argument("--only", default=None, metavar="FILE",
+                   help="answer only the samples named in FILE (JSONL, one {task, length, depth, index} object a line, "
+                   "e.g. from benchmarks/run_on_units.py); each must be one of the run's samples")
     p.set_defaults(func=main_eval)
 
     # ---- tune
@@ -212,13 +215,18 @@ def main_eval(args) -> int:
     _setup_logging()
     options = options_from_strings(getattr(args, "options", []) or [])  # bad settings fail before the model loads
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
+    only = None
+    if args.only is not None:
+        from qgpm.eval.runner import read_sample_ids
+
+        only = read_sample_ids(args.only)  # a bad file fails before the model loads
     engine, config = _engine_and_config(args)
     t = time.time()
     out = run_eval(
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, out_dir=args.out,
         split=args.split, config=config, reranker=args.reranker, k=args.k, logprob=args.logprob, resume=args.resume,
         progress=args.progress, shard=_shard(args.shard), haystack=args.haystack, max_new_tokens=args.max_new_tokens,
-        on_error="raise" if args.fail_fast else "record", command=_command(args), options=options,
+        on_error="raise" if args.fail_fast else "record", command=_command(args), options=options, only=only,
     )
     from qgpm.eval.runner import partial_state
 

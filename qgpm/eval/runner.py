@@ -56,7 +56,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -143,7 +143,7 @@ def _reranker_name(reranker: Any) -> str:
 _HASHED_WHEN_SET = {"local_window": 0.0, "keep_length": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None,
                     "decisive_margin": None, "remap": "stride", "z_window": None,
                     "lead_tokens": 0, "solo_margin": None, "placement": "question", "local_layers": None, "term_ratio": None,
-                    "moved_order": "rank"}
+                    "moved_order": "rank", "split_run_ons": False}
 
 
 def _config_dict(config) -> dict:
@@ -536,6 +536,35 @@ def _prepare_out(out: Path, procs: _Processes, shard: tuple[int, int] | None, re
     procs.barrier()
 
 
+def read_sample_ids(path: str | os.PathLike[str]) -> list[tuple[str, int, float | None, int]]:
+    """Sample ids ``(task, length, depth, index)`` from a JSONL file, one object a line with
+    those four keys (other keys are allowed: ``benchmarks/run_on_units.py`` writes such files)."""
+    ids = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+            ids.append((str(d["task"]), int(d["length"]), norm_depth(d["depth"]), int(d["index"])))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}, line {n}: expected a JSON object with task, length, depth and index ({exc})") from None
+    return ids
+
+
+def _only(items: list[WorkItem], only: Iterable[tuple[str, int, float | None, int]] | None) -> list[WorkItem]:
+    """The items named by ``only`` (all of them when it is ``None``); a named sample the run
+    does not hold raises before any model work."""
+    if only is None:
+        return items
+    want = {(t, int(length), norm_depth(d), int(i)) for t, length, d, i in only}
+    have = {(it.task, it.length, norm_depth(it.depth), it.index): it for it in items}
+    missing = sorted(want - set(have), key=str)
+    if missing:
+        raise ValueError(f"only= names {len(missing)} sample(s) outside this run's tasks x lengths x depths x n, e.g. {missing[0]}; "
+                         "widen --tasks / --lengths / --depths / --n or drop them from the file")
+    return [it for key, it in have.items() if key in want]
+
+
 def _pending(items: Sequence[WorkItem], methods: Sequence[str], hashes: dict[str, str], out: Path) -> list[tuple[WorkItem, list[str]]]:
     """``(item, methods still to run)`` for the items with a method whose row is not in ``out``
     yet (rows that recorded an error are run again)."""
@@ -623,6 +652,7 @@ def run_eval(
     dtype: Any = None,
     heads: Any = None,
     options: dict[str, Any] | None = None,
+    only: Iterable[tuple[str, int, float | None, int]] | None = None,
 ) -> Path:
     """Run ``methods`` on every sample of ``tasks x lengths x n x depths``; returns ``out_dir``.
 
@@ -634,6 +664,8 @@ def run_eval(
     ``{"string": StringOptions(local_window=256)}`` (absent: the method's defaults).
     ``on_error="record"`` writes a row with ``error`` and goes on (retried on
     resume); ``"raise"`` stops. ``shard=(r, P)`` overrides the accelerate process split.
+    ``only``: answer just these samples, as ``(task, length, depth, index)`` (see
+    :func:`read_sample_ids`); one that is not among the run's samples is a ``ValueError``.
     """
     methods = _check_run(methods, tasks, n, on_error)
     options = check_options(options)
@@ -649,7 +681,7 @@ def run_eval(
     fps = {m: method_fingerprint(engine, m, config=cfg, reranker=reranker, k=k, max_new_tokens=max_new_tokens, haystack=haystack, options=options)
            for m in methods}
     hashes = {m: config_hash(fps[m]) for m in methods}
-    items = work_items(tasks, lengths, depths, n, split)
+    items = _only(work_items(tasks, lengths, depths, n, split), only)
     pending = _pending(items[procs.rank::procs.world], methods, hashes, out)
     n_calls = sum(len(ms) for _, ms in pending)
     started = time.time()

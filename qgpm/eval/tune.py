@@ -14,7 +14,7 @@ vanilla" is a requirement), then by accuracy and log-prob.
 Pass 1 (head relevance) does not depend on the shaping fields, so it runs once per
 sample: the prompt and the fused relevance ``z`` are cached, and each trial only rebuilds
 the position plan with :func:`qgpm.plan.build_plan` (cheap) before answering. Changing a
-pass-1 field (``max_sentence_chars``, ``query_tail``, ``exclude_newline_tokens``,
+pass-1 field (``max_sentence_chars``, ``split_run_ons``, ``query_tail``, ``exclude_newline_tokens``,
 ``max_heads``) makes a new cache entry. Vanilla answers the same samples once, as the
 reference.
 
@@ -148,7 +148,7 @@ class Pass1Cache:
 
     For ``qgpm`` the cached call holds the prompt and the fused head relevance ``z``
     (pass 1 ran once); for ``oracle`` the evidence units. Changing a pass-1 field
-    (``max_sentence_chars``, ``query_tail``, ``exclude_newline_tokens``, ``max_heads``)
+    (``max_sentence_chars``, ``split_run_ons``, ``query_tail``, ``exclude_newline_tokens``, ``max_heads``)
     makes a new entry; ``misses`` counts the qgpm pass-1 runs.
     """
 
