@@ -599,3 +599,31 @@ def test_real_preset_term_filter_moves_the_queried_key_alone(smollm):
     off = smollm.answer(ctx, "What is the special magic number for quiet-lake?", method="qgpm", config=cfg.with_(term_ratio=None), max_new_tokens=16)
     assert next(s.sharp for s in off.relevance if "brave-stone" in s.text) > score["brave-stone"]  # without the filter the look-alike is relevant too
     assert "term_dropped" not in off.details
+
+
+@pytest.mark.real_model
+def test_real_preset_splits_a_needle_glued_to_a_cut_sentence_and_moves_it_alone(smollm):
+    """The shipped preset's run-on rule on the real model: a needle glued to a cut sentence (as
+    RULER appends needles to its cut haystack) is its own unit; the heads rank it first and it
+    moves before the question without the fragment, which keeps its place."""
+    fragment = "(The philosophy's there, but it's woven into the story"
+    needle = "One of the special magic numbers for quiet-lake is: 6711."
+    others = [f"One of the special magic numbers for quiet-lake is: {v}." for v in (4711, 5711)]
+    sents = [FILLER[i % len(FILLER)] for i in range(24)]
+    sents.insert(6, others[0])
+    sents.insert(15, others[1])
+    ctx = " ".join(sents + [fragment + " " + needle])
+    question = "What are all the special magic numbers for quiet-lake mentioned in the provided text?"
+    assert smollm.config.split_run_ons is True
+    cfg = smollm.config.with_(keep_length=0.0, min_top_z=None, decisive_margin=None)
+    call = smollm.prepare(ctx, question, method="qgpm", config=cfg)
+    texts = [s.text for s in call.prompt.sentences]
+    assert texts[-2:] == [fragment, needle]
+    top3 = {r.text for r in sorted(call.relevance, key=lambda r: r.rank)[:3]}
+    assert top3 == {needle, *others}
+    order = call.prompt.token_sentence[call.plan.feed_order()]
+    moved = order[order >= 0].unique_consecutive().tolist()
+    frag = texts.index(fragment)
+    assert set(moved[-3:]) == {texts.index(t) for t in top3} and frag in moved[:-3]  # the fragment stays among the unmoved text
+    glued = smollm.prepare(ctx, question, method="qgpm", config=cfg.with_(split_run_ons=False))
+    assert glued.prompt.sentences[-1].text == fragment + " " + needle  # without the rule the fragment moves with the needle
