@@ -384,7 +384,7 @@ PRESETS: dict[str, QGPMConfig] = {
     # units of 17 of the 84 dev samples of the look-alike stages (multi-value 8 of 30, all six at
     # depth 1.0, where QGPM had listed all four values in 0 of 6); on those, rule written before
     # the rows: multi-value 2 of 8 against 0 (2 wins / 0 losses), multi-key 9 of 9 as before
-    # (docs/tuning/smollm2_dev_4k.md, "Run-on sentences"). The other samples read the same units,
+    # (docs/tuning/smollm2_dev_4k.md, "Thirty multi-value samples"). The other samples read the same units,
     # so their answers are unchanged.
     # The earlier 2K preset (K_s 4, s_low 0.6, c 0.25) is docs/tuning/smollm2_dev.md.
     SMOLLM2_KEY: QGPMConfig(
