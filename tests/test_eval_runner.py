@@ -307,6 +307,39 @@ def test_paired_stats_on_hand_made_rows():
     assert paired(q, v).n == 19
 
 
+def test_content_sign_flip_counts_needle_contents_not_pairs():
+    from qgpm.eval.stats import content_sign_flip
+
+    # two contents, each won at five depths: McNemar sees 10 independent wins, the contents are two
+    d = [1.0] * 10
+    c = ["a"] * 5 + ["b"] * 5
+    assert mcnemar_exact(10, 0) < 0.01
+    assert content_sign_flip(d, c) == pytest.approx(2 / 4)
+    # six contents, each ahead: the smallest p six contents allow
+    assert content_sign_flip([1.0, 1.0, 0.0] * 6, [i // 3 for i in range(18)]) == pytest.approx(2 / 64)
+    # one pair per content: the sign-flip test is McNemar's exact binomial test
+    assert content_sign_flip([1.0] * 9 + [-1.0] + [0.0] * 10, list(range(20))) == pytest.approx(mcnemar_exact(9, 1))
+    assert content_sign_flip([0.0, 1.0, -1.0], ["a", "b", "b"]) == 1.0  # every content's sum is 0
+    many = content_sign_flip([1.0] * 20, list(range(20)), n_resamples=2000, seed=3)  # > 16 contents: Monte Carlo
+    assert many == pytest.approx(1 / 2001) and many == content_sign_flip([1.0] * 20, list(range(20)), n_resamples=2000, seed=3)
+    with pytest.raises(ValueError, match="one content per difference"):
+        content_sign_flip([1.0], [])
+
+
+def test_paired_reports_contents_and_their_p(tmp_path):
+    rows = []
+    for seed in range(3):  # 3 contents x 4 depths: qgpm right everywhere, vanilla nowhere
+        for d in (0.0, 0.25, 0.5, 0.75):
+            base = dict(task="niah_multivalue", length=1024, depth=d, seed=seed, index=seed, split="test")
+            rows.append(dict(base, method="vanilla", config_hash="v0", correct=False, score=0.0, logprob_gold=None))
+            rows.append(dict(base, method="qgpm", config_hash="q0", correct=True, score=1.0, logprob_gold=None))
+    p = paired([r for r in rows if r["method"] == "qgpm"], [r for r in rows if r["method"] == "vanilla"])
+    assert (p.n, p.b, p.contents) == (12, 12, 3) and p.p < 0.001 and p.content_p == pytest.approx(2 / 8)
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report(tmp_path).read_text()
+    assert "| contents | content p |" in text and "| 12 | 0 | 4.9e-04 | 3 | 0.250 |" in text
+
+
 def test_report_from_hand_made_rows(tmp_path):
     rows = _hand_rows()
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

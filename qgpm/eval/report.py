@@ -169,8 +169,10 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
     if par:
         md += [f"## Paired vs {baseline} (same samples)", "",
                "Δ = accuracy difference in points with a paired bootstrap 95 % CI; b = right only with the method, "
-               f"c = right only with {baseline}; p = exact McNemar (two-sided binomial on b, c). Δlogp = mean paired "
-               "difference of the gold log-prob (nats).", ""]
+               f"c = right only with {baseline}; p = exact McNemar (two-sided binomial on b, c). contents = distinct "
+               "needle contents (seeds) among the pairs; content p = sign-flip test over the contents' summed differences "
+               "(outcomes cluster by content: a content answered at several depths is not several independent pairs; "
+               "smallest possible p with k contents: 2/2^k). Δlogp = mean paired difference of the gold log-prob (nats).", ""]
         body = []
         keys = [(t, L) for t, L in tls] + ([("all", L) for L in lengths] if multi_task else [])
         for t, L in keys:
@@ -180,8 +182,9 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
                     continue
                 lp = "–" if p.logprob_diff is None else f"{p.logprob_diff:+.2f}"
                 body.append([("**all tasks**" if t == "all" else t), L, lab, p.n, _pct(p.acc), _pct(p.base_acc),
-                             f"{100 * p.diff:+.1f} [{100 * p.lo:+.1f}, {100 * p.hi:+.1f}]", p.b, p.c, _p(p.p), lp])
-        md += _table(["task", "length", "method", "pairs", "acc", baseline, "Δ [95% CI]", "b", "c", "McNemar p", "Δlogp"], body) + [""]
+                             f"{100 * p.diff:+.1f} [{100 * p.lo:+.1f}, {100 * p.hi:+.1f}]", p.b, p.c, _p(p.p), p.contents, _p(p.content_p), lp])
+        md += _table(["task", "length", "method", "pairs", "acc", baseline, "Δ [95% CI]", "b", "c", "McNemar p", "contents", "content p", "Δlogp"],
+                     body) + [""]
 
     depth_rows = [r for r in rows if r.get("depth") is not None]
     if depth_rows:

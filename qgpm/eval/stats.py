@@ -10,6 +10,14 @@ are *paired*: a pair is one sample (task, length, depth, seed) answered by both.
 * McNemar's exact test: with ``b`` pairs the method got right and the baseline wrong,
   and ``c`` the other way round, ``p = binomtest(b, b + c, 0.5)`` two-sided
   (``scipy.stats.binomtest``); ``p = 1`` when there are no discordant pairs.
+* Content-level sign-flip test: a sample's needle content is its seed (the same seed gives
+  the same needles, keys and questions at every depth and length), and outcomes cluster by
+  content, so McNemar's independent pairs overstate the evidence when a grid holds a few
+  contents at several depths. The per-content sums of the paired differences are
+  sign-flipped (under "no difference" each content's sum is symmetric about 0): the exact
+  two-sided p over all ``2**k`` flips for ``k <= 16`` contents, else a seeded Monte Carlo
+  estimate (:func:`content_sign_flip`). With ``k`` contents the smallest possible p is
+  ``2 / 2**k`` (6 contents: 0.031).
 
 Rows are the dicts the runner writes (``task``, ``length``, ``depth``, ``seed``,
 ``method``, ``config_hash``, ``correct``, ``score``, ``logprob_gold``, ``error``).
@@ -30,6 +38,7 @@ __all__ = [
     "wilson_interval",
     "bootstrap_ci",
     "paired_bootstrap_diff",
+    "content_sign_flip",
     "mcnemar_exact",
     "Accuracy",
     "Paired",
@@ -114,6 +123,25 @@ def paired_bootstrap_diff(
     return (float(d.mean()), lo, hi)
 
 
+def content_sign_flip(diffs: Sequence[float], contents: Sequence[Any], *, n_resamples: int = 100_000, seed: int | str = 0) -> float:
+    """Two-sided sign-flip p-value of ``sum(diffs)`` with the paired differences grouped by
+    ``contents`` (one label per pair; see the module docs). 1.0 when every content's sum is 0."""
+    if len(diffs) != len(contents):
+        raise ValueError(f"content_sign_flip needs one content per difference, got {len(diffs)} and {len(contents)}")
+    sums: dict[Any, float] = {}
+    for d, c in zip(diffs, contents):
+        sums[c] = sums.get(c, 0.0) + float(d)
+    x = np.array([v for v in sums.values() if v != 0.0], dtype=np.float64)
+    if x.size == 0:
+        return 1.0
+    observed = abs(x.sum()) - 1e-9
+    if x.size <= 16:
+        signs = 1 - 2 * ((np.arange(2 ** x.size)[:, None] >> np.arange(x.size)) & 1)
+        return float(np.mean(np.abs(signs @ x) >= observed))
+    signs = _rng(seed).choice(np.array([-1.0, 1.0]), size=(n_resamples, x.size))
+    return float((1 + np.sum(np.abs(signs @ x) >= observed)) / (n_resamples + 1))
+
+
 def mcnemar_exact(b: int, c: int) -> float:
     """Exact two-sided McNemar p-value from the discordant counts ``b`` and ``c``."""
     if b < 0 or c < 0:
@@ -159,6 +187,8 @@ class Paired:
     c: int  # baseline right, method wrong
     p: float
     logprob_diff: float | None = None
+    contents: int = 0  # distinct needle contents (seeds) among the pairs
+    content_p: float = 1.0  # sign-flip p over the contents' summed differences
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,10 +231,12 @@ def paired(rows: Sequence[dict], base_rows: Sequence[dict], *, n_boot: int = 10_
     c = sum(1 for r, q in pairs if q["correct"] and not r["correct"])
     lp = [r["logprob_gold"] - q["logprob_gold"] for r, q in pairs if r.get("logprob_gold") is not None and q.get("logprob_gold") is not None]
     n = len(pairs)
+    contents = [(r["task"], int(r["seed"])) for r, _ in pairs]
     return Paired(
         n=n, acc=float(np.mean(a)) if n else math.nan, base_acc=float(np.mean(v)) if n else math.nan,
         diff=diff, lo=lo, hi=hi, b=b, c=c, p=mcnemar_exact(b, c),
         logprob_diff=float(np.mean(lp)) if lp else None,
+        contents=len(set(contents)), content_p=content_sign_flip([x - y for x, y in zip(a, v)], contents, seed=seed),
     )
 
 
