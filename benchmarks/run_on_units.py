@@ -3,8 +3,9 @@
     python benchmarks/run_on_units.py --split test --lengths 4096 --out benchmarks/results/run_on/units_test.md \
         --ids-out benchmarks/results/run_on/ids_test.jsonl --set niah_multikey_1:12 --set niah_multivalue:6 ...
 
-Builds every sample's prompt (the embedded model's tokenizer, no model run) with and without
-the rule and compares the sentence units. A sample whose units are the same gets the same
+Generates every sample (the embedded model's tokenizer fits its token budget; no model run)
+and splits its context with and without the rule, as the engine's prompt builder does
+(:func:`qgpm.segment.split_documents` on the checked documents), comparing the sentence units. A sample whose units are the same gets the same
 relevance, plan and answer under either setting (pass 1 reads the same tokens; only the
 units it is summed over could differ), so only the changed samples need answering. Writes a
 table per (task, depth) and the changed samples' ids (task, length, depth, index) with
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from qgpm.eval.runner import make_sample, work_items
 from qgpm.loading import load_tokenizer, resolve_source
-from qgpm.prompt import build_prompt
+from qgpm.prompt import check_prompt_inputs
+from qgpm.segment import split_documents
 
 
 def main() -> None:
@@ -42,8 +44,9 @@ def main() -> None:
         for item in work_items([task], [int(x) for x in a.lengths.split(",")], depths, int(n), a.split):
             s = make_sample(tok, item, a.haystack, a.max_new_tokens)
             spec_ = s.prompt_spec()
-            old = [u.text for u in build_prompt(tok, spec_).sentences]
-            new = [u.text for u in build_prompt(tok, spec_, split_run_ons=True).sentences]
+            docs = check_prompt_inputs(spec_.context, spec_.question, instruction=spec_.instruction, answer_prefix=spec_.answer_prefix)
+            old = [u.text for u in split_documents(docs, spec_.document_separator)[1]]
+            new = [u.text for u in split_documents(docs, spec_.document_separator, run_ons=True)[1]]
             cell = table[(task, item.length, item.depth)]
             cell[1] += 1
             if old != new:

@@ -141,10 +141,10 @@ def split_sentences(text: str, *, offset: int = 0, doc: int = 0, max_chars: int 
     """
     if max_chars < 20:
         raise ValueError(f"max_chars must be at least 20, got {max_chars}")
-    if not text.strip():
-        return []
     if not isinstance(run_ons, bool):
         raise TypeError(f"run_ons must be a bool, got {type(run_ons).__name__}")
+    if not text.strip():
+        return []
     bounds = [0, *_breakpoints(text, run_ons), len(text)]
     pieces: list[tuple[int, int]] = []
     for a, b in zip(bounds, bounds[1:]):
