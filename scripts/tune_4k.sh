@@ -240,6 +240,23 @@ elif [ "$stage" = runon ]; then
   $E --tasks niah_multivalue --depths 0,0.25,0.5,0.75,1 --n 6 --only $R/ids_dev_mv.jsonl --out $OUT/runon/mv > $OUT/runon/mv.s$i.log 2>&1
   $E --tasks niah_multikey_1 --depths 0.25,0.5,0.75 --n 12 --only $R/ids_dev_mk1.jsonl --out $OUT/runon/mk1 > $OUT/runon/mk1.s$i.log 2>&1
   $E --tasks niah_multikey_1 --haystack squad --depths 0.25,0.5,0.75 --n 6 --only $R/ids_dev_mk1_squad.jsonl --out $OUT/runon/mk1_squad > $OUT/runon/mk1_squad.s$i.log 2>&1
+elif [ "$stage" = textorder60 ]; then
+  # Session 12: the context's order (moved_order=text) tied rank order on 30 dev multi-value
+  # samples (8 vs 8, 4/4), and with it QGPM's answers equal the Oracle's on every unglued
+  # sample; on 12 test contents the Oracle leads QGPM 27 to 17 (content p 0.047). Dev contents
+  # 6-11 (30 more samples, benchmarks/results/ids_mv_dev_6_11.jsonl) decide, with the preset
+  # as it is now (split_run_ons on). Rule, written before the rows, the textorder30 stage's on
+  # all 60 dev samples: ship moved_order=text if it lists all four values in more of the 60
+  # than rank order, with more wins than losses. Contents 0-5: the 22 samples whose units
+  # split_run_ons does not change keep the textorder30 rows (same units, same plan); the 8
+  # it changes are answered here with text order (rank order: the runon stage's rows).
+  # The Oracle (the test grid's setting) on contents 6-11 runs last, as a reference only.
+  E="$PY -m qgpm.eval.cli eval --model smollm2 --split dev --device cpu --dtype float32 --lengths 4096 --max-new-tokens 48 --no-logprob --no-progress --shard $i/2 --tasks niah_multivalue --depths 0,0.25,0.5,0.75,1"
+  R=benchmarks/results; mkdir -p $OUT/textorder60
+  $E --n 12 --only $R/ids_mv_dev_6_11.jsonl --methods vanilla,qgpm --out $OUT/textorder60/rank > $OUT/textorder60/rank.s$i.log 2>&1
+  $E --n 12 --only $R/ids_mv_dev_6_11.jsonl --methods qgpm --set moved_order=text --out $OUT/textorder60/text > $OUT/textorder60/text.s$i.log 2>&1
+  $E --n 6 --only $R/run_on/ids_dev_mv.jsonl --methods qgpm --set moved_order=text --out $OUT/textorder60/text_runon > $OUT/textorder60/text_runon.s$i.log 2>&1
+  $E --n 12 --only $R/ids_mv_dev_6_11.jsonl --methods oracle --set split_layer=none --set term_ratio=none --set split_run_ons=false --out $OUT/textorder60/oracle > $OUT/textorder60/oracle.s$i.log 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder|textorder30|runon SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder|textorder30|runon|textorder60 SHARD" >&2; exit 2
 fi
