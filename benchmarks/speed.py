@@ -58,6 +58,20 @@ def context_of(engine: QGPM, text: str, tokens: int) -> str:
 
 
 QUESTION = "Who calibrated the new tide gauge at the north pier?"
+EVIDENCE_MARK = "calibrated by Ottilie Brandvold"  # in the harbor report's paragraph that answers QUESTION
+
+
+def context_with_evidence_at(engine: QGPM, text: str, tokens: int, depth: float) -> str:
+    """Like :func:`context_of`, with the paragraph that answers ``QUESTION`` taken out and put
+    back at ``depth`` (0 = first paragraph, 1 = last) of the context."""
+    paras = text.split("\n\n")
+    hit = [i for i, p in enumerate(paras) if EVIDENCE_MARK in p]
+    if len(hit) != 1:
+        raise SystemExit(f"the evidence paragraph ({EVIDENCE_MARK!r}) must occur once in the benchmark text, found {len(hit)}")
+    evidence = paras.pop(hit[0])
+    rest = context_of(engine, "\n\n".join(paras), tokens - len(engine.tokenizer(evidence, add_special_tokens=False)["input_ids"]) - 8).split("\n\n")
+    at = round(depth * len(rest))
+    return "\n\n".join(rest[:at] + [evidence] + rest[at:])
 
 
 class PeakRSS:
@@ -143,6 +157,7 @@ def measure(engine: QGPM, context: str, method: str, new_tokens: int) -> dict:
         "answer": res.text,
         "remapped": method != "vanilla" and float(res.details.get("s_low", 1.0)) < 1.0,  # the plan moved or compressed something
         "pass2": res.details.get("pass2"),
+        "prefill_reused": res.details.get("prefill_reused", 0),
     }
 
 
@@ -161,7 +176,15 @@ def main(argv=None) -> int:
     ap.add_argument("--second-heads", default=None,
                     help="layer:head,... : also time QGPM with this head set (e.g. a shallow one) in the same run, as 'qgpm B'")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a QGPMConfig field for the timed QGPM calls, on top of the engine's (repeatable)")
+    ap.add_argument("--evidence-depth", type=float, default=None,
+                    help="put the paragraph that answers the question at this depth of the context (0..1; default: where the text has it, "
+                         "in its first tenth)")
+    ap.add_argument("--compare-reuse", action="store_true",
+                    help="also time, in the same run: qgpm without reuse_prefill, and a call that falls back to vanilla positions "
+                         "(min_top_z=1e6) with and without it")
     args = ap.parse_args(argv)
+    if args.evidence_depth is not None and not 0.0 <= args.evidence_depth <= 1.0:
+        ap.error("--evidence-depth must be in [0, 1]")
     if args.random_arch:
         engine = random_engine(args.random_arch, args.tokenizer, args.device, args.dtype, args.heads)
     else:
@@ -173,13 +196,20 @@ def main(argv=None) -> int:
     if args.second_heads:
         second = [tuple(int(x) for x in h.split(":")) for h in args.second_heads.split(",")]
         engines["qgpm B"] = QGPM(engine.model, engine.tokenizer, heads=second, config=timed_config, name=engine.name)
+    extras = []
+    if args.compare_reuse:
+        fallback = timed_config.with_(min_top_z=1e6)
+        for label, cfg, reuse in (("qgpm, no reuse", timed_config, False), ("falls back", fallback, True), ("falls back, no reuse", fallback, False)):
+            engines[label] = QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=cfg, name=engine.name, reuse_prefill=reuse)
+            extras.append(label)
     text = long_text()
     heads = engine.heads
     deepest = max(l for l, _ in heads)
     expected = 1 + (deepest + 1) / engine.n_layers
     rows, remapped, pass2 = [], [], collections.Counter()
     for length in [int(x) for x in args.lengths.split(",")]:
-        ctx = context_of(engine, text, length - args.new_tokens)
+        ctx = (context_of(engine, text, length - args.new_tokens) if args.evidence_depth is None
+               else context_with_evidence_at(engine, text, length - args.new_tokens, args.evidence_depth))
         measure(engine, ctx, "vanilla", 4)  # warm-up at this length
         runs = {m: [] for m in engines}
         for _ in range(args.repeats):
@@ -187,7 +217,8 @@ def main(argv=None) -> int:
                 runs[m].append(measure(e, ctx, "vanilla" if m == "vanilla" else "qgpm", args.new_tokens))
         remapped.append((length, {m: sum(bool(r["remapped"]) for r in rs) for m, rs in runs.items() if m != "vanilla"}))
         pass2.update(r["pass2"] for m, rs in runs.items() if m != "vanilla" for r in rs)
-        med = {m: {k: statistics.median(r[k] for r in rs) for k in ("prompt_tokens", "ttft_s", "pass1_s", "decode_tok_s", "peak_mib")} for m, rs in runs.items()}
+        med = {m: {k: statistics.median(r[k] for r in rs) for k in ("prompt_tokens", "ttft_s", "pass1_s", "decode_tok_s", "peak_mib", "prefill_reused")}
+               for m, rs in runs.items()}
         rows.append((length, med))
         print(json.dumps({"length": length, **med}), flush=True)
     dev = f"{engine.device.type}" + (f" ({torch.cuda.get_device_name()})" if engine.device.type == "cuda" else f" ({psutil.cpu_count()} cores, torch threads {torch.get_num_threads()})")
@@ -195,6 +226,9 @@ def main(argv=None) -> int:
         f"# QGPM vs vanilla speed and memory ({engine.name}{' (random weights: timing only)' if args.random_arch else ''}, {dev}, dtype {next(engine.model.parameters()).dtype})",
         "",
         f"Command: `python {' '.join(sys.argv)}`",
+        "",
+        ("Evidence: the paragraph that answers the question sits where the benchmark text has it (in its first tenth)."
+         if args.evidence_depth is None else f"Evidence: the paragraph that answers the question is put at depth {args.evidence_depth:g} of the context."),
         "",
         f"Medians of {args.repeats} runs per cell, methods interleaved, {args.new_tokens} new tokens per call. "
         f"Head set: {len(heads)} heads, deepest layer {deepest} of {engine.n_layers} -> expected TTFT ratio "
@@ -235,6 +269,24 @@ def main(argv=None) -> int:
                 f"{b['decode_tok_s']:.1f} | {b['decode_tok_s'] / v['decode_tok_s']:.2f} | {b['peak_mib']:.0f} | "
                 f"{b['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
             )
+    if extras:
+        lines += [
+            "",
+            "**Pass 1 going on as the prefill** (`QGPM.reuse_prefill`, on in the rows above): the same calls without it, and a call "
+            "that falls back to vanilla positions (min_top_z=1e6) with and without it, timed in the same run, interleaved. "
+            "Prefill reused: prompt tokens whose vanilla states pass 2 took from pass 1 (median).",
+            "",
+            "| prompt tokens | calls | TTFT (s) | of which pass 1 (s) | TTFT ratio | prefill reused | decode ratio | mem ratio |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for length, med in rows:
+            v = med["vanilla"]
+            for m in ["qgpm"] + extras:
+                q = med[m]
+                lines.append(
+                    f"| {int(v['prompt_tokens'])} | {m} | {q['ttft_s']:.3f} | {q['pass1_s']:.3f} | {q['ttft_s'] / v['ttft_s']:.2f} | "
+                    f"{int(q['prefill_reused'])} | {q['decode_tok_s'] / v['decode_tok_s']:.2f} | {q['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
+                )
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -40,7 +40,7 @@ from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_pro
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import PositionPlan, rotary_info
-from .runtime import apply_plan, check_supported, decoder_layers, model_lock, reorder_mask_kind
+from .runtime import apply_plan, cache_kwarg as _cache_kwarg, check_supported, decoder_layers, model_lock, reorder_mask_kind
 from .shaping import fuse_heads
 from .tokens import count_plain, count_tokens_bounded, encode_plain, encode_prompt, max_token_chars, plain_backend, special_token_ids
 
@@ -148,6 +148,18 @@ class QGPM:
     are serialized, and every call leaves the model unpatched. ``engine.fingerprint``
     (:class:`~qgpm.fingerprint.ModelFingerprint`) identifies the model: its stored head
     set and config preset are found by ``fingerprint.key``, with or without ``name=``.
+
+    ``reuse_prefill`` (default ``True``): a ``qgpm`` call whose pass 2 starts with a run of
+    tokens computed exactly as in a vanilla prefill (all of them when the call falls back to
+    vanilla positions; under ``remap="reorder"`` fed in slot order, the tokens before the
+    first moved one) lets pass 1 go on through every layer when that is cheaper than stopping
+    at the deepest head's layer, and generation starts from those tokens' cached states
+    instead of prefilling them again (:func:`continue_pays`). A call that falls back then
+    costs one prefill, not one and a pass 1. The answer is the same computation; only the
+    float rounding of the tokens after the reused ones can differ (they run as a separate
+    chunk, as in any prefix-cached prefill). ``result.details["prefill_reused"]`` says how
+    many prompt tokens were reused. ``False`` (or ``engine.reuse_prefill = False``): pass 1
+    always stops at the deepest head's layer and pass 2 prefills the whole prompt.
     """
 
     def __init__(
@@ -158,11 +170,16 @@ class QGPM:
         heads: HeadSet | Sequence[tuple[int, int]] | str | os.PathLike[str] | None = None,
         config: QGPMConfig | None = None,
         name: str | None = None,
+        reuse_prefill: bool = True,
     ) -> None:
+        if not isinstance(reuse_prefill, bool):
+            raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
         self.model = model
         self.tokenizer = tokenizer
+        self.reuse_prefill = reuse_prefill
+        self._warned_attention: set[str] = set()
         # one-time tokenizer setup for the input checks (so no call pays for it)
         plain_backend(tokenizer)
         max_token_chars(tokenizer)
@@ -195,6 +212,7 @@ class QGPM:
         config: QGPMConfig | None = None,
         gguf_file: str | None = None,
         attn_implementation: str | None = None,
+        reuse_prefill: bool = True,
         **model_kwargs: Any,
     ) -> "QGPM":
         """Load a model (cached per process) and its head set.
@@ -202,9 +220,11 @@ class QGPM:
         ``model``: ``None``/``"smollm2"`` (embedded default), an HF id or local folder,
         or a path to a ``.gguf`` file. ``heads``: ``None`` = the stored set for this model;
         ``"calibrate"`` = calibrate now on synthetic samples; a path to a head-set JSON;
-        or a list of ``(layer, head)``. Other keyword arguments go to
-        ``AutoModelForCausalLM.from_pretrained``.
+        or a list of ``(layer, head)``. ``reuse_prefill``: see :class:`QGPM`. Other keyword
+        arguments go to ``AutoModelForCausalLM.from_pretrained``.
         """
+        if not isinstance(reuse_prefill, bool):
+            raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
         source = resolve_source(model, gguf_file)
         if heads == "calibrate":
             from .samples import check_data_packages
@@ -214,7 +234,7 @@ class QGPM:
             model_kwargs["attn_implementation"] = attn_implementation
         mdl = load_model(source, dtype=dtype, device_map=device_map, **model_kwargs)
         tok = load_tokenizer(source)
-        engine = cls(mdl, tok, heads=None if heads == "calibrate" else heads, config=config, name=source.name)
+        engine = cls(mdl, tok, heads=None if heads == "calibrate" else heads, config=config, name=source.name, reuse_prefill=reuse_prefill)
         engine.source = source
         if heads == "calibrate":
             engine.set_heads("calibrate")
@@ -383,7 +403,8 @@ class QGPM:
         details = dict(call.details, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo)
         if call.method == "qgpm":
             _note_terms(details, mr, config)
-        return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units)
+        return PreparedCall(prompt, call.method, plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units,
+                            prefill=call.prefill)
 
     def _run_call(self, call: PreparedCall, max_new_tokens, temperature, top_p, stop, seed, generate_kwargs, score: str | None = None) -> QGPMResult:
         streamer = _TimingStreamer()
@@ -396,37 +417,38 @@ class QGPM:
                 raise ValueError("score is empty: pass the continuation to score, e.g. the gold answer")
         t0 = time.perf_counter()
         with apply_plan(self.model, plan), torch.inference_mode():
+            reused_cache, reused = _take_prefill(call, plan)
             if score is not None:
-                extra["score_logprob"], cache = self._score_prefill(ids, score_ids)
+                extra["score_logprob"], cache = self._score_prefill(ids, score_ids, reused_cache, reused)
                 extra["score_tokens"] = len(score_ids)
                 extra["score_s"] = time.perf_counter() - t0
                 if _rewind(cache, len(score_ids) + 1):  # back to the prompt minus its last token, which generation recomputes
                     gen[_cache_kwarg(self.model.forward)] = cache  # generate takes the name forward takes
+            elif reused_cache is not None:
+                gen[_cache_kwarg(self.model.forward)] = reused_cache  # generation prefills only the tokens after the reused ones
             out = self.model.generate(ids, streamer=streamer, **gen)
         t1 = time.perf_counter()
         new = out[0, call.num_tokens :].tolist()
         text, reason = self._finish_text(new, stop, max_new_tokens)
-        res = self._result(call, text, reason, len(new), t0, streamer.first_token_at, t1)
+        res = self._result(call, text, reason, len(new), t0, streamer.first_token_at, t1, reused)
         if isinstance(call.plan, PositionPlan):
             extra["pass2"] = _pass2_kind(call.plan, plan)
         res.details.update(extra)
         return res
 
-    def _score_prefill(self, ids: torch.Tensor, score_ids: list[int]) -> tuple[float, Any]:
+    def _score_prefill(self, ids: torch.Tensor, score_ids: list[int], cache: Any = None, reused: int = 0) -> tuple[float, Any]:
         """The one teacher-forced log-prob path: ``log p(score_ids | ids)`` summed over the score
-        tokens, from one forward over prompt + score that fills a fresh KV cache.
+        tokens, from one forward over prompt + score that fills a fresh KV cache (or, with
+        ``cache`` holding the first ``reused`` prompt tokens, over the rest of them).
 
         Returns ``(logprob, cache)``; run it inside ``apply_plan`` and inference mode. Only the
         last prompt row and the score rows get logits (no N x vocab tensor).
         """
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        if hasattr(cache, "activate_past_recording"):  # sliding-window layers (Gemma 3) keep what a rewind needs
-            cache.activate_past_recording()
+        if cache is None:
+            cache, reused = _fresh_cache(self.model), 0
         full = torch.cat([ids, torch.tensor([score_ids], device=ids.device)], dim=1)
         keep = len(score_ids) + 1
-        logits = self.model(input_ids=full, use_cache=True, logits_to_keep=keep, **{_cache_kwarg(self.model.forward): cache}).logits[0, -keep:]
+        logits = self.model(input_ids=full[:, reused:], use_cache=True, logits_to_keep=keep, **{_cache_kwarg(self.model.forward): cache}).logits[0, -keep:]
         logp = torch.log_softmax(logits[:-1].float(), dim=-1)
         return float(logp.gather(1, torch.tensor(score_ids, device=logp.device).unsqueeze(1)).sum()), cache
 
@@ -535,7 +557,7 @@ class QGPM:
             raise ValueError("answer is empty")
         ids, plan = _pass2_inputs(call, self.device)
         with apply_plan(self.model, plan), torch.inference_mode():
-            logprob, _ = self._score_prefill(ids, ans)
+            logprob, _ = self._score_prefill(ids, ans, *_take_prefill(call, plan))
         return logprob
 
     # ------------------------------------------------------------------ internals
@@ -657,21 +679,37 @@ class QGPM:
             t = time.perf_counter()
             stats = Pass1Stats()
             heads = self.head_set.top(cfg.max_heads).heads
-            tok_logits = head_token_logits(self.model, prompt.input_ids, heads, prompt.query_rows, stats=stats)
-            sl = sentence_logits(tok_logits, prompt.token_sentence, len(prompt.sentences), prompt.newline_tokens if cfg.exclude_newline_tokens else None)
-            z = fuse_heads(sl)
-            timings.pass1_s = time.perf_counter() - t
-            t = time.perf_counter()
-            mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity,
-                            unit_lexical=_unit_lexical(prompt, cfg))
+            found: dict[str, Any] = {}
+
+            def plan_from(tok_logits: torch.Tensor) -> MapResult:  # relevance -> scores -> positions
+                found["pass1_end"] = time.perf_counter()
+                sl = sentence_logits(tok_logits, prompt.token_sentence, len(prompt.sentences), prompt.newline_tokens if cfg.exclude_newline_tokens else None)
+                found["z"] = fuse_heads(sl)
+                found["mr"] = build_plan(prompt.token_sentence, found["z"], config=cfg, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity,
+                                         unit_lexical=_unit_lexical(prompt, cfg))
+                found["plan_end"] = time.perf_counter()
+                return found["mr"]
+
+            cache = _fresh_cache(self.model) if self.reuse_prefill and self._prefill_reusable() else None
+            if cache is not None:
+                deepest = max(layer for layer, _ in heads)
+                head_token_logits(self.model, prompt.input_ids, heads, prompt.query_rows, stats=stats, cache=cache,
+                                  go_on=lambda tl: continue_pays(plan_from(tl).plan.vanilla_prefix(), prompt.num_tokens, deepest, self.n_layers))
+            else:
+                plan_from(head_token_logits(self.model, prompt.input_ids, heads, prompt.query_rows, stats=stats))
+            end = time.perf_counter()
+            z, mr = found["z"], found["mr"]
+            timings.pass1_s = found["pass1_end"] - t
+            timings.plan_s = found["plan_end"] - found["pass1_end"]
+            prefill = _Prefill(cache, prompt.num_tokens, end - found["plan_end"]) if stats.continued else None
             _note_flat(mr, cfg)
-            timings.plan_s = time.perf_counter() - t
             plan = mr.plan
             relevance = self._relevance(prompt, mr, z)
             details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
-                           flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo)
+                           flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo,
+                           pass1_continued=prefill is not None)
             _note_terms(details, mr, cfg)
-            return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg)
+            return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg, prefill=prefill)
         elif method == "oracle":
             if not evidence:
                 raise ValueError("method='oracle' needs evidence=[exact substrings of the context]")
@@ -691,6 +729,21 @@ class QGPM:
             timings.plan_s = time.perf_counter() - t
             details.update(info)
         return PreparedCall(prompt, method, plan, relevance, timings, edit, details, config=cfg)
+
+    def _prefill_reusable(self) -> bool:
+        """Whether generation can start from a cached prefix on this model's attention: the
+        implementations transformers ships handle a chunk of queries after a cached prefix
+        (the causal mask offset by the prefix); another one (registered through
+        ``AttentionInterface``) may not, so it prefills the whole prompt (logged once)."""
+        impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
+        if impl in _PREFIX_SAFE_ATTENTION:
+            return True
+        if impl not in self._warned_attention:
+            self._warned_attention.add(impl)
+            logger.warning("qgpm: reuse_prefill is not applied with attention implementation %r (a chunk after a cached prefix "
+                           "needs its causal mask offset, which only transformers' own implementations are known to apply); "
+                           "pass 2 prefills the whole prompt. Pass reuse_prefill=False to the engine to silence this.", impl)
+        return False
 
     def _check_fits(self, num_tokens: int, max_new_tokens: int, *, context_tokens: int | None = None,
                     shorten: str = "the context (or retrieve fewer documents)") -> None:
@@ -779,14 +832,21 @@ class QGPM:
         text, hit = _cut_at_stop(text, [s for s in stop or [] if s])
         return text.strip(), "stop" if hit else reason
 
-    def _result(self, call: PreparedCall, text: str, reason: str, n_new: int, t0: float, first: float | None, t1: float) -> QGPMResult:
-        """The result of running ``call``: its own copies of the timings, details and relevance list."""
+    def _result(self, call: PreparedCall, text: str, reason: str, n_new: int, t0: float, first: float | None, t1: float, reused: int = 0) -> QGPMResult:
+        """The result of running ``call``: its own copies of the timings, details and relevance list.
+
+        With ``reused`` prompt tokens taken from pass 1's continued prefill, that part of the
+        prefill (run at the end of pass 1) counts in ``prefill_s``."""
         first = first if first is not None else t1
         pre = call.timings
-        tm = dataclasses.replace(pre, prefill_s=first - t0, decode_s=t1 - first, total_s=pre.edit_s + pre.pass1_s + pre.plan_s + (t1 - t0))
+        ahead = call.prefill.seconds if reused and call.prefill is not None else 0.0
+        tm = dataclasses.replace(pre, prefill_s=ahead + first - t0, decode_s=t1 - first, total_s=pre.edit_s + pre.pass1_s + pre.plan_s + ahead + (t1 - t0))
+        details = dict(call.details)
+        if call.method == "qgpm":
+            details.update(prefill_reused=reused, prefill_continued_s=ahead)
         return QGPMResult(
             text=text, method=call.method, relevance=list(call.relevance),
-            usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=dict(call.details),
+            usage=Usage(call.num_tokens, n_new), timings=tm, finish_reason=reason, edit=call.edit, details=details,
             context=call.prompt.context_text if call.prompt is not None else None,
             question=call.prompt.question_text if call.prompt is not None else None,
         )
@@ -909,17 +969,6 @@ def _unit_lexical(prompt: Prompt, config: QGPMConfig) -> torch.Tensor | None:
     return torch.tensor(BM25Reranker().score(question, texts), dtype=torch.float64)
 
 
-def _cache_kwarg(fn) -> str:
-    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (older), whichever ``fn`` takes."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     """``text`` up to the first stop string, and whether one was found."""
     hits = [text.index(s) for s in stop if s and s in text]
@@ -939,12 +988,87 @@ def _rewind(cache: Any, tokens: int) -> bool:
     return True
 
 
+# attention implementations shipped with transformers, which offset the causal mask by a cached prefix
+_PREFIX_SAFE_ATTENTION = frozenset({"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"})
+
+
+def continue_pays(prefix: int, num_tokens: int, deepest: int, n_layers: int) -> bool:
+    """Whether pass 1 should go on as a vanilla prefill (``QGPM.reuse_prefill``).
+
+    Pass 1 has run ``deepest`` of ``n_layers`` layers over the ``num_tokens`` prompt tokens
+    when the plan is known. Stopping there costs a full pass 2 (``num_tokens`` tokens through
+    every layer). Going on costs the remaining ``n_layers - deepest`` layers for every token,
+    and then pass 2 only for the tokens after the ``prefix`` it can reuse
+    (:meth:`PositionPlan.vanilla_prefix <qgpm.rope.PositionPlan.vanilla_prefix>`). It goes on
+    when that is cheaper, counted in token-layers: ``prefix * n_layers > num_tokens *
+    (n_layers - deepest)``, and always for a plan that changes nothing (``prefix ==
+    num_tokens``: one prefill in all).
+    """
+    if prefix <= 0:
+        return False
+    return prefix >= num_tokens or prefix * n_layers > num_tokens * (n_layers - deepest)
+
+
+@dataclass(eq=False)
+class _Prefill:
+    """The vanilla KV states pass 1 computed when it went on as a prefill, shared by a
+    prepared call and its replans: the first ``valid`` tokens of ``cache`` still hold them
+    (a generation that reused ``P`` tokens appends after them); ``seconds``: what going on
+    cost, counted in the prefill time of a generation that reuses them."""
+
+    cache: Any
+    valid: int
+    seconds: float
+
+
+def _fresh_cache(model: torch.nn.Module) -> Any:
+    """An empty KV cache for ``model``; sliding-window layers (Gemma 3) record their past, so
+    that it can be cut back to a prefix (a rewind, a reused prefill)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    return cache
+
+
+def _take_prefill(call: PreparedCall, installed: Any) -> tuple[Any, int]:
+    """The call's reusable prefill, cut back to what pass 2 can reuse, and that length.
+
+    ``(None, 0)`` unless pass 1 went on as a prefill and pass 2 is a plain forward (no plan
+    installed) whose leading tokens match: at most the plan's vanilla prefix, what is still
+    valid, and one token short of the prompt (generation computes the last prompt token's
+    logits). Run it under the model lock (inside ``apply_plan``).
+    """
+    pf = call.prefill
+    if pf is None or installed is not None or not isinstance(call.plan, PositionPlan):
+        return None, 0
+    use = min(call.plan.vanilla_prefix(), pf.valid, call.num_tokens - 1)
+    if use <= 0:
+        return None, 0
+    extra = pf.cache.get_seq_length() - use
+    try:
+        if extra > 0:
+            pf.cache.crop(-extra)
+    except RuntimeError as exc:  # a cache layer that cannot be cut back: prefill the whole prompt
+        logger.warning("qgpm: pass 1's prefill cannot be reused (%s); pass 2 prefills the whole prompt (same answer)", exc)
+        pf.valid = 0
+        return None, 0
+    # a sliding-window layer keeps only its window once cut back: no later reuse of a shorter prefix
+    pf.valid = 0 if any(getattr(pf.cache, "is_sliding", ())) else use
+    return pf.cache, use
+
+
 def _pass2_inputs(call: PreparedCall, device: torch.device) -> tuple[torch.Tensor, Any]:
     """What pass 2 feeds the model and under which plan: the prompt in slot order with no
     plan where a ``remap="reorder"`` plan allows it (:meth:`PositionPlan.feed_order
     <qgpm.rope.PositionPlan.feed_order>`: the same computation through the model's own causal
-    attention, without the ``[N, N]`` mask), else the prompt in text order under the call's plan."""
+    attention, without the ``[N, N]`` mask), the prompt with no plan where the plan changes
+    nothing (:meth:`PositionPlan.is_standard <qgpm.rope.PositionPlan.is_standard>`), else the
+    prompt in text order under the call's plan."""
     plan = call.plan
+    if isinstance(plan, PositionPlan) and plan.is_standard():  # a call that fell back: the model's plain forward
+        return call.input_ids.to(device), None
     order = plan.feed_order() if isinstance(plan, PositionPlan) else None
     if order is None:
         return call.input_ids.to(device), plan
@@ -952,9 +1076,12 @@ def _pass2_inputs(call: PreparedCall, device: torch.device) -> tuple[torch.Tenso
 
 
 def _pass2_kind(planned: PositionPlan, installed: Any) -> str:
-    """How a qgpm / oracle call's pass 2 ran (``result.details["pass2"]``): ``"slot order"`` (a
-    reorder fed as a plain forward), ``"masks"`` (a reorder through per-layer causal masks) or
-    ``"positions"`` (a stride / move plan: remapped rotary tables)."""
+    """How a qgpm / oracle call's pass 2 ran (``result.details["pass2"]``): ``"standard"`` (a
+    plan that changes nothing, e.g. a call that fell back: the plain forward), ``"slot
+    order"`` (a reorder fed as a plain forward), ``"masks"`` (a reorder through per-layer
+    causal masks) or ``"positions"`` (a stride / move plan: remapped rotary tables)."""
+    if planned.is_standard():
+        return "standard"
     if installed is None:
         return "slot order"
     return "masks" if planned.orders else "positions"
@@ -987,6 +1114,9 @@ def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: P
         try:
             ids, plan = _pass2_inputs(call, eng.device)
             with apply_plan(eng.model, plan), torch.inference_mode():
+                cache, out_holder["reused"] = _take_prefill(call, plan)
+                if cache is not None:
+                    gen[_cache_kwarg(eng.model.forward)] = cache
                 out_holder["ids"] = eng.model.generate(ids, streamer=timing, stopping_criteria=crit, **gen)
         except BaseException as exc:  # re-raised in the consumer
             errors.put(exc)
@@ -1018,7 +1148,7 @@ def _stream_pieces(eng: QGPM, context, question, kw: dict[str, Any], prepared: P
         text, reason = eng._finish_text(ids, stop, max_new_tokens)
         if text.startswith(emitted) and len(text) > len(emitted):
             yield text[len(emitted) :]
-        state.result = eng._result(call, text, reason, len(ids), t0, timing.first_token_at, t1)
+        state.result = eng._result(call, text, reason, len(ids), t0, timing.first_token_at, t1, out_holder.get("reused", 0))
     finally:
         cancel.set()
         if worker.ident is not None:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from .rope import apply_rope, head_geometry
-from .runtime import decoder_layers, model_lock
+from .runtime import cache_kwarg, decoder_layers, model_lock
 
 __all__ = ["head_token_logits", "sentence_logits", "Pass1Stats"]
 
@@ -35,10 +35,14 @@ class _StopPass1(Exception):
 
 
 class Pass1Stats:
-    """What pass 1 did (for tests and timings): which layers ran."""
+    """What pass 1 did (for tests and timings): which layers ran for relevance
+    (``layers_run``), whether the forward went on as a vanilla prefill (``continued``, when
+    ``go_on`` asked for it) and which later layers it ran then (``layers_continued``)."""
 
     def __init__(self) -> None:
         self.layers_run: list[int] = []
+        self.layers_continued: list[int] = []
+        self.continued = False
 
 
 def _logit_scale(config, head_dim: int) -> float:
@@ -55,14 +59,24 @@ def head_token_logits(
     query_rows: torch.Tensor,
     *,
     stats: Pass1Stats | None = None,
+    go_on: Callable[[torch.Tensor], bool] | None = None,
+    cache: Any = None,
 ) -> torch.Tensor:
     """Eq. 4 for every head in ``heads``: a ``[len(heads), N]`` float32 tensor.
 
     Runs the model only up to the deepest layer in ``heads`` (that layer's attention
     projections included, its attention and MLP skipped).
+
+    ``go_on`` (with ``cache``, a fresh KV cache): called with the finished logits inside
+    the deepest layer, before its attention runs. ``True`` lets the forward go on through
+    every layer as the plain prefill it is, filling ``cache`` with the prompt's vanilla KV
+    states (so that generation can start from them instead of prefilling again); ``False``
+    ends pass 1 there as without it. The logits are the same either way.
     """
     if not heads:
         raise ValueError("pass 1 needs at least one (layer, head)")
+    if (go_on is None) != (cache is None):
+        raise ValueError("go_on and cache go together: pass both (to let pass 1 continue as a prefill) or neither")
     n_heads, n_kv, head_dim = head_geometry(model.config)
     layers = decoder_layers(model)
     by_layer: dict[int, list[int]] = defaultdict(list)
@@ -78,6 +92,7 @@ def head_token_logits(
     out = torch.empty(len(heads), n, dtype=torch.float32)
     rows = query_rows.to(torch.long)
     handles = []
+    continued = [False]
 
     def make_attn_hook(layer_idx: int):
         def hook(module, args, kwargs):
@@ -103,6 +118,11 @@ def head_token_logits(
                 logits = torch.tanh(logits / softcap) * softcap
             out[idx] = logits.amax(dim=1).cpu()
             if layer_idx == deepest:
+                if go_on is not None and go_on(out):
+                    continued[0] = True
+                    if stats is not None:
+                        stats.continued = True
+                    return None
                 raise _StopPass1
             return None
 
@@ -111,7 +131,7 @@ def head_token_logits(
     def make_layer_hook(layer_idx: int):
         def hook(module, args, kwargs):
             if stats is not None:
-                stats.layers_run.append(layer_idx)
+                (stats.layers_continued if continued[0] else stats.layers_run).append(layer_idx)
             return None
 
         return hook
@@ -124,12 +144,14 @@ def head_token_logits(
                 for li, layer in enumerate(layers):
                     handles.append(layer.register_forward_pre_hook(make_layer_hook(li), with_kwargs=True))
             device = next(model.parameters()).device
+            kw = {"use_cache": False} if cache is None else {"use_cache": True, cache_kwarg(model.base_model.forward): cache}
             try:
-                model.base_model(input_ids=input_ids.to(device), use_cache=False)
+                model.base_model(input_ids=input_ids.to(device), **kw)
             except _StopPass1:
                 pass
-            else:  # pragma: no cover - the deepest hook always raises
-                raise RuntimeError("pass 1 did not reach the deepest selected layer")
+            else:
+                if not continued[0]:  # pragma: no cover - the deepest hook raises unless go_on said go on
+                    raise RuntimeError("pass 1 did not reach the deepest selected layer")
         finally:
             for h in handles:
                 h.remove()

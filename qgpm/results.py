@@ -139,7 +139,9 @@ class PreparedCall:
     :meth:`QGPM.replan <qgpm.QGPM.replan>` can try other shaping settings without rerunning
     pass 1; ``config``: the settings the plan was built with. Run it with
     :meth:`QGPM.generate_prepared <qgpm.QGPM.generate_prepared>` (as often as you like:
-    generation leaves the call unchanged).
+    generation leaves the call unchanged); ``prefill``: the vanilla KV states pass 1
+    computed when it went on as a prefill (``QGPM.reuse_prefill``), which generation starts
+    from (held as long as the call is).
     """
 
     prompt: Prompt | None
@@ -153,6 +155,7 @@ class PreparedCall:
     z: torch.Tensor | None = None
     config: QGPMConfig | None = None
     units: Any = None
+    prefill: Any = None
 
     def __post_init__(self) -> None:
         if self.input_ids is None:

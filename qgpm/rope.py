@@ -234,6 +234,29 @@ class PositionPlan:
         self._tables[key] = out
         return out
 
+    def is_standard(self) -> bool:
+        """``True`` when the plan changes nothing: no reorder, and every layer either keeps
+        the model's standard positions or reads a map whose positions are ``0..N-1`` on
+        every plane (what a call that falls back to vanilla positions builds). Pass 2 then
+        is the model's plain forward."""
+        if self.orders:
+            return False
+        std = torch.arange(self.num_tokens, dtype=torch.float64).reshape(1, -1)
+        used = {int(m) for m in self.layer_map if m is not None}
+        return all(torch.equal(self.positions[m], std.to(self.positions[m].dtype).expand_as(self.positions[m])) for m in used)
+
+    def vanilla_prefix(self) -> int:
+        """How many leading prompt tokens pass 2 computes exactly as a vanilla prefill does:
+        ``N`` for a standard plan, for a plan fed in slot order the tokens before the first one
+        that moves (they keep their place and see only tokens that keep theirs), else 0."""
+        if self.is_standard():
+            return self.num_tokens
+        order = self.feed_order()
+        if order is None:
+            return 0
+        moved = (order != torch.arange(order.numel())).nonzero()
+        return int(moved[0]) if moved.numel() else self.num_tokens
+
     def feed_order(self) -> torch.Tensor | None:
         """The token order that turns pass 2 into a plain forward, or ``None``.
 

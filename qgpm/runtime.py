@@ -52,6 +52,17 @@ _LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.
 _LOCKS_GUARD = threading.Lock()
 
 
+def cache_kwarg(fn) -> str:
+    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (older), whichever ``fn`` takes."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
 def model_lock(model: torch.nn.Module) -> threading.RLock:
     """The re-entrant lock that serializes QGPM calls on ``model``."""
     with _LOCKS_GUARD:

@@ -227,11 +227,12 @@ def test_feed_order_only_where_one_order_covers_every_layer(tokenizer):
 def test_engine_feeds_one_map_reorder_in_slot_order_with_the_hooked_result(family, tokenizer):
     """With one map on every layer the engine runs pass 2 as a plain forward over the prompt in
     slot order (no hooks, no [N, N] mask): the answer and the gold log-prob equal those of the
-    per-layer masks of apply_plan."""
+    per-layer masks of apply_plan. (Without pass 1's continued prefill, so that the whole
+    prompt goes in; tests/test_prefill_reuse.py covers the reuse.)"""
     from qgpm import QGPM
 
     model = tiny_model(family, len(tokenizer), attn_implementation="sdpa")
-    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=ONE_MAP.with_(min_top_z=None, decisive_margin=None))
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=ONE_MAP.with_(min_top_z=None, decisive_margin=None), reuse_prefill=False)
     call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
     order = call.plan.feed_order()
     assert order is not None and not torch.equal(order, torch.arange(order.numel()))

@@ -319,6 +319,7 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         out["evidence_rank"] = _evidence_rank(call, sample)
         out["num_sentences"] = len(res.relevance)
         out["top_z"] = [None if s.z is None else round(float(s.z), 3) for s in res.top_sentences(3)]
+        out["prefill_reused"] = int(res.details.get("prefill_reused", 0))  # prompt tokens pass 1's continued prefill saved
     if method in ("qgpm", "oracle"):
         out["anchor_length"] = call.details.get("anchor_length")
         out["s_low"] = call.details.get("s_low")

@@ -1,0 +1,243 @@
+"""Pass 1 going on as the answer's prefill (``QGPM.reuse_prefill``): the cost rule, the
+reusable prefix of a plan, and answers equal to a full pass 2 on every tiny family and on
+the real SmolLM2."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from qgpm import QGPM, QGPMConfig
+from qgpm.engine import continue_pays
+from qgpm.relevance import Pass1Stats, head_token_logits
+from qgpm.runtime import decoder_layers
+from qgpm_testing import FAMILIES, LAYERED_FAMILIES, tiny_model
+
+FILLER = [
+    "The morning market opened early and the stalls filled with fresh bread.",
+    "Several visitors walked along the river to watch the boats pass by.",
+    "A small band played old songs near the fountain in the square.",
+    "The library kept its doors open late for the students before exams.",
+]
+NEEDLE = "The secret password for the blue door is tangerine."
+QUESTION = "What is the secret password for the blue door?"
+HEADS = [(1, 0), (2, 1)]
+# one map on every layer, the two top sentences moved: pass 2 runs in slot order
+ONE_MAP = QGPMConfig(remap="reorder", split_layer=0, k_sharp=2.0, s_low=0.1, min_top_z=None, decisive_margin=None)
+FALLBACK = ONE_MAP.with_(min_top_z=1e6)  # no head signal is that peaked: every call keeps vanilla positions
+
+
+def context(where: int, n: int = 24) -> str:
+    sents = [FILLER[i % len(FILLER)] for i in range(n)]
+    sents.insert(where, NEEDLE)
+    return " ".join(sents)
+
+
+# ----------------------------------------------------------------------------- the cost rule
+def test_continue_pays_counts_token_layers():
+    # 30 layers, pass 1 stopped at layer 23: going on costs 7 layers for every token
+    n, layers, deepest = 1000, 30, 23
+    assert not continue_pays(233, n, deepest, layers)  # 233 * 30 = 6990 < 7000: stopping is cheaper
+    assert continue_pays(234, n, deepest, layers)  # 7020 > 7000
+    assert continue_pays(n, n, deepest, layers) and continue_pays(n, n, 0, layers)  # nothing moves: one prefill in all
+    assert not continue_pays(0, n, deepest, layers)
+    assert not continue_pays(999, n, 0, layers)  # a head on layer 0: going on is a whole prefill, no saving
+
+
+# ----------------------------------------------------------------------------- the reusable prefix
+def test_vanilla_prefix_is_the_run_before_the_first_moved_token(tokenizer):
+    model = tiny_model("llama", len(tokenizer))
+    engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP, reuse_prefill=False)
+    moved = engine.prepare(context(12), QUESTION, method="qgpm")
+    order = moved.plan.feed_order()
+    first = int((order != torch.arange(order.numel())).nonzero()[0])
+    assert moved.plan.vanilla_prefix() == first > 0
+    # the tokens before it are where they were; the token at that slot is not
+    assert torch.equal(order[:first], torch.arange(first)) and int(order[first]) != first
+    still = engine.prepare(context(12), QUESTION, method="qgpm", config=FALLBACK)
+    assert still.plan.is_standard() and still.plan.vanilla_prefix() == still.num_tokens
+    stride = engine.prepare(context(12), QUESTION, method="qgpm", config=ONE_MAP.with_(remap="stride", split_layer=None))
+    assert not stride.plan.is_standard() and stride.plan.vanilla_prefix() == 0
+    assert engine.generate_prepared(still, max_new_tokens=2).details["pass2"] == "standard"
+
+
+# ----------------------------------------------------------------------------- pass 1 going on
+def test_pass1_goes_on_through_every_layer_only_when_asked(tokenizer):
+    from transformers import DynamicCache
+
+    model = tiny_model("llama", len(tokenizer))
+    engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
+    call = engine.prepare(context(12), QUESTION, method="qgpm", config=FALLBACK)
+    ids, rows = call.prompt.input_ids, call.prompt.query_rows
+    stop, go = Pass1Stats(), Pass1Stats()
+    a = head_token_logits(model, ids, HEADS, rows, stats=stop)
+    cache = DynamicCache(config=model.config)
+    b = head_token_logits(model, ids, HEADS, rows, stats=go, go_on=lambda tl: True, cache=cache)
+    assert torch.equal(a, b)  # the same relevance
+    assert stop.layers_run == go.layers_run == [0, 1, 2] and stop.layers_continued == []
+    assert go.layers_continued == [3] and cache.get_seq_length() == ids.shape[1]
+    with torch.inference_mode():  # the cache holds the vanilla prefill's states
+        full = model(ids, use_cache=True)
+    for layer in range(len(decoder_layers(model))):
+        assert torch.allclose(cache.layers[layer].keys, full.past_key_values.layers[layer].keys, atol=1e-5)
+    told = Pass1Stats()
+    head_token_logits(model, ids, HEADS, rows, stats=told, go_on=lambda tl: False, cache=DynamicCache(config=model.config))
+    assert told.layers_run == [0, 1, 2] and told.layers_continued == []
+    with pytest.raises(ValueError, match="go together"):
+        head_token_logits(model, ids, HEADS, rows, go_on=lambda tl: True)
+
+
+@pytest.mark.parametrize("family", FAMILIES + LAYERED_FAMILIES)
+def test_reused_prefill_gives_the_full_pass2_answer(family, tokenizer):
+    """On every family (Gemma 3: a sliding window shorter than the prompt): the same answer and
+    gold log-prob with and without the reuse, for a call that falls back (everything but the
+    last prompt token reused) and for calls moved in slot order (reused where the prefix pays).
+    The heads sit on the last layer, so going on pays once the moved sentence starts after a
+    quarter of the prompt; which sentence the random heads rank first differs by family, so
+    several needle places are tried and at least one moved call must reuse."""
+    model = tiny_model(family, len(tokenizer), attn_implementation="sdpa")
+    heads = [(3, 0), (3, 1)]
+    one = ONE_MAP.with_(k_sharp=1.0)
+    on = QGPM(model, tokenizer, heads=heads, config=one)
+    off = QGPM(model, tokenizer, heads=heads, config=one, reuse_prefill=False)
+    moved_reused = 0
+    for cfg, where in ((FALLBACK, 12), (one, 2), (one, 12), (one, 22)):
+        ctx = context(where)
+        a = on.prepare(ctx, QUESTION, method="qgpm", config=cfg)
+        b = off.prepare(ctx, QUESTION, method="qgpm", config=cfg)
+        assert torch.equal(a.z, b.z) and torch.equal(a.plan.positions[0], b.plan.positions[0])
+        pays = continue_pays(a.plan.vanilla_prefix(), a.num_tokens, 3, 4)
+        assert a.details["pass1_continued"] is pays and not b.details["pass1_continued"]
+        assert pays or cfg is not FALLBACK
+        ra = on.generate_prepared(a, max_new_tokens=6, score=" tangerine")
+        rb = off.generate_prepared(b, max_new_tokens=6, score=" tangerine")
+        want = 0 if not pays else a.num_tokens - 1 if cfg is FALLBACK else a.plan.vanilla_prefix()
+        assert ra.details["prefill_reused"] == want and rb.details["prefill_reused"] == 0
+        moved_reused += cfg is not FALLBACK and want > 0
+        assert ra.text == rb.text
+        assert abs(ra.details["score_logprob"] - rb.details["score_logprob"]) < 1e-4
+        assert ra.timings.prefill_s >= ra.details["prefill_continued_s"] and (ra.details["prefill_continued_s"] > 0) is (want > 0)
+        # without score= too (generation straight from the reused cache), and streamed
+        again = on.answer(ctx, QUESTION, config=cfg, max_new_tokens=6)
+        assert again.text == rb.text and again.details["prefill_reused"] == want
+        with on.stream(ctx, QUESTION, config=cfg, max_new_tokens=6) as s:
+            streamed = "".join(s)
+        assert streamed == rb.text.strip() and s.result.details["prefill_reused"] == want
+    assert moved_reused >= 1
+
+
+def test_an_early_moved_sentence_stops_pass1_and_prefills_everything(tokenizer):
+    """Where the first moved sentence comes too early for going on to pay, pass 1 stops at the
+    deepest head's layer as without the reuse, and pass 2 prefills the whole prompt. (Four
+    sentences move, so the first of them is early for most needle places; the random heads
+    decide which, so the places are searched.)"""
+    model = tiny_model("llama", len(tokenizer))
+    cfg = ONE_MAP.with_(k_sharp=4.0)
+    on = QGPM(model, tokenizer, heads=HEADS, config=cfg)
+    deepest = max(layer for layer, _ in HEADS)
+    stopped = 0
+    for where in (0, 6, 12, 18):
+        call = on.prepare(context(where), QUESTION, method="qgpm")
+        if continue_pays(call.plan.vanilla_prefix(), call.num_tokens, deepest, on.n_layers):
+            continue
+        stopped += 1
+        assert call.prefill is None and not call.details["pass1_continued"] and call.details["layers_run"] == deepest + 1
+        assert on.generate_prepared(call, max_new_tokens=2).details["prefill_reused"] == 0
+    assert stopped >= 1
+
+
+def test_replans_share_the_prefill_and_never_read_overwritten_states(tokenizer):
+    """A prepared call and its replans share pass 1's cache: a generation that reused P tokens
+    appends after them, so a later generation reuses at most P (its own answer still equals a
+    full pass 2's)."""
+    model = tiny_model("llama", len(tokenizer))
+    on = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
+    off = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP, reuse_prefill=False)
+    ctx = context(22)
+    still = on.prepare(ctx, QUESTION, method="qgpm", config=FALLBACK)
+    moved = on.replan(still, ONE_MAP)
+    prefix = moved.plan.vanilla_prefix()
+    assert moved.prefill is still.prefill and 0 < prefix < still.num_tokens - 1
+    ref_moved = off.generate_prepared(off.replan(off.prepare(ctx, QUESTION, method="qgpm", config=FALLBACK), ONE_MAP), max_new_tokens=4, score=" tangerine")
+    ref_still = off.generate_prepared(off.prepare(ctx, QUESTION, method="qgpm", config=FALLBACK), max_new_tokens=4, score=" tangerine")
+    first = on.generate_prepared(moved, max_new_tokens=4, score=" tangerine")
+    assert first.details["prefill_reused"] == prefix
+    second = on.generate_prepared(still, max_new_tokens=4, score=" tangerine")  # could reuse N - 1, only P is left
+    assert second.details["prefill_reused"] == prefix
+    assert abs(first.details["score_logprob"] - ref_moved.details["score_logprob"]) < 1e-4
+    assert abs(second.details["score_logprob"] - ref_still.details["score_logprob"]) < 1e-4
+    assert second.text == ref_still.text and first.text == ref_moved.text
+    assert on.answer_logprob(ctx, QUESTION, " tangerine", config=FALLBACK) == pytest.approx(ref_still.details["score_logprob"], abs=1e-4)
+
+
+def test_a_fault_in_generation_leaves_the_model_and_later_calls_right(tokenizer):
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Boom(Exception):
+        pass
+
+    class RaiseAtStep2(StoppingCriteria):
+        def __init__(self):
+            self.n = 0
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.n += 1
+            if self.n == 2:
+                raise Boom
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    model = tiny_model("llama", len(tokenizer))
+    on = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
+    off = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP, reuse_prefill=False)
+    call = on.prepare(context(12), QUESTION, method="qgpm", config=FALLBACK)
+    with pytest.raises(Boom):
+        on.generate_prepared(call, max_new_tokens=6, stopping_criteria=StoppingCriteriaList([RaiseAtStep2()]))
+    assert all(not layer._forward_pre_hooks and not layer.self_attn._forward_pre_hooks for layer in decoder_layers(model))
+    want = off.generate_prepared(off.prepare(context(12), QUESTION, method="qgpm", config=FALLBACK), max_new_tokens=6, score=" tangerine")
+    got = on.generate_prepared(call, max_new_tokens=6, score=" tangerine")  # the same call again, after the fault
+    assert got.text == want.text and abs(got.details["score_logprob"] - want.details["score_logprob"]) < 1e-4
+
+
+def test_reuse_prefill_is_checked_and_an_unknown_attention_prefills_everything(tokenizer, caplog):
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    model = tiny_model("llama", len(tokenizer))
+    with pytest.raises(TypeError, match="reuse_prefill"):
+        QGPM(model, tokenizer, heads=HEADS, reuse_prefill="yes")
+    with pytest.raises(TypeError, match="reuse_prefill"):
+        QGPM.from_pretrained(reuse_prefill=1)  # before any weights load
+
+    def causal_only(module, query, key, value, attention_mask, **kwargs):  # causal by position alone
+        return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+    AttentionInterface.register("qgpm_test_prefix_unknown", causal_only)
+    custom = tiny_model("llama", len(tokenizer), attn_implementation="qgpm_test_prefix_unknown")
+    engine = QGPM(custom, tokenizer, heads=HEADS, config=FALLBACK)
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        res = engine.answer(context(12), QUESTION, max_new_tokens=3)
+        engine.answer(context(12), QUESTION, max_new_tokens=3)
+    notes = [r for r in caplog.records if "reuse_prefill is not applied" in r.getMessage()]
+    assert len(notes) == 1 and res.details["prefill_reused"] == 0 and not res.details["pass1_continued"]
+
+
+@pytest.mark.real_model
+def test_real_smollm2_reused_prefill_answers_as_a_full_pass2(smollm):
+    """The embedded SmolLM2 with its shipped heads and preset: a call that falls back reuses all
+    but the last prompt token, and the answer and gold log-prob equal those of a full pass 2."""
+    ctx = context(32, n=40)  # the needle late: moving it leaves most of the prompt in place
+    off = QGPM(smollm.model, smollm.tokenizer, heads=smollm.heads, config=smollm.config, reuse_prefill=False)
+    for cfg in (smollm.config.with_(min_top_z=1e6), smollm.config.with_(min_top_z=None, decisive_margin=None)):
+        a = smollm.prepare(ctx, QUESTION, method="qgpm", config=cfg)
+        b = off.prepare(ctx, QUESTION, method="qgpm", config=cfg)
+        ra = smollm.generate_prepared(a, max_new_tokens=12, score=" tangerine")
+        rb = off.generate_prepared(b, max_new_tokens=12, score=" tangerine")
+        assert ra.text == rb.text
+        assert abs(ra.details["score_logprob"] - rb.details["score_logprob"]) < 1e-3
+        if a.plan.is_standard():
+            assert ra.details["prefill_reused"] == a.num_tokens - 1
+        else:
+            assert "tangerine" in ra.text.lower()  # the needle moved next to the question
+            assert ra.details["prefill_reused"] == a.plan.vanilla_prefix() > a.num_tokens // 2
