@@ -146,7 +146,7 @@ def _print_why(method: str, result, top: int) -> None:
 
 def _ask(args: argparse.Namespace) -> int:
     from .baselines import options_from_strings
-    from .config import load_config
+    from .config import check_config_args, load_config
     from .heads import parse_heads
     from .loading import parse_dtype
 
@@ -191,7 +191,7 @@ def _ask(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     config_file, overrides = split_config_args(args.config)
-    load_config(config_file, overrides)  # bad fields or values fail here, before the model loads
+    check_config_args(config_file, overrides)  # bad fields or values fail here, before the model loads
     if "qgpm" in methods:
         _check_heads_before_loading(args, heads)
 

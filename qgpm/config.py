@@ -422,6 +422,28 @@ def coerce_value(text: str) -> Any:
     return t
 
 
+def check_config_args(spec: str | Path | None, overrides: Sequence[str] = ()) -> None:
+    """What the CLI checks before the model loads: the file and the override names and values.
+
+    The overrides apply on top of the model's preset, which is known only once the model is
+    loaded, so a combination that one base rejects (``moved_order=text`` on the generic
+    defaults' ``remap="stride"``) passes here when it is valid on the generic defaults or on
+    some preset; the config built on the real base is checked again after loading.
+    """
+    try:
+        load_config(spec, overrides)
+    except (TypeError, ValueError) as first:
+        if spec is not None:
+            raise  # overrides apply on top of the file, which is known now
+        for preset in PRESETS.values():
+            try:
+                load_config(None, overrides, base=preset)
+                return
+            except (TypeError, ValueError):
+                continue
+        raise first
+
+
 def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base: QGPMConfig | None = None) -> QGPMConfig | None:
     """A config from a JSON file (``best_config.json`` or ``QGPMConfig.to_dict()``) and/or
     ``field=value`` overrides; ``None`` when neither is given (engine preset).

@@ -470,6 +470,27 @@ def test_grid_and_config_parsing(tmp_path):
     assert load_config(None) is None
 
 
+def test_config_args_are_checked_before_loading_against_every_base(tmp_path):
+    """The CLI's check before the model loads: an override valid on the model's preset but not
+    on the generic defaults (moved_order=text needs remap=reorder) passes, and is then built on
+    the preset; one valid on no base, or on top of a file that rejects it, fails."""
+    from qgpm.config import PRESETS, check_config_args, load_config
+
+    smol = next(c for c in PRESETS.values() if c.remap == "reorder")
+    check_config_args(None, ["moved_order=text"])
+    assert load_config(None, ["moved_order=text"], base=smol).moved_order == "text"
+    with pytest.raises(ValueError, match="moved_order"):
+        load_config(None, ["moved_order=text"])  # the generic defaults alone reject it
+    with pytest.raises(ValueError, match="s_low"):
+        check_config_args(None, ["s_low=-1"])
+    with pytest.raises(ValueError, match="unknown QGPMConfig field"):
+        check_config_args(None, ["k_sharpp=1"])
+    p = tmp_path / "stride.json"
+    p.write_text(json.dumps(QGPMConfig().to_dict()))
+    with pytest.raises(ValueError, match="moved_order"):
+        check_config_args(p, ["moved_order=text"])
+
+
 # ----------------------------------------------------------------------------- CLI
 
 

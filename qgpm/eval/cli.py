@@ -197,10 +197,10 @@ def _engine(args, config=None, heads=None):
 def _engine_and_config(args):
     """The engine and the config of ``--config`` / ``--set``: overrides apply on top of the
     JSON file, else on top of the model's preset (``None`` when neither is given)."""
-    from qgpm.config import load_config
+    from qgpm.config import check_config_args, load_config
 
     config_file, overrides = split_config_args(args.config, args.overrides)
-    load_config(config_file, overrides)  # bad fields or values fail before the model loads
+    check_config_args(config_file, overrides)  # bad fields or values fail before the model loads
     engine = _engine(args)
     config = load_config(config_file, overrides, base=engine.config)
     if config is not None:
