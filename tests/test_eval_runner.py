@@ -580,6 +580,16 @@ def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
     assert man["latest"]["config"]["k_sharp"] == 1.0 and " eval --model " in man["latest"]["command"]
     (out / "report.md").unlink()
     assert main(["report", "--out", str(out)]) == 0 and (out / "report.md").is_file()
+    # a call that falls back reuses pass 1's prefill unless --no-reuse-prefill; the manifest says which
+    runs = {}
+    for name, extra in (("on", []), ("off", ["--no-reuse-prefill"])):
+        runs[name] = tmp_path / name
+        assert main(["eval", "--model", str(tiny_dir), "--heads", "1:0,2:1", "--tasks", "qa_1", "--lengths", str(LENGTH), "--depths", "0.5",
+                     "--n", "1", "--methods", "qgpm", "--max-new-tokens", str(NEW), "--out", str(runs[name]), "--device", "cpu",
+                     "--dtype", "float32", "--no-progress", "--no-logprob", "--set", "min_top_z=1e6", *extra]) == 0
+    on, off = _rows(runs["on"])[0], _rows(runs["off"])[0]
+    assert on["prefill_reused"] == on["prompt_tokens"] - 1 and off["prefill_reused"] == 0 and on["answer"] == off["answer"]
+    assert [json.loads((runs[n] / "manifest.json").read_text())["latest"]["reuse_prefill"] for n in ("on", "off")] == [True, False]
 
 
 def test_only_answers_the_named_samples_and_refuses_unknown_ones(tiny_engine, tmp_path):

@@ -76,12 +76,16 @@ def _command(args=None) -> str:
     return launcher + prog + " " + " ".join(shlex.quote(a) for a in argv)
 
 
-def _model_args(p: argparse.ArgumentParser, heads: bool = True) -> None:
+def _model_args(p: argparse.ArgumentParser, heads: bool = True, answers: bool = True) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} (the embedded {DEFAULT_MODEL_NAME}), an HF id, a local folder or a .gguf file")
     g.add_argument("--device", default="auto", help=DEVICE_HELP)
     g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     g.add_argument("--attn-implementation", default=None, help="eager | sdpa | flash_attention_2 (default: transformers' choice)")
+    if answers:
+        g.add_argument("--no-reuse-prefill", dest="reuse_prefill", action="store_false",
+                       help="QGPM calls always stop pass 1 at the deepest head's layer and prefill the whole prompt in pass 2 "
+                            "(QGPM(reuse_prefill=False); rows made before the reuse existed were computed so)")
     if heads:
         g.add_argument("--heads", default=None, help=HEADS_HELP)
 
@@ -155,7 +159,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="select retrieval heads by MRR calibration (paper App. A)",
                               description="Score every (layer, head) on calibration-split samples, keep the best --top, "
                               "and store the head set where the engine finds it by the model's fingerprint.")
-    _model_args(p, heads=False)
+    _model_args(p, heads=False, answers=False)
     p.add_argument("--n", type=int, default=36, help="calibration samples (default 36)")
     p.add_argument("--holdout", type=int, default=18, help="held-out samples for the fused-MRR check (default 18)")
     p.add_argument("--top", type=int, default=8, help="heads to keep (default 8)")
@@ -190,6 +194,8 @@ def _engine(args, config=None, heads=None):
     kw = {}
     if getattr(args, "attn_implementation", None):
         kw["attn_implementation"] = args.attn_implementation
+    if not getattr(args, "reuse_prefill", True):
+        kw["reuse_prefill"] = False
     return load_engine(args.model, device=args.device, dtype=args.dtype, heads=heads if heads is not None else getattr(args, "heads", None),
                        config=config, state=partial_state(), **kw)
 

@@ -705,6 +705,7 @@ def run_eval(
             "methods": methods, "config_hashes": hashes, "reranker": _reranker_name(reranker), "k": k,
             "options": {m: fps[m]["options"] for m in methods if "options" in fps[m]},
             "haystack": fps[methods[0]]["haystack"], "max_new_tokens": max_new_tokens, "logprob": logprob,
+            "reuse_prefill": bool(getattr(engine, "reuse_prefill", False)),
             "processes": procs.world, "shard": list(shard) if shard else None, "answers_run_by_main": n_calls,
             "errors_main": errors, "wall_s": round(time.time() - started, 1), "rows": len(rows), "versions": _versions(),
         }
