@@ -251,6 +251,9 @@ elif [ "$stage" = textorder60 ]; then
   # split_run_ons does not change keep the textorder30 rows (same units, same plan); the 8
   # it changes are answered here with text order (rank order: the runon stage's rows).
   # The Oracle (the test grid's setting) on contents 6-11 runs last, as a reference only.
+  # As run: the two moved_order=text steps first failed in the CLI's check before loading (it
+  # built the override on the generic remap=stride); they were rerun from a worktree of this
+  # commit plus that check's fix (commit b294c48), same command lines.
   E="$PY -m qgpm.eval.cli eval --model smollm2 --split dev --device cpu --dtype float32 --lengths 4096 --max-new-tokens 48 --no-logprob --no-progress --shard $i/2 --tasks niah_multivalue --depths 0,0.25,0.5,0.75,1"
   R=benchmarks/results; mkdir -p $OUT/textorder60
   $E --n 12 --only $R/ids_mv_dev_6_11.jsonl --methods vanilla,qgpm --out $OUT/textorder60/rank > $OUT/textorder60/rank.s$i.log 2>&1
