@@ -996,17 +996,23 @@ def continue_pays(prefix: int, num_tokens: int, deepest: int, n_layers: int) -> 
     """Whether pass 1 should go on as a vanilla prefill (``QGPM.reuse_prefill``).
 
     Pass 1 has run ``deepest`` of ``n_layers`` layers over the ``num_tokens`` prompt tokens
-    when the plan is known. Stopping there costs a full pass 2 (``num_tokens`` tokens through
-    every layer). Going on costs the remaining ``n_layers - deepest`` layers for every token,
-    and then pass 2 only for the tokens after the ``prefix`` it can reuse
-    (:meth:`PositionPlan.vanilla_prefix <qgpm.rope.PositionPlan.vanilla_prefix>`). It goes on
-    when that is cheaper, counted in token-layers: ``prefix * n_layers > num_tokens *
-    (n_layers - deepest)``, and always for a plan that changes nothing (``prefix ==
-    num_tokens``: one prefill in all).
+    when the plan is known. Stopping there costs a full pass 2: one prefill. Going on costs the
+    remaining layers for every token, ``(n_layers - deepest) / n_layers`` of a prefill, and
+    then pass 2 only for the share ``f = 1 - prefix / num_tokens`` of tokens after the
+    ``prefix`` it can reuse (:meth:`PositionPlan.vanilla_prefix
+    <qgpm.rope.PositionPlan.vanilla_prefix>`). That chunk is charged ``f * (1 + f / 2)`` of a
+    prefill, not ``f``: its queries attend over the whole prompt under an explicit mask, which
+    costs more per token than a causal prefill (on CPU, SmolLM2 at 4K:
+    ``benchmarks/results/speed_cpu_smollm2_reuse_d*.md``; measured 0.29 / 0.59 / 1.10 of a
+    prefill for f = 0.25 / 0.49 / 0.74). It goes on when that is cheaper, and always for a plan
+    that changes nothing (``prefix >= num_tokens``: one prefill in all).
     """
     if prefix <= 0:
         return False
-    return prefix >= num_tokens or prefix * n_layers > num_tokens * (n_layers - deepest)
+    if prefix >= num_tokens:
+        return True
+    f = 1.0 - prefix / num_tokens
+    return (n_layers - deepest) / n_layers + f * (1.0 + f / 2.0) < 1.0
 
 
 @dataclass(eq=False)
