@@ -49,3 +49,17 @@ def test_answer_and_stream_on_cuda(tokenizer):
     stream = engine.stream(CONTEXT, QUESTION, method="qgpm", max_new_tokens=8)
     assert "".join(stream) == res.text == stream.result.text
     assert res.relevance and res.timings.pass1_s > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_reused_prefill_on_cuda(family, tokenizer):
+    """Pass 1 going on as the prefill on the accelerator: a call that falls back reuses all but the
+    last prompt token, with the answer and gold log-prob of a full pass 2."""
+    model = tiny_model(family, len(tokenizer), attn_implementation="sdpa").to("cuda", torch.float32)
+    cfg = QGPMConfig(s_low=0.1, remap="reorder", split_layer=0, min_top_z=1e6)
+    on = QGPM(model, tokenizer, heads=[(1, 0), (3, 2)], config=cfg)
+    off = QGPM(model, tokenizer, heads=[(1, 0), (3, 2)], config=cfg, reuse_prefill=False)
+    a = on.generate_prepared(on.prepare(CONTEXT, QUESTION, method="qgpm"), max_new_tokens=6, score=" 4417")
+    b = off.generate_prepared(off.prepare(CONTEXT, QUESTION, method="qgpm"), max_new_tokens=6, score=" 4417")
+    assert a.details["prefill_reused"] == a.usage.prompt_tokens - 1 and b.details["prefill_reused"] == 0
+    assert a.text == b.text and abs(a.details["score_logprob"] - b.details["score_logprob"]) < 1e-3
