@@ -113,6 +113,8 @@ def render_html(result: "QGPMResult", *, top: int = 10, title: str = "QGPM: why 
         meta.append("the top sentence stands out (solo_margin): it alone was promoted")
     if d.get("term_dropped"):
         meta.append(esc(term_note(d["term_dropped"])))
+    if d.get("prefill_reused"):
+        meta.append(f"{int(d['prefill_reused'])} prompt tokens' prefill taken from pass 1 (reuse_prefill)")
     no_rank = "" if rows else '<p class="meta">This method has no relevance ranking (standard positions).</p>'
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

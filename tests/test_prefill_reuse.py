@@ -127,6 +127,7 @@ def test_reused_prefill_gives_the_full_pass2_answer(family, tokenizer):
             # without score= too (generation straight from the reused cache), and streamed
             again = on.answer(ctx, QUESTION, config=cfg, max_new_tokens=6)
             assert again.text == rb.text and again.details["prefill_reused"] == want
+            assert (f"{want} prompt tokens' prefill taken from pass 1" in again.to_html()) is (want > 0)
             with on.stream(ctx, QUESTION, config=cfg, max_new_tokens=6) as s:
                 streamed = "".join(s)
             assert streamed == rb.text.strip() and s.result.details["prefill_reused"] == want
