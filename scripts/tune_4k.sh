@@ -260,6 +260,23 @@ elif [ "$stage" = textorder60 ]; then
   $E --n 12 --only $R/ids_mv_dev_6_11.jsonl --methods qgpm --set moved_order=text --out $OUT/textorder60/text > $OUT/textorder60/text.s$i.log 2>&1
   $E --n 6 --only $R/run_on/ids_dev_mv.jsonl --methods qgpm --set moved_order=text --out $OUT/textorder60/text_runon > $OUT/textorder60/text_runon.s$i.log 2>&1
   $E --n 12 --only $R/ids_mv_dev_6_11.jsonl --methods oracle --set split_layer=none --set term_ratio=none --set split_run_ons=false --out $OUT/textorder60/oracle > $OUT/textorder60/oracle.s$i.log 2>&1
+elif [ "$stage" = textorder120 ]; then
+  # Session 13: on 60 dev multi-value samples (contents 0-11) moved_order=text listed all four
+  # values in 17 against rank order's 18 (9/10), the Oracle in 17; on 12 test contents the
+  # Oracle (which computes what text order computes on unglued samples) leads QGPM 27 to 17.
+  # The splits disagree, so 60 more dev samples (contents 12-23) decide, in two blocks of six
+  # contents so that a stop leaves whole blocks (12-17, then 18-23; each block vanilla and
+  # rank order first, then text order). Rule, written before the rows, the same rule on all
+  # 120 dev samples plus one on the new ones: ship moved_order=text if, over contents 0-23,
+  # it lists all four values in more samples than rank order with more wins than losses, and
+  # on contents 12-23 alone it lists them in at least as many. No Oracle here: on every
+  # unglued sample text order's answer equals the Oracle's (textorder30/60 stages).
+  E="$PY -m qgpm.eval.cli eval --model smollm2 --split dev --device cpu --dtype float32 --lengths 4096 --max-new-tokens 48 --no-logprob --no-progress --shard $i/2 --tasks niah_multivalue --depths 0,0.25,0.5,0.75,1 --n 24"
+  R=benchmarks/results; mkdir -p $OUT/textorder120
+  for b in 12_17 18_23; do
+    $E --only $R/ids_mv_dev_$b.jsonl --methods vanilla,qgpm --out $OUT/textorder120/rank > $OUT/textorder120/rank_$b.s$i.log 2>&1
+    $E --only $R/ids_mv_dev_$b.jsonl --methods qgpm --set moved_order=text --out $OUT/textorder120/text > $OUT/textorder120/text_$b.s$i.log 2>&1
+  done
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder|textorder30|runon|textorder60 SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder|textorder30|runon|textorder60|textorder120 SHARD" >&2; exit 2
 fi
