@@ -277,6 +277,21 @@ elif [ "$stage" = textorder120 ]; then
     $E --only $R/ids_mv_dev_$b.jsonl --methods vanilla,qgpm --out $OUT/textorder120/rank > $OUT/textorder120/rank_$b.s$i.log 2>&1
     $E --only $R/ids_mv_dev_$b.jsonl --methods qgpm --set moved_order=text --out $OUT/textorder120/text > $OUT/textorder120/text_$b.s$i.log 2>&1
   done
+elif [ "$stage" = nodecisive ]; then
+  # Session 13: the dominance rule (decisive_margin 1.3) was chosen in the fourth session under
+  # remap=stride, where moving a lone needle cost copying accuracy. Under reorder the test
+  # split's Oracle answers single needle 30 of 30 against vanilla's 27 (3/0), while the preset
+  # keeps vanilla positions in all 30 (0 % of the Oracle's gain recovered); on NoLiMa the Oracle
+  # goes 3/4 against vanilla. Dev: the preset without the rule on single needle (contents 0-11)
+  # and NoLiMa (contents 0-5), depths 0-1. The preset's own answer is read off these rows
+  # without a run: vanilla's where its rule would fire (top-two z gap >= 1.3), else the
+  # no-rule answer (the rule is the only difference). Rule, written before the rows: drop the
+  # dominance rule from the SmolLM2 preset if, over both tasks, the no-rule answers have more
+  # wins than losses against the preset's, and neither task has more losses than wins.
+  E="$PY -m qgpm.eval.cli eval --model smollm2 --split dev --device cpu --dtype float32 --lengths 4096 --max-new-tokens 48 --no-logprob --no-progress --shard $i/2 --depths 0,0.25,0.5,0.75,1 --methods vanilla,qgpm --set decisive_margin=none"
+  mkdir -p $OUT/nodecisive
+  $E --tasks niah_single_2 --n 12 --out $OUT/nodecisive/single > $OUT/nodecisive/single.s$i.log 2>&1
+  $E --tasks nolima_direct --n 6 --out $OUT/nodecisive/nolima > $OUT/nodecisive/nolima.s$i.log 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder|textorder30|runon|textorder60|textorder120 SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder|textorder30|runon|textorder60|textorder120|nodecisive SHARD" >&2; exit 2
 fi
