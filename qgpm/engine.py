@@ -325,7 +325,7 @@ class QGPM:
         :class:`~qgpm.StringOptions`, ``ms-poe``: :class:`~qgpm.MsPoEOptions`,
         ``self-extend``: :class:`~qgpm.SelfExtendOptions`, ``None`` = the method's
         defaults; ``llmlingua-2``: :class:`~qgpm.LLMLingua2Options` with the compressor's path).
-        this call. Greedy decoding unless ``temperature > 0``; ``seed`` makes sampling
+        Greedy decoding unless ``temperature > 0``; ``seed`` makes sampling
         reproducible (a random generator local to the call, not torch's global one).
 
         Every argument is checked before any model work; bad input raises ``TypeError``
