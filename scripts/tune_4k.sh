@@ -292,6 +292,23 @@ elif [ "$stage" = nodecisive ]; then
   mkdir -p $OUT/nodecisive
   $E --tasks niah_single_2 --n 12 --out $OUT/nodecisive/single > $OUT/nodecisive/single.s$i.log 2>&1
   $E --tasks nolima_direct --n 6 --out $OUT/nodecisive/nolima > $OUT/nodecisive/nolima.s$i.log 2>&1
+elif [ "$stage" = shallow ]; then
+  # Session 14 (issue 14, item 2): the shallow head set (every head in layers < 18; deepest 17,
+  # pass-1 share 0.60 against the shipped set's 0.80; held-out fused MRR 0.891 against 0.872,
+  # benchmarks/results/shallow_heads.md) under the shipped preset (a23b32: reorder, one map,
+  # term filter, no dominance rule), on dev samples whose shipped-set answers under the same
+  # preset are committed: single needle and NoLiMa contents 0-5 (nodecisive stage), multi-value
+  # contents 6-11 (textorder60/rank), multi-key contents 0-11 at depths 0.25-0.75 (term stage,
+  # two samples from the runon stage). Rule, written before the rows: ship the shallow set if,
+  # over these 126 paired samples, it is right at least as often as the shipped set, and on no
+  # task is it right in fewer than the shipped set's count minus one.
+  H="--heads 15:6,14:3,7:7,17:3,17:4,9:0,8:0,17:0"
+  E="$PY -m qgpm.eval.cli eval --model smollm2 --split dev --device cpu --dtype float32 --lengths 4096 --max-new-tokens 48 --no-logprob --no-progress --shard $i/2 --methods qgpm $H"
+  D="--depths 0,0.25,0.5,0.75,1"
+  mkdir -p $OUT/shallow
+  $E --tasks niah_single_2,nolima_direct $D --n 6 --out $OUT/shallow/single_nolima > $OUT/shallow/single_nolima.s$i.log 2>&1
+  $E --tasks niah_multivalue $D --n 12 --only benchmarks/results/ids_mv_dev_6_11.jsonl --out $OUT/shallow/mv > $OUT/shallow/mv.s$i.log 2>&1
+  $E --tasks niah_multikey_1 --depths 0.25,0.5,0.75 --n 12 --out $OUT/shallow/mk1 > $OUT/shallow/mk1.s$i.log 2>&1
 else
-  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder|textorder30|runon|textorder60|textorder120|nodecisive SHARD" >&2; exit 2
+  echo "usage: $0 coarse|fine|sharp|hard|mild|mildmv|move|moveall|reorder|reordermv|zwin|lead|solo|ends|lead32|term|textorder|textorder30|runon|textorder60|textorder120|nodecisive|shallow SHARD" >&2; exit 2
 fi
