@@ -179,10 +179,17 @@ def main(argv=None) -> int:
     ap.add_argument("--evidence-depth", type=float, default=None,
                     help="put the paragraph that answers the question at this depth of the context (0..1; default: where the text has it, "
                          "in its first tenth)")
+    ap.add_argument("--baselines", default=None, metavar="METHODS",
+                    help="also time these query-agnostic baselines (comma list of string, ms-poe, self-extend, at their defaults) "
+                         "in the same run, interleaved, on the base engine")
     ap.add_argument("--compare-reuse", action="store_true",
                     help="also time, in the same run: qgpm without reuse_prefill, and a call that falls back to vanilla positions "
                          "(min_top_z=1e6) with and without it")
     args = ap.parse_args(argv)
+    baselines = [m.strip() for m in args.baselines.split(",") if m.strip()] if args.baselines else []
+    unknown = sorted(set(baselines) - {"string", "ms-poe", "self-extend"})
+    if unknown:
+        ap.error(f"--baselines takes string, ms-poe, self-extend; got {', '.join(unknown)}")
     if args.evidence_depth is not None and not 0.0 <= args.evidence_depth <= 1.0:
         ap.error("--evidence-depth must be in [0, 1]")
     if args.random_arch:
@@ -202,6 +209,9 @@ def main(argv=None) -> int:
         for label, cfg, reuse in (("qgpm, no reuse", timed_config, False), ("falls back", fallback, True), ("falls back, no reuse", fallback, False)):
             engines[label] = QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=cfg, name=engine.name, reuse_prefill=reuse)
             extras.append(label)
+    method_of = {m: "vanilla" if m == "vanilla" else "qgpm" for m in engines}
+    for b in baselines:
+        engines[b], method_of[b] = engine, b
     text = long_text()
     heads = engine.heads
     deepest = max(l for l, _ in heads)
@@ -214,9 +224,10 @@ def main(argv=None) -> int:
         runs = {m: [] for m in engines}
         for _ in range(args.repeats):
             for m, e in engines.items():
-                runs[m].append(measure(e, ctx, "vanilla" if m == "vanilla" else "qgpm", args.new_tokens))
-        remapped.append((length, {m: sum(bool(r["remapped"]) for r in rs) for m, rs in runs.items() if m != "vanilla"}))
-        pass2.update(r["pass2"] for m, rs in runs.items() if m != "vanilla" for r in rs)
+                runs[m].append(measure(e, ctx, method_of[m], args.new_tokens))
+        qgpm_runs = {m: rs for m, rs in runs.items() if method_of[m] == "qgpm"}
+        remapped.append((length, {m: sum(bool(r["remapped"]) for r in rs) for m, rs in qgpm_runs.items()}))
+        pass2.update(r["pass2"] for rs in qgpm_runs.values() for r in rs)
         med = {m: {k: statistics.median(r[k] for r in rs) for k in ("prompt_tokens", "ttft_s", "pass1_s", "decode_tok_s", "peak_mib", "prefill_reused")}
                for m, rs in runs.items()}
         rows.append((length, med))
@@ -238,7 +249,7 @@ def main(argv=None) -> int:
         f"keep_length={timed_config.keep_length:g}{''.join(', --set ' + kv for kv in args.set)}) with the "
         "confidence rules off (min_top_z and decisive_margin None), so every QGPM call runs the remapped pass 2; "
         f"remapped calls per cell: {', '.join(f'{length}: ' + '/'.join(str(n) for n in counts.values()) for length, counts in remapped)} "
-        f"({'/'.join(m for m in engines if m != 'vanilla')}, of {args.repeats}); how pass 2 ran (result.details['pass2']): "
+        f"({'/'.join(m for m in engines if method_of[m] == 'qgpm')}, of {args.repeats}); how pass 2 ran (result.details['pass2']): "
         f"{', '.join(f'{k} {v}' for k, v in sorted(pass2.items()))}.",
         "",
         "| prompt tokens | TTFT vanilla (s) | TTFT qgpm (s) | of which pass 1 (s) | TTFT ratio | decode vanilla (tok/s) | decode qgpm (tok/s) | decode ratio | peak mem vanilla (MiB) | peak mem qgpm (MiB) | mem ratio |",
@@ -269,6 +280,23 @@ def main(argv=None) -> int:
                 f"{b['decode_tok_s']:.1f} | {b['decode_tok_s'] / v['decode_tok_s']:.2f} | {b['peak_mib']:.0f} | "
                 f"{b['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
             )
+    if baselines:
+        lines += [
+            "",
+            f"**Query-agnostic baselines** ({', '.join(baselines)}, each at its defaults, on the base engine): timed in the same "
+            "run, interleaved with the calls above. They have no pass 1.",
+            "",
+            "| prompt tokens | method | TTFT (s) | TTFT ratio | decode (tok/s) | decode ratio | peak mem (MiB) | mem ratio |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for length, med in rows:
+            v = med["vanilla"]
+            for m in baselines:
+                q = med[m]
+                lines.append(
+                    f"| {int(v['prompt_tokens'])} | {m} | {q['ttft_s']:.3f} | {q['ttft_s'] / v['ttft_s']:.2f} | {q['decode_tok_s']:.1f} | "
+                    f"{q['decode_tok_s'] / v['decode_tok_s']:.2f} | {q['peak_mib']:.0f} | {q['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
+                )
     if extras:
         lines += [
             "",
