@@ -18,24 +18,15 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import statistics
 from pathlib import Path
+
+from qgpm.eval.stats import mcnemar_exact
 
 ROWS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test" / "rows.jsonl"
 BASELINES = ("string", "ms-poe", "self-extend")
 PRESET_SERIES = ("a23b32", "dc58f6", "7cefc6")  # newest first
 TASKS = ("niah_multikey_1", "niah_multivalue", "niah_single_2", "nolima_direct", "qa_1")
-
-
-def mcnemar_p(b: int, c: int) -> float:
-    """Exact two-sided McNemar p (binomial on the discordant pairs)."""
-    n = b + c
-    if n == 0:
-        return 1.0
-    k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return min(1.0, 2 * tail)
 
 
 def main(argv=None) -> int:
@@ -105,7 +96,7 @@ def main(argv=None) -> int:
         elif m == "vanilla":
             cells.append(f"{100 * right / n:.1f}")
         else:
-            p = mcnemar_p(b, c)
+            p = mcnemar_exact(b, c)
             cells.append(f"{100 * right / n:.1f} ({b}/{c}, p {p:.2g})")
     print(f"| **all** | {len(samples)} | " + " | ".join(cells) + " |")
     print()

@@ -9,10 +9,12 @@ rule fired on none), the term stage's multi-key rows (7cefc6) with the runon sta
 changed samples (dc58f6). A multi-key sample where the dominance rule fired under 7cefc6 has
 no shipped-preset answer and is left out (listed).
 """
-import os
-os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import json,glob,collections
-R='benchmarks/results/tune_smollm2_dev_4k/'
+import collections
+import glob
+import json
+from pathlib import Path
+
+R = str(Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "tune_smollm2_dev_4k") + "/"
 def load(f): return [json.loads(l) for l in open(f)]
 ship={}
 for f,h in [(R+'nodecisive/single/rows.jsonl','a23b32'),(R+'nodecisive/nolima/rows.jsonl','a23b32'),(R+'textorder60/rank/rows.jsonl','dc58f6'),(R+'term/term_mk1/tune_rows.jsonl','7cefc6'),(R+'runon/mk1/rows.jsonl','dc58f6')]:
