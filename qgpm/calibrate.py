@@ -46,6 +46,15 @@ class HeadScores:
         n_heads = mrr.shape[1]
         return [(int(i) // n_heads, int(i) % n_heads) for i in order]
 
+    @classmethod
+    def from_head_set(cls, head_set: HeadSet) -> "HeadScores":
+        """The per-head MRRs stored by :func:`calibrate_heads` in ``head_set.meta["per_head_mrr"]``."""
+        grid = head_set.meta.get("per_head_mrr")
+        if not grid:
+            raise ValueError(f"the head set of {head_set.model!r} stores no per-head MRRs (meta['per_head_mrr']): "
+                             "it was not made by calibrate_heads; calibrate the model instead")
+        return cls(torch.tensor(grid, dtype=torch.float32), int(head_set.samples))
+
 
 def evidence_sentences(prompt: Prompt, evidence: Sequence[str]) -> list[int]:
     """Indices of the context sentences that overlap any evidence substring."""
@@ -116,9 +125,15 @@ def fused_mrr(per_sample: Sequence[tuple[torch.Tensor, list[int]]], rows: Sequen
 
 
 def check_depth_options(max_layer: int | None, shallow_tolerance: float | None, *, has_holdout: bool,
-                        n_layers: int | None = None) -> None:
-    """Reject bad ``max_layer`` / ``shallow_tolerance`` settings of :func:`calibrate_heads`
-    (callable before the model loads: ``n_layers=None`` skips the upper bound)."""
+                        n_layers: int | None = None, shallow_bound: int | None = None) -> None:
+    """Reject bad ``max_layer`` / ``shallow_tolerance`` / ``shallow_bound`` settings of
+    :func:`calibrate_heads` (callable before the model loads: ``n_layers=None`` skips the
+    upper bounds)."""
+    if shallow_bound is not None:
+        if shallow_tolerance is None:
+            raise ValueError("shallow_bound is the layer bound of the shallow set that shallow_tolerance compares: give shallow_tolerance too")
+        if shallow_bound < 1 or (n_layers is not None and shallow_bound > n_layers):
+            raise ValueError(f"shallow_bound must be >= 1{f' and <= {n_layers} (the model layers)' if n_layers else ''}, got {shallow_bound}")
     if shallow_tolerance is not None:
         if not has_holdout:
             raise ValueError("shallow_tolerance compares held-out fused MRRs: pass holdout samples too (--holdout > 0)")
@@ -141,6 +156,8 @@ def calibrate_heads(
     progress: bool = True,
     max_layer: int | None = None,
     shallow_tolerance: float | None = None,
+    shallow_bound: int | None = None,
+    scores: HeadScores | None = None,
 ) -> HeadSet:
     """Select the ``top`` heads by calibration MRR; report held-out fused MRR vs random heads.
 
@@ -152,14 +169,25 @@ def calibrate_heads(
     Depth against MRR: pass 1 runs the model only up to the deepest selected head's layer,
     so a shallower set makes QGPM's extra prefill cheaper. ``max_layer`` keeps only heads
     in layers ``< max_layer``. ``shallow_tolerance`` (needs ``holdout``) compares the best
-    set of the lower half of the layers (``< n_layers // 2``) with the best unrestricted
-    set on the held-out samples and keeps the shallow one when its fused MRR is at most
-    ``shallow_tolerance`` below; both sets and MRRs are recorded in ``meta["shallow"]``.
+    set in layers ``< shallow_bound`` (default ``n_layers // 2``, the lower half) with the
+    best unrestricted set on the held-out samples and keeps the shallow one when its fused
+    MRR is at most ``shallow_tolerance`` below; both sets and MRRs are recorded in
+    ``meta["shallow"]``.
+
+    ``scores``: per-head MRRs of an earlier calibration of the same model (e.g.
+    ``HeadScores.from_head_set(HeadSet.load(path))``) instead of scoring ``samples`` again;
+    ``samples`` may then be empty. The held-out check still runs the model.
     """
-    if not samples:
-        raise ValueError("calibration needs at least one sample")
-    check_depth_options(max_layer, shallow_tolerance, has_holdout=bool(holdout), n_layers=engine.n_layers)
-    scores = score_heads(engine, samples, progress=progress)
+    check_depth_options(max_layer, shallow_tolerance, has_holdout=bool(holdout), n_layers=engine.n_layers,
+                        shallow_bound=shallow_bound)
+    n_heads = engine.model.config.num_attention_heads
+    if scores is None:
+        if not samples:
+            raise ValueError("calibration needs at least one sample (or the per-head scores of an earlier calibration)")
+        scores = score_heads(engine, samples, progress=progress)
+    elif tuple(scores.mrr.shape) != (engine.n_layers, n_heads):
+        raise ValueError(f"the given per-head scores are {tuple(scores.mrr.shape)} (layers, heads) but this model has "
+                         f"({engine.n_layers}, {n_heads}): they come from another model")
     chosen = scores.best(top, max_layer=max_layer)
     meta: dict[str, Any] = {
         "median_head_mrr": float(scores.mrr.flatten().median()),
@@ -171,13 +199,12 @@ def calibrate_heads(
     random_mrr = None
     if holdout:
         rng = random.Random(seed)
-        n_heads = engine.model.config.num_attention_heads
         every = [(l, h) for l in range(engine.n_layers) for h in range(n_heads)]
         per_sample = sample_head_logits(engine, holdout, every)
         meta["holdout_samples"] = len(holdout)
         meta["holdout_fused_mrr"] = fused_mrr(per_sample, [every.index(h) for h in chosen])
         if shallow_tolerance is not None:
-            bound = engine.n_layers // 2
+            bound = shallow_bound if shallow_bound is not None else engine.n_layers // 2
             shallow = scores.best(top, max_layer=bound)
             shallow_mrr = fused_mrr(per_sample, [every.index(h) for h in shallow])
             keep = shallow_mrr >= meta["holdout_fused_mrr"] - shallow_tolerance
@@ -204,7 +231,7 @@ def calibrate_heads(
         random_mrr=random_mrr,
         method=f"App. A MRR calibration over all {engine.n_layers}x{engine.model.config.num_attention_heads} heads, top {top}"
         + (f", layers < {max_layer}" if max_layer is not None else "")
-        + (f", shallow set (layers < {engine.n_layers // 2}) kept within {shallow_tolerance} held-out MRR" if meta.get("shallow", {}).get("kept") == "shallow" else ""),
+        + (f", shallow set (layers < {meta['shallow']['max_layer']}) kept within {shallow_tolerance} held-out MRR" if meta.get("shallow", {}).get("kept") == "shallow" else ""),
         samples=scores.samples,
         meta=meta,
         fingerprint=fp.to_dict() if (fp := getattr(engine, "fingerprint", None)) is not None else {},

@@ -552,11 +552,63 @@ def test_cli_calibrate_shallow_tolerance_records_both_sets_and_keeps_by_the_numb
     assert all(l == 0 for l, _ in HeadSet.load(out).heads)
 
 
+def test_cli_calibrate_scores_from_reuses_stored_scores_and_shallow_bound_sets_the_depth(tiny_dir, tmp_path, capsys, monkeypatch):
+    """--scores-from: the per-head MRRs of an earlier calibration pick the heads (no sample
+    is scored again, only the held-out check runs); --shallow-bound moves the shallow set's
+    layer bound, and the stored set records both sets and where its scores came from."""
+    import qgpm.calibrate as cal
+    from qgpm.calibrate import HeadScores
+    from qgpm.eval.cli import main
+    from qgpm.heads import HeadSet
+
+    first = tmp_path / "first.json"
+    assert main(["calibrate", "--model", str(tiny_dir), "--n", "2", "--holdout", "0", "--top", "3", "--lengths", "512",
+                 "--device", "cpu", "--no-progress", "--out", str(first)]) == 0
+    stored = HeadScores.from_head_set(HeadSet.load(first))
+
+    def no_scoring(*a, **k):
+        raise AssertionError("--scores-from must not score the calibration samples again")
+
+    monkeypatch.setattr(cal, "score_heads", no_scoring)
+    out = tmp_path / "again.json"
+    assert main(["calibrate", "--model", str(tiny_dir), "--holdout", "2", "--top", "3", "--lengths", "512", "--device", "cpu",
+                 "--no-progress", "--scores-from", str(first), "--shallow-tolerance", "1", "--shallow-bound", "1",
+                 "--out", str(out)]) == 0
+    hs = HeadSet.load(out)
+    sh = hs.meta["shallow"]
+    assert sh["max_layer"] == 1 and sh["kept"] == "shallow"  # tolerance 1 always keeps it
+    assert [tuple(h) for h in sh["unrestricted_heads"]] == stored.best(3)
+    assert [tuple(h) for h in hs.heads] == stored.best(3, max_layer=1) and all(l == 0 for l, _ in hs.heads)
+    assert hs.meta["per_head_mrr"] == HeadSet.load(first).meta["per_head_mrr"] and hs.samples == 2
+    assert hs.meta["scores_from"]["path"] == str(first) and "layers < 1" in hs.method
+    assert "kept the shallow set" in capsys.readouterr().out
+
+
+def test_scores_from_another_model_shape_is_rejected(tiny_dir, tmp_path, capsys):
+    from qgpm.eval.cli import main
+    from qgpm.heads import HeadSet
+
+    bad = HeadSet(model="other", heads=[(0, 0)], mrr=[0.5], random_mrr=None, method="hand", samples=1,
+                  meta={"per_head_mrr": [[0.1, 0.2]]}, fingerprint={})
+    path = bad.save(tmp_path / "other.json")
+    assert main(["calibrate", "--model", str(tiny_dir), "--holdout", "1", "--lengths", "512", "--device", "cpu",
+                 "--no-progress", "--scores-from", str(path), "--out", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "(1, 2) (layers, heads)" in err and "another model" in err
+    assert not (tmp_path / "x.json").exists()
+    nothing = HeadSet(model="m", heads=[(0, 0)], mrr=[0.5], random_mrr=None, method="hand", samples=1, meta={}, fingerprint={})
+    assert main(["calibrate", "--model", str(tmp_path / "never_loaded"), "--no-progress",
+                 "--scores-from", str(nothing.save(tmp_path / "hand.json"))]) == 2
+    assert "stores no per-head MRRs" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("extra, says", [
     (["--shallow-tolerance", "0.05", "--holdout", "0"], "--holdout > 0"),
     (["--shallow-tolerance", "0.05", "--max-layer", "2"], "not both"),
     (["--shallow-tolerance", "2"], "in [0, 1]"),
     (["--max-layer", "0"], ">= 1"),
+    (["--shallow-bound", "3"], "give shallow_tolerance too"),
+    (["--shallow-tolerance", "0.05", "--shallow-bound", "0"], "shallow_bound must be >= 1"),
 ])
 def test_cli_calibrate_rejects_bad_depth_options_before_loading(extra, says, tmp_path, capsys):
     from qgpm.eval.cli import main

@@ -169,6 +169,11 @@ def register(subparsers) -> None:
     p.add_argument("--shallow-tolerance", type=float, default=None,
                    help="also find the best set in the lower half of the layers and keep it when its held-out fused MRR "
                         "is at most this much below the unrestricted set's (needs --holdout > 0)")
+    p.add_argument("--shallow-bound", type=int, default=None,
+                   help="with --shallow-tolerance: the shallow set's layer bound (heads in layers < this; default: half the layers)")
+    p.add_argument("--scores-from", default=None, metavar="HEADS_JSON",
+                   help="reuse the per-head calibration MRRs stored in this head-set file (same model) instead of scoring "
+                        "--n samples again; the held-out check still runs")
     p.add_argument("--out", default=None, help="head-set JSON path (default: <user head dir>/<model>--<fingerprint key>.json, found by the model's fingerprint)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=main_calibrate)
@@ -268,14 +273,30 @@ def main_calibrate(args) -> int:
     from qgpm.samples import calibration_samples, check_data_packages
 
     check_data_packages()  # before the model loads
-    check_depth_options(args.max_layer, args.shallow_tolerance, has_holdout=args.holdout > 0)  # before the model loads
+    check_depth_options(args.max_layer, args.shallow_tolerance, has_holdout=args.holdout > 0,
+                        shallow_bound=args.shallow_bound)  # before the model loads
+    scores = earlier = None
+    if args.scores_from is not None:  # read before the model loads: a bad file fails fast
+        from qgpm.calibrate import HeadScores
+        from qgpm.heads import HeadSet
+
+        earlier = HeadSet.load(args.scores_from)
+        scores = HeadScores.from_head_set(earlier)
     _setup_logging()
     engine = _engine(args, heads=[(0, 0)])  # any valid head: calibration scores them all
+    if earlier is not None and earlier.fingerprint and earlier.fingerprint.get("key") != engine.fingerprint.key:
+        raise ValueError(f"--scores-from {args.scores_from} was calibrated on {earlier.fingerprint.get('name') or '?'} "
+                         f"(fingerprint key {earlier.fingerprint.get('key')}), not on {engine.name} ({engine.fingerprint.key}): "
+                         "drop --scores-from to calibrate this model")
     t = time.time()
-    cal = calibration_samples(engine.tokenizer, n=args.n, lengths=args.lengths)
+    cal = calibration_samples(engine.tokenizer, n=args.n, lengths=args.lengths) if scores is None else []
     hold = calibration_samples(engine.tokenizer, n=args.holdout, lengths=args.lengths, offset=1000) if args.holdout > 0 else None
     hs = calibrate_heads(engine, cal, top=args.top, holdout=hold, progress=args.progress,
-                         max_layer=args.max_layer, shallow_tolerance=args.shallow_tolerance)
+                         max_layer=args.max_layer, shallow_tolerance=args.shallow_tolerance,
+                         shallow_bound=args.shallow_bound, scores=scores)
+    if earlier is not None:
+        hs.meta["scores_from"] = {"path": str(args.scores_from), "created": earlier.meta.get("created"),
+                                  "command": earlier.meta.get("command"), "seconds": earlier.meta.get("seconds")}
     hs.meta["command"] = _command(args)
     hs.meta["lengths"] = list(args.lengths)
     hs.meta["seconds"] = round(time.time() - t, 1)
