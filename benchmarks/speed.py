@@ -8,7 +8,12 @@
 Each (length, method) runs ``--repeats`` times, methods interleaved, and the median is
 reported. Every call generates exactly ``--new-tokens`` tokens (min = max). Peak memory
 is the peak RSS above the pre-call RSS on CPU (sampled every 2 ms) and
-``torch.cuda.max_memory_allocated`` above the pre-call allocation on CUDA. Expected
+``torch.cuda.max_memory_allocated`` above the pre-call allocation on CUDA. On CPU with
+glibc, the heap is trimmed (``malloc_trim(0)``, outside the timed call) before each call,
+so that the pre-call RSS is live memory: without it, free heap pages kept from an earlier,
+larger call absorb part of the next call's peak, and a method's figure depends on what ran
+before it (seen in the fourteenth session: vanilla 247 MiB in one run, 405 in another, at the
+same 4K prompt). Expected
 (DESIGN.md App. D): TTFT ratio ~ 1 + (deepest head layer + 1) / n_layers, decode ratio ~ 1.
 """
 
@@ -74,6 +79,23 @@ def context_with_evidence_at(engine: QGPM, text: str, tokens: int, depth: float)
     return "\n\n".join(rest[:at] + [evidence] + rest[at:])
 
 
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (returns free heap pages to the OS), or ``None`` off glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_size_t], ctypes.c_int
+    return fn
+
+
+MALLOC_TRIM = _malloc_trim()
+
+
 class PeakRSS:
     def __init__(self) -> None:
         self.proc = psutil.Process()
@@ -81,6 +103,8 @@ class PeakRSS:
         self._stop = threading.Event()
 
     def __enter__(self):
+        if MALLOC_TRIM is not None:
+            MALLOC_TRIM(0)
         self.base = self.proc.memory_info().rss
         self.peak = self.base
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -243,7 +267,9 @@ def main(argv=None) -> int:
         "",
         f"Medians of {args.repeats} runs per cell, methods interleaved, {args.new_tokens} new tokens per call. "
         f"Head set: {len(heads)} heads, deepest layer {deepest} of {engine.n_layers} -> expected TTFT ratio "
-        f"1 + (deepest+1)/n_layers = {expected:.2f}. Python {platform.python_version()}, torch {torch.__version__}.",
+        f"1 + (deepest+1)/n_layers = {expected:.2f}. Python {platform.python_version()}, torch {torch.__version__}."
+        + ("" if engine.device.type == "cuda" else (" CPU memory: peak RSS above the pre-call RSS, heap trimmed (malloc_trim) before each call."
+                                                    if MALLOC_TRIM is not None else " CPU memory: peak RSS above the pre-call RSS (no glibc: heap not trimmed, figures depend on call order).")),
         "",
         f"QGPM settings: the engine's (remap={timed_config.remap}, split_layer={timed_config.split_layer}, z_window={timed_config.z_window}, "
         f"keep_length={timed_config.keep_length:g}{''.join(', --set ' + kv for kv in args.set)}) with the "
