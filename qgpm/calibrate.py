@@ -175,8 +175,8 @@ def calibrate_heads(
     ``meta["shallow"]``.
 
     ``scores``: per-head MRRs of an earlier calibration of the same model (e.g.
-    ``HeadScores.from_head_set(HeadSet.load(path))``) instead of scoring ``samples`` again;
-    ``samples`` may then be empty. The held-out check still runs the model.
+    ``HeadScores.from_head_set(HeadSet.load(path))``) instead of scoring samples again;
+    ``samples`` must then be empty. The held-out check still runs the model.
     """
     check_depth_options(max_layer, shallow_tolerance, has_holdout=bool(holdout), n_layers=engine.n_layers,
                         shallow_bound=shallow_bound)
@@ -185,6 +185,9 @@ def calibrate_heads(
         if not samples:
             raise ValueError("calibration needs at least one sample (or the per-head scores of an earlier calibration)")
         scores = score_heads(engine, samples, progress=progress)
+    elif samples:
+        raise ValueError(f"{len(samples)} calibration samples given with stored per-head scores: the scores would be used and "
+                         "the samples not scored; pass one of them (samples=[] with scores)")
     elif tuple(scores.mrr.shape) != (engine.n_layers, n_heads):
         raise ValueError(f"the given per-head scores are {tuple(scores.mrr.shape)} (layers, heads) but this model has "
                          f"({engine.n_layers}, {n_heads}): they come from another model")

@@ -584,6 +584,19 @@ def test_cli_calibrate_scores_from_reuses_stored_scores_and_shallow_bound_sets_t
     assert "kept the shallow set" in capsys.readouterr().out
 
 
+def test_calibrate_heads_rejects_samples_beside_stored_scores(tiny_dir):
+    """Samples given with stored scores would go unscored: an error, not a silent choice."""
+    import torch
+
+    from qgpm.calibrate import HeadScores, calibrate_heads
+
+    engine = QGPM.from_pretrained(str(tiny_dir), heads=[(0, 0)])
+    scores = HeadScores(torch.rand(engine.n_layers, engine.model.config.num_attention_heads), 2)
+    with pytest.raises(ValueError, match="pass one of them"):
+        calibrate_heads(engine, ["not scored"], scores=scores, progress=False)
+    assert calibrate_heads(engine, [], scores=scores, top=2, progress=False).heads == scores.best(2)
+
+
 def test_scores_from_another_model_shape_is_rejected(tiny_dir, tmp_path, capsys):
     from qgpm.eval.cli import main
     from qgpm.heads import HeadSet
@@ -608,6 +621,7 @@ def test_scores_from_another_model_shape_is_rejected(tiny_dir, tmp_path, capsys)
     (["--shallow-tolerance", "2"], "in [0, 1]"),
     (["--max-layer", "0"], ">= 1"),
     (["--shallow-bound", "3"], "give shallow_tolerance too"),
+    (["--scores-from", "x.json", "--n", "4"], "give one of them"),
     (["--shallow-tolerance", "0.05", "--shallow-bound", "0"], "shallow_bound must be >= 1"),
 ])
 def test_cli_calibrate_rejects_bad_depth_options_before_loading(extra, says, tmp_path, capsys):

@@ -160,15 +160,15 @@ def register(subparsers) -> None:
                               description="Score every (layer, head) on calibration-split samples, keep the best --top, "
                               "and store the head set where the engine finds it by the model's fingerprint.")
     _model_args(p, heads=False, answers=False)
-    p.add_argument("--n", type=int, default=36, help="calibration samples (default 36)")
+    p.add_argument("--n", type=int, default=None, help="calibration samples (default 36; not with --scores-from)")
     p.add_argument("--holdout", type=int, default=18, help="held-out samples for the fused-MRR check (default 18)")
     p.add_argument("--top", type=int, default=8, help="heads to keep (default 8)")
     p.add_argument("--lengths", type=_ints, default=[1024, 2048], help="token lengths of the calibration samples, comma list (default 1024,2048)")
     p.add_argument("--max-layer", type=int, default=None,
                    help="only heads in layers < this (pass 1 then stops there: a cheaper extra prefill)")
     p.add_argument("--shallow-tolerance", type=float, default=None,
-                   help="also find the best set in the lower half of the layers and keep it when its held-out fused MRR "
-                        "is at most this much below the unrestricted set's (needs --holdout > 0)")
+                   help="also find the best set in layers < --shallow-bound (default: the lower half) and keep it when its "
+                        "held-out fused MRR is at most this much below the unrestricted set's (needs --holdout > 0)")
     p.add_argument("--shallow-bound", type=int, default=None,
                    help="with --shallow-tolerance: the shallow set's layer bound (heads in layers < this; default: half the layers)")
     p.add_argument("--scores-from", default=None, metavar="HEADS_JSON",
@@ -276,6 +276,10 @@ def main_calibrate(args) -> int:
     check_depth_options(args.max_layer, args.shallow_tolerance, has_holdout=args.holdout > 0,
                         shallow_bound=args.shallow_bound)  # before the model loads
     scores = earlier = None
+    if args.scores_from is not None and args.n is not None:
+        raise ValueError(f"--n {args.n} sets how many samples to score, but --scores-from reuses stored scores and scores none: "
+                         "give one of them")
+    n = 36 if args.n is None else args.n
     if args.scores_from is not None:  # read before the model loads: a bad file fails fast
         from qgpm.calibrate import HeadScores
         from qgpm.heads import HeadSet
@@ -289,7 +293,7 @@ def main_calibrate(args) -> int:
                          f"(fingerprint key {earlier.fingerprint.get('key')}), not on {engine.name} ({engine.fingerprint.key}): "
                          "drop --scores-from to calibrate this model")
     t = time.time()
-    cal = calibration_samples(engine.tokenizer, n=args.n, lengths=args.lengths) if scores is None else []
+    cal = calibration_samples(engine.tokenizer, n=n, lengths=args.lengths) if scores is None else []
     hold = calibration_samples(engine.tokenizer, n=args.holdout, lengths=args.lengths, offset=1000) if args.holdout > 0 else None
     hs = calibrate_heads(engine, cal, top=args.top, holdout=hold, progress=args.progress,
                          max_layer=args.max_layer, shallow_tolerance=args.shallow_tolerance,
