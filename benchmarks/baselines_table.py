@@ -29,6 +29,16 @@ PRESET_SERIES = ("a23b32", "dc58f6", "7cefc6")  # newest first
 TASKS = ("niah_multikey_1", "niah_multivalue", "niah_single_2", "nolima_direct", "qa_1")
 
 
+def total_cell(right: int, wins: int, losses: int, n: int, *, complete: bool, baseline: bool) -> str:
+    """A totals-row cell: "–" unless the method has every sample; % right, and for a method
+    other than the baseline its wins / losses against it with the exact McNemar p."""
+    if not complete:
+        return "–"
+    if baseline:
+        return f"{100 * right / n:.1f}"
+    return f"{100 * right / n:.1f} ({wins}/{losses}, p {mcnemar_exact(wins, losses):.2g})"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default=str(ROWS))
@@ -88,16 +98,7 @@ def main(argv=None) -> int:
             t[0] += right; t[1] += b; t[2] += c; t[3] += len(rs)
             cells.append(f"{100 * right / len(rs):.1f}" + ("" if m == "vanilla" else f" ({b}/{c})"))
         print(f"| {task} | {len(keys)} | " + " | ".join(cells) + " |")
-    cells = []
-    for m in methods:
-        right, b, c, n = totals[m]
-        if n != len(samples):
-            cells.append("–")
-        elif m == "vanilla":
-            cells.append(f"{100 * right / n:.1f}")
-        else:
-            p = mcnemar_exact(b, c)
-            cells.append(f"{100 * right / n:.1f} ({b}/{c}, p {p:.2g})")
+    cells = [total_cell(*totals[m], complete=totals[m][3] == len(samples), baseline=m == "vanilla") for m in methods]
     print(f"| **all** | {len(samples)} | " + " | ".join(cells) + " |")
     print()
     print("| method | Δ gold log-prob vs vanilla (mean, nats; pairs) | same answer text as vanilla | wall time per answer (mean s) | prefill (mean s) | decode (mean s) |")

@@ -20,9 +20,13 @@ import argparse
 import collections
 import json
 import statistics
+import sys
 from pathlib import Path
 
 from qgpm.eval.stats import mcnemar_exact
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baselines_table import total_cell  # noqa: E402  (the sibling table: same totals-row cells)
 
 ROWS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test" / "rows.jsonl"
 EARLIER_SERIES = ("a23b32", "dc58f6", "7cefc6")  # newest first
@@ -68,6 +72,7 @@ def main(argv=None) -> int:
     print("| task | n | " + " | ".join(label.get(c, c) for c in cols) + " | shallow only / earlier only |")
     print("|---|---|" + "---|" * (len(cols) + 1))
     tot = {c: [0, 0, 0, 0] for c in cols}
+    incomplete: set[str] = set()  # methods without a row on some sample: no total
     pair = [0, 0]
     order = TASKS + tuple(sorted({k[0] for k in samples} - set(TASKS)))
     for task in order:
@@ -79,7 +84,7 @@ def main(argv=None) -> int:
             rs = [(by[k].get(c), by[k]["vanilla"]) for k in keys]
             if any(a is None for a, _ in rs):
                 cells.append("–")
-                tot[c][3] = -10**9  # incomplete over the grid
+                incomplete.add(c)
                 continue
             right = sum(bool(a["correct"]) for a, _ in rs)
             b = sum(bool(a["correct"]) and not v["correct"] for a, v in rs)
@@ -91,15 +96,7 @@ def main(argv=None) -> int:
         eo = sum(bool(by[k]["earlier"]["correct"]) and not by[k]["new"]["correct"] for k in keys)
         pair[0] += so; pair[1] += eo
         print(f"| {task} | {len(keys)} | " + " | ".join(cells) + f" | {so}/{eo} |")
-    cells = []
-    for c in cols:
-        right, b, w, n = tot[c]
-        if n != len(samples):
-            cells.append("–")
-        elif c == "vanilla":
-            cells.append(f"{100 * right / n:.1f}")
-        else:
-            cells.append(f"{100 * right / n:.1f} ({b}/{w}, p {mcnemar_exact(b, w):.2g})")
+    cells = [total_cell(*tot[c], complete=c not in incomplete, baseline=c == "vanilla") for c in cols]
     print(f"| **all** | {len(samples)} | " + " | ".join(cells) + f" | {pair[0]}/{pair[1]} (p {mcnemar_exact(*pair):.2g}) |")
     print()
 
