@@ -18,6 +18,7 @@ similarity, a relevance signal, not its attention (calibration decides which hea
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
@@ -61,11 +62,19 @@ def head_token_logits(
     stats: Pass1Stats | None = None,
     go_on: Callable[[torch.Tensor], bool] | None = None,
     cache: Any = None,
+    precision: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Eq. 4 for every head in ``heads``: a ``[len(heads), N]`` float32 tensor.
 
     Runs the model only up to the deepest layer in ``heads`` (that layer's attention
     projections included, its attention and MLP skipped).
+
+    ``precision`` (e.g. ``torch.bfloat16``): run the layers under ``torch.autocast`` to that
+    dtype (weights cast op by op, no cached copies), a cheaper pass 1 on a float32 model
+    whose hardware multiplies bfloat16 fast. The q/k projections of the read heads come out
+    at that precision; rotation and the logits themselves are computed in float32. ``None``:
+    the model's own dtype. Not with ``go_on``: states computed at another precision are not
+    the model's prefill.
 
     ``go_on`` (with ``cache``, a fresh KV cache): called with the finished logits inside
     the deepest layer, before its attention runs. ``True`` lets the forward go on through
@@ -77,6 +86,9 @@ def head_token_logits(
         raise ValueError("pass 1 needs at least one (layer, head)")
     if (go_on is None) != (cache is None):
         raise ValueError("go_on and cache go together: pass both (to let pass 1 continue as a prefill) or neither")
+    if precision is not None and go_on is not None:
+        raise ValueError("a pass 1 at another precision cannot go on as the prefill (its KV states are not the model's): "
+                         "pass precision=None with go_on, or no go_on")
     n_heads, n_kv, head_dim = head_geometry(model.config)
     layers = decoder_layers(model)
     by_layer: dict[int, list[int]] = defaultdict(list)
@@ -108,14 +120,15 @@ def head_token_logits(
                 q = module.q_norm(q)
             if getattr(module, "k_norm", None) is not None:
                 k = module.k_norm(k)
-            q = q[0].transpose(0, 1)[qh].float()  # [H, R, d]
-            k = k[0].transpose(0, 1)[qh // group].float()  # [H, N, d]
-            c, s = cos[0].float(), sin[0].float()
-            q = apply_rope(q, c[r], s[r])
-            k = apply_rope(k, c, s)
-            logits = torch.einsum("hrd,hnd->hrn", q, k) * scale
-            if softcap is not None:  # monotone, as the model applies it before softmax
-                logits = torch.tanh(logits / softcap) * softcap
+            with torch.autocast(dev.type, enabled=False):  # the logits in float32 under any pass-1 precision
+                q = q[0].transpose(0, 1)[qh].float()  # [H, R, d]
+                k = k[0].transpose(0, 1)[qh // group].float()  # [H, N, d]
+                c, s = cos[0].float(), sin[0].float()
+                q = apply_rope(q, c[r], s[r])
+                k = apply_rope(k, c, s)
+                logits = torch.einsum("hrd,hnd->hrn", q, k) * scale
+                if softcap is not None:  # monotone, as the model applies it before softmax
+                    logits = torch.tanh(logits / softcap) * softcap
             out[idx] = logits.amax(dim=1).cpu()
             if layer_idx == deepest:
                 if go_on is not None and go_on(out):
@@ -145,8 +158,11 @@ def head_token_logits(
                     handles.append(layer.register_forward_pre_hook(make_layer_hook(li), with_kwargs=True))
             device = next(model.parameters()).device
             kw = {"use_cache": False} if cache is None else {"use_cache": True, cache_kwarg(model.base_model.forward): cache}
+            amp = (torch.autocast(device.type, dtype=precision, cache_enabled=False) if precision is not None
+                   else contextlib.nullcontext())
             try:
-                model.base_model(input_ids=input_ids.to(device), **kw)
+                with amp:
+                    model.base_model(input_ids=input_ids.to(device), **kw)
             except _StopPass1:
                 pass
             else:

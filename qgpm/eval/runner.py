@@ -182,6 +182,8 @@ def method_fingerprint(
         fp["config"] = _config_dict(cfg)
     if method == "qgpm":
         fp["heads"] = [list(h) for h in engine.heads]
+        if getattr(engine, "pass1_dtype", None) is not None:  # absent at the model's dtype: earlier rows keep their hashes
+            fp["pass1_dtype"] = str(engine.pass1_dtype).removeprefix("torch.")
     if method in ("topk", "reorder"):
         fp["reranker"] = _reranker_name(reranker)
         fp["k"] = int(k)
@@ -706,6 +708,7 @@ def run_eval(
             "options": {m: fps[m]["options"] for m in methods if "options" in fps[m]},
             "haystack": fps[methods[0]]["haystack"], "max_new_tokens": max_new_tokens, "logprob": logprob,
             "reuse_prefill": bool(getattr(engine, "reuse_prefill", False)),
+            "pass1_dtype": None if getattr(engine, "pass1_dtype", None) is None else str(engine.pass1_dtype).removeprefix("torch."),
             "processes": procs.world, "shard": list(shard) if shard else None, "answers_run_by_main": n_calls,
             "errors_main": errors, "wall_s": round(time.time() - started, 1), "rows": len(rows), "versions": _versions(),
         }
