@@ -1,0 +1,145 @@
+"""Pass 1 at a lower precision (``QGPM(pass1_dtype=)``): checked before any work, close to a
+float32 pass 1 but really at the lower precision, never reused as the prefill, and leaving
+the model and torch's autocast state as they were, on a tiny model and on the real SmolLM2."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from qgpm import QGPM, QGPMConfig
+from qgpm.relevance import head_token_logits
+from qgpm.runtime import decoder_layers
+from qgpm_testing import tiny_model
+
+FILLER = [
+    "The morning market opened early and the stalls filled with fresh bread.",
+    "Several visitors walked along the river to watch the boats pass by.",
+    "A small band played old songs near the fountain in the square.",
+    "The library kept its doors open late for the students before exams.",
+]
+NEEDLE = "The secret password for the blue door is tangerine."
+QUESTION = "What is the secret password for the blue door?"
+HEADS = [(1, 0), (2, 1)]
+ONE_MAP = QGPMConfig(remap="reorder", split_layer=0, k_sharp=2.0, s_low=0.1, min_top_z=None, decisive_margin=None)
+FALLBACK = ONE_MAP.with_(min_top_z=1e6)  # every call keeps vanilla positions
+
+
+def context(where: int, n: int = 24) -> str:
+    sents = [FILLER[i % len(FILLER)] for i in range(n)]
+    sents.insert(where, NEEDLE)
+    return " ".join(sents)
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return tiny_model("llama", len(tokenizer))
+
+
+def test_pass1_dtype_is_checked_before_any_work(model, tokenizer):
+    for bad in ("int8", "fp8", torch.int8, torch.float64, 16):
+        with pytest.raises(ValueError, match="pass1_dtype"):
+            QGPM(model, tokenizer, heads=HEADS, pass1_dtype=bad)
+    with pytest.raises(ValueError, match="pass1_dtype"):
+        QGPM.from_pretrained("/no/such/model", pass1_dtype="int8")  # before the path is even looked at
+    engine = QGPM(model, tokenizer, heads=HEADS, pass1_dtype="bf16")
+    assert engine.pass1_dtype is torch.bfloat16
+    with pytest.raises(ValueError, match="pass1_dtype"):
+        engine.pass1_dtype = "int4"
+    assert engine.pass1_dtype is torch.bfloat16  # a refused value changes nothing
+    engine.pass1_dtype = "float32"  # the model's own dtype: the exact pass 1
+    assert engine.pass1_dtype is None
+    assert QGPM(model, tokenizer, heads=HEADS, pass1_dtype=torch.float32).pass1_dtype is None
+
+
+def test_lower_precision_logits_are_close_to_float32_but_computed_at_that_precision(model, tokenizer):
+    engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
+    prompt = engine.prepare(context(12), QUESTION, method="qgpm").prompt
+    exact = head_token_logits(model, prompt.input_ids, HEADS, prompt.query_rows)
+    low = head_token_logits(model, prompt.input_ids, HEADS, prompt.query_rows, precision=torch.bfloat16)
+    assert low.dtype == torch.float32 and low.shape == exact.shape
+    diff = (low - exact).abs().max().item()
+    spread = (exact.max() - exact.min()).item()
+    assert 0 < diff < 0.05 * spread  # really at bfloat16 (not the float32 pass), yet the same signal
+    with pytest.raises(ValueError, match="cannot go on as the prefill"):
+        head_token_logits(model, prompt.input_ids, HEADS, prompt.query_rows, precision=torch.bfloat16,
+                          cache=object(), go_on=lambda tl: True)
+
+
+def test_a_lower_precision_pass1_is_never_reused_and_answers_as_a_full_pass2(model, tokenizer):
+    low = QGPM(model, tokenizer, heads=HEADS, config=FALLBACK, pass1_dtype="bfloat16")  # reuse_prefill stays True
+    reusing = QGPM(model, tokenizer, heads=HEADS, config=FALLBACK)
+    full = QGPM(model, tokenizer, heads=HEADS, config=FALLBACK, reuse_prefill=False)
+    ctx = context(12)
+    a = low.answer(ctx, QUESTION, max_new_tokens=6)
+    b = full.answer(ctx, QUESTION, max_new_tokens=6)
+    c = reusing.answer(ctx, QUESTION, max_new_tokens=6)
+    assert a.details["pass1_dtype"] == "bfloat16" and "pass1_dtype" not in b.details
+    assert not a.details["pass1_continued"] and a.details["prefill_reused"] == 0
+    assert c.details["prefill_reused"] == c.usage.prompt_tokens - 1  # the float32 engine does reuse here
+    vanilla = full.answer(ctx, QUESTION, method="vanilla", max_new_tokens=6)
+    assert a.text == b.text == vanilla.text  # a fallback: vanilla positions, the model's own float32 prefill
+    assert next(model.parameters()).dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+
+
+def test_a_failing_lower_precision_call_leaves_model_and_autocast_as_they_were(model, tokenizer):
+    engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP, pass1_dtype="bfloat16")
+
+    def boom(module, args):
+        raise RuntimeError("injected fault in pass 1")
+
+    handle = decoder_layers(model)[0].register_forward_pre_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="injected fault"):
+            engine.answer(context(12), QUESTION, max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert not torch.is_autocast_enabled("cpu")
+    assert all(not layer._forward_pre_hooks and not layer.self_attn._forward_pre_hooks for layer in decoder_layers(model))
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([[1, 2, 3]])).logits
+    assert logits.dtype == torch.float32  # no autocast left behind
+    assert engine.answer(context(12), QUESTION, max_new_tokens=3).details["pass1_dtype"] == "bfloat16"
+
+
+def test_hardware_without_fast_lower_precision_is_warned_about(model, tokenizer, monkeypatch, caplog):
+    import qgpm.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: False)
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        QGPM(model, tokenizer, heads=HEADS, pass1_dtype="float16")
+        QGPM(model, tokenizer, heads=HEADS)  # the model's dtype: nothing to warn about
+    notes = [r.getMessage() for r in caplog.records if "no fast float16" in r.getMessage()]
+    assert len(notes) == 1 and "pass1_dtype=None" in notes[0]
+
+
+def test_the_eval_fingerprint_names_a_lower_precision_pass1_only(model, tokenizer):
+    from qgpm.eval.runner import config_hash, method_fingerprint
+
+    exact = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
+    low = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP, pass1_dtype="bfloat16")
+    fe, fl = method_fingerprint(exact, "qgpm"), method_fingerprint(low, "qgpm")
+    assert "pass1_dtype" not in fe and fl["pass1_dtype"] == "bfloat16"
+    assert config_hash(fe) != config_hash(fl)
+    assert method_fingerprint(low, "vanilla") == method_fingerprint(exact, "vanilla")  # vanilla has no pass 1
+
+
+@pytest.mark.real_model
+def test_real_smollm2_bfloat16_pass1_ranks_as_float32(smollm):
+    """The embedded SmolLM2 (float32) with its shipped heads: a bfloat16 pass 1 gives nearly the
+    same sentence scores, the same top sentence and here the same plan, so the same answer."""
+    low = QGPM(smollm.model, smollm.tokenizer, heads=smollm.heads, config=smollm.config, pass1_dtype="bfloat16")
+    ctx = context(20, n=40)
+    cfg = smollm.config.with_(min_top_z=None, decisive_margin=None, keep_length=0)  # the plan moves sentences
+    a = smollm.prepare(ctx, QUESTION, method="qgpm", config=cfg)
+    b = low.prepare(ctx, QUESTION, method="qgpm", config=cfg)
+    za, zb = a.z.float(), b.z.float()
+    assert 0 < (za - zb).abs().max().item() < 0.05 * (za.max() - za.min()).item()
+    top_a = min(a.relevance, key=lambda r: r.rank)
+    top_b = min(b.relevance, key=lambda r: r.rank)
+    assert top_a.index == top_b.index and "tangerine" in top_b.text
+    assert not a.plan.is_standard() and torch.equal(a.plan.feed_order(), b.plan.feed_order())
+    ra, rb = smollm.generate_prepared(a, max_new_tokens=12), low.generate_prepared(b, max_new_tokens=12)
+    assert ra.text == rb.text and rb.details["pass1_dtype"] == "bfloat16" and rb.details["prefill_reused"] == 0
