@@ -81,12 +81,13 @@ def main(argv=None) -> int:
     ap.add_argument("--evidence-depth", type=float, default=0.5)
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--heads", default=None, help="layer:head,... (default: the shipped set)")
+    ap.add_argument("--pass1-dtype", default=None, help="bfloat16 | float16 | auto: the QGPM calls run pass 1 at this precision (QGPMConfig.pass1_dtype)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     engine = QGPM.from_pretrained()
     heads = [tuple(int(x) for x in h.split(":")) for h in args.heads.split(",")] if args.heads else engine.heads
-    cfg = engine.config.with_(min_top_z=None, decisive_margin=None)
+    cfg = engine.config.with_(min_top_z=None, decisive_margin=None, **({"pass1_dtype": args.pass1_dtype} if args.pass1_dtype else {}))
     q = QGPM(engine.model, engine.tokenizer, heads=heads, config=cfg, name=engine.name)
     deepest = max(layer for layer, _ in heads)
     speed.measure(engine, speed.context_of(engine, speed.long_text(), 256), "vanilla", 2)  # warm-up
@@ -117,8 +118,9 @@ def main(argv=None) -> int:
         "Every tensor allocation and free during one call, recorded by the torch profiler (`profile_memory=True`); peak = "
         "the largest running total of live tensor bytes above the total at the call's start (weights and allocator caches "
         f"excluded). Deterministic for a prompt, so one call per cell. Evidence at depth {args.evidence_depth:g}, "
-        f"{args.new_tokens} new tokens, the engine's preset with the confidence rules off, prefill reuse on. "
-        f"Head set: {len(heads)} heads, deepest layer {deepest} of {engine.n_layers}. The phase holding each peak is in "
+        f"{args.new_tokens} new tokens, the engine's preset with the confidence rules off, "
+        + ("prefill reuse on. " if q.pass1_precision() is None else f"pass 1 at {str(q.pass1_precision()).removeprefix('torch.')} (never reused as the prefill). ")
+        + f"Head set: {len(heads)} heads, deepest layer {deepest} of {engine.n_layers}. The phase holding each peak is in "
         f"brackets (the call's timings laid end to end). Python {sys.version.split()[0]}, torch {torch.__version__}.", "",
         "| prompt tokens | peak vanilla (MiB) | peak qgpm (MiB) | mem ratio | pass-1 peak (MiB) | pass-1 peak per token (KiB) "
         "| prefill reused (tokens) | pass 2 |",

@@ -199,6 +199,9 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", default=None, help="layer:head,... for --random-arch (default: SmolLM2's set, rescaled)")
     ap.add_argument("--second-heads", default=None,
                     help="layer:head,... : also time QGPM with this head set (e.g. a shallow one) in the same run, as 'qgpm B'")
+    ap.add_argument("--second-pass1-dtype", default=None, metavar="DTYPE",
+                    help="bfloat16 | float16 | auto: 'qgpm B' runs pass 1 at this precision (QGPMConfig.pass1_dtype; with "
+                         "--second-heads its head set, else the engine's)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a QGPMConfig field for the timed QGPM calls, on top of the engine's (repeatable)")
     ap.add_argument("--evidence-depth", type=float, default=None,
                     help="put the paragraph that answers the question at this depth of the context (0..1; default: where the text has it, "
@@ -224,9 +227,10 @@ def main(argv=None) -> int:
     # remapped pass 2 (a call those rules return to vanilla positions costs pass 1 plus a vanilla prefill).
     timed_config = engine.config.with_(min_top_z=None, decisive_margin=None, **{k: coerce_value(v) for k, v in (kv.split("=", 1) for kv in args.set)})
     engines = {"vanilla": engine, "qgpm": QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=timed_config, name=engine.name)}
-    if args.second_heads:
-        second = [tuple(int(x) for x in h.split(":")) for h in args.second_heads.split(",")]
-        engines["qgpm B"] = QGPM(engine.model, engine.tokenizer, heads=second, config=timed_config, name=engine.name)
+    if args.second_heads or args.second_pass1_dtype:
+        second = [tuple(int(x) for x in h.split(":")) for h in args.second_heads.split(",")] if args.second_heads else engine.heads
+        cfg_b = timed_config.with_(pass1_dtype=args.second_pass1_dtype) if args.second_pass1_dtype else timed_config
+        engines["qgpm B"] = QGPM(engine.model, engine.tokenizer, heads=second, config=cfg_b, name=engine.name)
     extras = []
     if args.compare_reuse:
         fallback = timed_config.with_(min_top_z=1e6)
@@ -291,10 +295,13 @@ def main(argv=None) -> int:
     if "qgpm B" in engines:
         hb = engines["qgpm B"].heads
         deep_b = max(l for l, _ in hb)
+        p1b = engines["qgpm B"].pass1_precision()
         lines += [
             "",
             f"**qgpm B**: the same calls with the head set {' '.join(f'{l}:{h}' for l, h in hb)} (deepest layer {deep_b}, "
-            f"expected TTFT ratio {1 + (deep_b + 1) / engine.n_layers:.2f}), timed in the same run, interleaved with the two above.",
+            + (f"expected TTFT ratio {1 + (deep_b + 1) / engine.n_layers:.2f})" if p1b is None else
+               f"pass 1 at {str(p1b).removeprefix('torch.')} under autocast, never reused as the prefill: TTFT = pass 1 + one full prefill)")
+            + ", timed in the same run, interleaved with the two above.",
             "",
             "| prompt tokens | TTFT qgpm B (s) | of which pass 1 (s) | TTFT ratio B | decode qgpm B (tok/s) | decode ratio B | peak mem qgpm B (MiB) | mem ratio B |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|",

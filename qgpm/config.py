@@ -190,6 +190,19 @@ class QGPMConfig:
         top-ranked one last, next to the question. ``"text"``: the order they have in the
         context, as the Oracle places its evidence (several values of one key read in the
         order they were written).
+    pass1_dtype:
+        The precision of pass 1 (not in the paper). ``None`` (default): the model's own
+        dtype. ``"bfloat16"`` / ``"float16"``: pass 1 runs under ``torch.autocast`` at that
+        dtype (weights cast op by op, no copy kept), which on a float32 model roughly halves
+        its time on hardware that multiplies that dtype natively (CPUs with AVX512-BF16 or
+        AMX, GPUs); on other hardware it is slower, and the engine warns. ``"auto"``:
+        bfloat16 for a float32 model on such hardware, else the model's dtype. Pass 1 only
+        ranks sentences: the answer is still computed at the model's precision under the
+        plan, but the ranking, and so the plan and the answer, can differ from a full-
+        precision pass 1 where two sentences score close. A lower-precision pass 1 is not
+        the model's prefill, so the engine's ``reuse_prefill`` does not apply to it: the call
+        pays pass 1 plus one prefill (``result.details["pass1_dtype"]`` names the dtype used).
+        ``"float32"`` on a float32 model is the same as ``None``.
 
     Every field is checked on construction: numbers must be finite (no NaN or
     infinity), counts must be ints in range; a bad value raises ``TypeError`` or
@@ -226,6 +239,7 @@ class QGPMConfig:
     local_layers: str | None = None
     term_ratio: float | None = None
     moved_order: str = "rank"
+    pass1_dtype: str | None = None
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
@@ -295,6 +309,8 @@ class QGPMConfig:
             raise ValueError(f"moved_order={self.moved_order!r} orders moved sentences; it needs remap='move' or 'reorder', not 'stride'")
         if self.moved_order != "rank" and self.placement != "question":
             raise ValueError(f"moved_order={self.moved_order!r} and placement={self.placement!r} cannot be combined (placement='ends' splits the moved sentences by rank); set one of them")
+        if self.pass1_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
+            raise ValueError(f"pass1_dtype must be None (the model's dtype), 'auto', 'bfloat16', 'float16' or 'float32', got {self.pass1_dtype!r}")
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.split_layer is not None and self.split_layer < 0:

@@ -160,16 +160,6 @@ class QGPM:
     chunk, as in any prefix-cached prefill). ``result.details["prefill_reused"]`` says how
     many prompt tokens were reused. ``False`` (or ``engine.reuse_prefill = False``): pass 1
     always stops at the deepest head's layer and pass 2 prefills the whole prompt.
-
-    ``pass1_dtype`` (default ``None``: the model's own dtype): run pass 1 at a lower
-    precision, ``"bfloat16"`` or ``"float16"``, under ``torch.autocast`` (weights cast op by
-    op, no copy kept), for a float32 model on hardware that multiplies that dtype fast
-    (CPUs with AVX512-BF16 or AMX, GPUs): pass 1 only ranks sentences, and the answer is
-    still computed by the model at its own precision under the plan. The ranking, and so
-    the plan and the answer, can differ from a float32 pass 1 where two sentences score
-    close. Pass 1's states are then not the model's prefill, so ``reuse_prefill`` does not
-    apply to its calls (each pays pass 1 plus one prefill; ``details["pass1_dtype"]`` names
-    the dtype). A ``pass1_dtype`` equal to the model's dtype is the same as ``None``.
     """
 
     def __init__(
@@ -181,11 +171,9 @@ class QGPM:
         config: QGPMConfig | None = None,
         name: str | None = None,
         reuse_prefill: bool = True,
-        pass1_dtype: torch.dtype | str | None = None,
     ) -> None:
         if not isinstance(reuse_prefill, bool):
             raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
-        check_pass1_dtype(pass1_dtype)
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
         self.model = model
@@ -208,7 +196,7 @@ class QGPM:
             self._support_error = exc
             self.rotary = None
         self.n_layers = len(decoder_layers(model)) if self._support_error is None else getattr(model.config, "num_hidden_layers", 0)
-        self.pass1_dtype = pass1_dtype
+        self._warned_pass1: set[torch.dtype] = set()
         self._head_error: Exception | None = None
         self.head_set: HeadSet | None = None
         self.set_heads(heads)
@@ -226,7 +214,6 @@ class QGPM:
         gguf_file: str | None = None,
         attn_implementation: str | None = None,
         reuse_prefill: bool = True,
-        pass1_dtype: torch.dtype | str | None = None,
         **model_kwargs: Any,
     ) -> "QGPM":
         """Load a model (cached per process) and its head set.
@@ -234,12 +221,11 @@ class QGPM:
         ``model``: ``None``/``"smollm2"`` (embedded default), an HF id or local folder,
         or a path to a ``.gguf`` file. ``heads``: ``None`` = the stored set for this model;
         ``"calibrate"`` = calibrate now on synthetic samples; a path to a head-set JSON;
-        or a list of ``(layer, head)``. ``reuse_prefill``, ``pass1_dtype``: see :class:`QGPM`.
-        Other keyword arguments go to ``AutoModelForCausalLM.from_pretrained``.
+        or a list of ``(layer, head)``. ``reuse_prefill``: see :class:`QGPM`. Other keyword
+        arguments go to ``AutoModelForCausalLM.from_pretrained``.
         """
         if not isinstance(reuse_prefill, bool):
             raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
-        check_pass1_dtype(pass1_dtype)  # before any weights load
         source = resolve_source(model, gguf_file)
         if heads == "calibrate":
             from .samples import check_data_packages
@@ -249,8 +235,7 @@ class QGPM:
             model_kwargs["attn_implementation"] = attn_implementation
         mdl = load_model(source, dtype=dtype, device_map=device_map, **model_kwargs)
         tok = load_tokenizer(source)
-        engine = cls(mdl, tok, heads=None if heads == "calibrate" else heads, config=config, name=source.name, reuse_prefill=reuse_prefill,
-                     pass1_dtype=pass1_dtype)
+        engine = cls(mdl, tok, heads=None if heads == "calibrate" else heads, config=config, name=source.name, reuse_prefill=reuse_prefill)
         engine.source = source
         if heads == "calibrate":
             engine.set_heads("calibrate")
@@ -299,20 +284,27 @@ class QGPM:
             raise self._head_error or HeadSetMissingError("no head set")
         return self.head_set.top(self.config.max_heads).heads
 
-    @property
-    def pass1_dtype(self) -> torch.dtype | None:
-        """The dtype pass 1 runs at when it is not the model's own (see :class:`QGPM`), else ``None``."""
-        return self._pass1_dtype
-
-    @pass1_dtype.setter
-    def pass1_dtype(self, dtype: torch.dtype | str | None) -> None:
-        want = check_pass1_dtype(dtype)
+    def pass1_precision(self, config: QGPMConfig | None = None) -> torch.dtype | None:
+        """The dtype pass 1 runs at under ``config`` (default: the engine's) when it is not the
+        model's own, else ``None`` (see :attr:`QGPMConfig.pass1_dtype
+        <qgpm.config.QGPMConfig.pass1_dtype>`): ``"auto"`` is bfloat16 for a float32 model on
+        hardware that multiplies bfloat16 natively, else the model's dtype. An explicit dtype
+        without such hardware is used, with a warning (once per dtype)."""
+        want = (config or self.config).pass1_dtype
+        if want is None:
+            return None
         model_dtype = next(self.model.parameters()).dtype
-        self._pass1_dtype = None if want == model_dtype else want
-        if self._pass1_dtype is not None and not _fast_on(self.device, self._pass1_dtype):
-            logger.warning("qgpm: pass1_dtype=%s on %s: this hardware has no fast %s matrix multiply, so pass 1 is likely "
-                           "slower than at the model's %s, not faster. Pass pass1_dtype=None to run it at the model's dtype.",
-                           _dtype_name(self._pass1_dtype), self.device, _dtype_name(self._pass1_dtype), _dtype_name(model_dtype))
+        if want == "auto":
+            return torch.bfloat16 if model_dtype == torch.float32 and _fast_on(self.device, torch.bfloat16) else None
+        dtype = _PASS1_DTYPES[want]
+        if dtype == model_dtype:
+            return None
+        if dtype not in self._warned_pass1 and not _fast_on(self.device, dtype):
+            self._warned_pass1.add(dtype)
+            logger.warning("qgpm: pass1_dtype=%r on %s: this hardware has no fast %s matrix multiply, so pass 1 is likely slower "
+                           "than at the model's %s, not faster. Set pass1_dtype=None (or 'auto') in QGPMConfig to run it at the "
+                           "model's dtype.", want, self.device, want, _dtype_name(model_dtype))
+        return dtype
 
     @property
     def max_length(self) -> int:
@@ -721,16 +713,16 @@ class QGPM:
                 found["plan_end"] = time.perf_counter()
                 return found["mr"]
 
-            exact = self.pass1_dtype is None  # a pass 1 at another precision is not the model's prefill: never reused
-            cache = _fresh_cache(self.model) if exact and self.reuse_prefill and self._prefill_reusable() else None
+            low = self.pass1_precision(cfg)  # a pass 1 at another precision is not the model's prefill: never reused
+            cache = _fresh_cache(self.model) if low is None and self.reuse_prefill and self._prefill_reusable() else None
             if cache is not None:
                 deepest = max(layer for layer, _ in heads)
                 head_token_logits(self.model, prompt.input_ids, heads, prompt.query_rows, stats=stats, cache=cache,
                                   go_on=lambda tl: continue_pays(plan_from(tl).plan.vanilla_prefix(), prompt.num_tokens, deepest, self.n_layers))
             else:
-                plan_from(head_token_logits(self.model, prompt.input_ids, heads, prompt.query_rows, stats=stats, precision=self.pass1_dtype))
-            if not exact:
-                details["pass1_dtype"] = _dtype_name(self.pass1_dtype)
+                plan_from(head_token_logits(self.model, prompt.input_ids, heads, prompt.query_rows, stats=stats, precision=low))
+            if low is not None:
+                details["pass1_dtype"] = _dtype_name(low)
             end = time.perf_counter()
             z, mr = found["z"], found["mr"]
             timings.pass1_s = found["pass1_end"] - t
@@ -1026,22 +1018,7 @@ def _rewind(cache: Any, tokens: int) -> bool:
 _PREFIX_SAFE_ATTENTION = frozenset({"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"})
 
 
-_PASS1_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-                 "half": torch.float16, "float32": torch.float32, "fp32": torch.float32}
-
-
-def check_pass1_dtype(dtype: Any) -> torch.dtype | None:
-    """``QGPM(pass1_dtype=)``: ``None``, or a float dtype (a torch dtype or its name:
-    ``"bfloat16"``, ``"float16"``, ``"float32"``). Raises ``ValueError`` naming the choices."""
-    if dtype is None:
-        return None
-    if isinstance(dtype, str):
-        name = dtype.strip().lower().removeprefix("torch.")
-        if name in _PASS1_DTYPES:
-            return _PASS1_DTYPES[name]
-    elif isinstance(dtype, torch.dtype) and dtype in (torch.bfloat16, torch.float16, torch.float32):
-        return dtype
-    raise ValueError(f"pass1_dtype must be None (the model's dtype), 'bfloat16', 'float16' or 'float32', got {dtype!r}")
+_PASS1_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}  # QGPMConfig.pass1_dtype
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -1049,9 +1026,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _fast_on(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether ``device`` multiplies ``dtype`` matrices natively (oneDNN's check on a CPU;
-    a GPU is assumed to)."""
-    if device.type != "cpu" or dtype == torch.float32:
+    """Whether ``device`` multiplies ``dtype`` matrices natively (oneDNN's check on a CPU,
+    ``torch.cuda.is_bf16_supported`` for bfloat16 on a GPU; other devices are assumed to)."""
+    if dtype == torch.float32:
+        return True
+    if device.type == "cuda":
+        return dtype != torch.bfloat16 or torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
         return True
     check = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}.get(dtype)
     fn = getattr(torch.ops.mkldnn, check, None) if check else None

@@ -310,13 +310,15 @@ elif [ "$stage" = shallow ]; then
   $E --tasks niah_multivalue $D --n 12 --only benchmarks/results/ids_mv_dev_6_11.jsonl --out $OUT/shallow/mv > $OUT/shallow/mv.s$i.log 2>&1
   $E --tasks niah_multikey_1 --depths 0.25,0.5,0.75 --n 12 --out $OUT/shallow/mk1 > $OUT/shallow/mk1.s$i.log 2>&1
 elif [ "$stage" = bf16 ]; then
-  # Session 16 (issue 14, item 2): pass 1 at bfloat16 (QGPM(pass1_dtype="bfloat16"): autocast,
+  # Session 16 (issue 14, item 2): pass 1 at bfloat16 (QGPMConfig.pass1_dtype="bfloat16": autocast,
   # about half of a float32 pass 1's time on this CPU's AVX512-BF16) with the shipped head set
   # and preset, on the shallow stage's 126 dev samples, whose float32-pass-1 answers are
   # committed. Rule, written before the rows: make a bfloat16 pass 1 the default for float32
   # models on hardware with fast bfloat16 if, over the paired samples, it is right at least as
   # often as the float32 pass 1, and on no task right in fewer than float32's count minus one.
-  E="$PY -m qgpm.eval.cli eval --model smollm2 --split dev --device cpu --dtype float32 --lengths 4096 --max-new-tokens 48 --no-logprob --no-progress --shard $i/2 --methods qgpm --pass1-dtype bfloat16"
+  # The committed rows were made with the engine flag this option had first (--pass1-dtype
+  # bfloat16, commit ba3d0b1): the same computation, hashed as an engine setting.
+  E="$PY -m qgpm.eval.cli eval --model smollm2 --split dev --device cpu --dtype float32 --lengths 4096 --max-new-tokens 48 --no-logprob --no-progress --shard $i/2 --methods qgpm --set pass1_dtype=bfloat16"
   D="--depths 0,0.25,0.5,0.75,1"
   mkdir -p $OUT/bf16
   $E --tasks niah_single_2,nolima_direct $D --n 6 --out $OUT/bf16/single_nolima > $OUT/bf16/single_nolima.s$i.log 2>&1

@@ -648,7 +648,7 @@ def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
     assert main(["report", "--out", str(out)]) == 0 and (out / "report.md").is_file()
     # a call that falls back reuses pass 1's prefill unless --no-reuse-prefill; the manifest says which
     runs = {}
-    for name, extra in (("on", []), ("off", ["--no-reuse-prefill"]), ("bf16", ["--pass1-dtype", "bfloat16"])):
+    for name, extra in (("on", []), ("off", ["--no-reuse-prefill"]), ("bf16", ["--set", "pass1_dtype=bfloat16"])):
         runs[name] = tmp_path / name
         assert main(["eval", "--model", str(tiny_dir), "--heads", "1:0,2:1", "--tasks", "qa_1", "--lengths", str(LENGTH), "--depths", "0.5",
                      "--n", "1", "--methods", "qgpm", "--max-new-tokens", str(NEW), "--out", str(runs[name]), "--device", "cpu",
@@ -660,8 +660,7 @@ def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
     bf = _rows(runs["bf16"])[0]
     assert bf["prefill_reused"] == 0 and bf["answer"] == off["answer"] and bf["config_hash"] != on["config_hash"] == off["config_hash"]
     man = json.loads((runs["bf16"] / "manifest.json").read_text())
-    assert man["latest"]["pass1_dtype"] == "bfloat16" and man["configs"][bf["config_hash"]]["pass1_dtype"] == "bfloat16"
-    assert "pass1_dtype" not in man["configs"].get(on["config_hash"], {})
+    assert man["latest"]["config"]["pass1_dtype"] == "bfloat16" and man["configs"][bf["config_hash"]]["pass1_precision"] == "bfloat16"
 
 
 def test_only_answers_the_named_samples_and_refuses_unknown_ones(tiny_engine, tmp_path):

@@ -1,6 +1,7 @@
-"""Pass 1 at a lower precision (``QGPM(pass1_dtype=)``): checked before any work, close to a
-float32 pass 1 but really at the lower precision, never reused as the prefill, and leaving
-the model and torch's autocast state as they were, on a tiny model and on the real SmolLM2."""
+"""Pass 1 at a lower precision (``QGPMConfig.pass1_dtype``): checked before any work, close to
+a float32 pass 1 but really at the lower precision, never reused as the prefill, ``"auto"``
+following the hardware, and leaving the model and torch's autocast state as they were, on a
+tiny model and on the real SmolLM2."""
 
 from __future__ import annotations
 
@@ -39,19 +40,34 @@ def model(tokenizer):
 
 
 def test_pass1_dtype_is_checked_before_any_work(model, tokenizer):
-    for bad in ("int8", "fp8", torch.int8, torch.float64, 16):
+    for bad in ("int8", "bf16", "fp8", torch.bfloat16, 16, ""):
         with pytest.raises(ValueError, match="pass1_dtype"):
-            QGPM(model, tokenizer, heads=HEADS, pass1_dtype=bad)
+            QGPMConfig(pass1_dtype=bad)
+    engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
     with pytest.raises(ValueError, match="pass1_dtype"):
-        QGPM.from_pretrained("/no/such/model", pass1_dtype="int8")  # before the path is even looked at
-    engine = QGPM(model, tokenizer, heads=HEADS, pass1_dtype="bf16")
-    assert engine.pass1_dtype is torch.bfloat16
-    with pytest.raises(ValueError, match="pass1_dtype"):
-        engine.pass1_dtype = "int4"
-    assert engine.pass1_dtype is torch.bfloat16  # a refused value changes nothing
-    engine.pass1_dtype = "float32"  # the model's own dtype: the exact pass 1
-    assert engine.pass1_dtype is None
-    assert QGPM(model, tokenizer, heads=HEADS, pass1_dtype=torch.float32).pass1_dtype is None
+        engine.answer(context(12), QUESTION, config=ONE_MAP.with_(pass1_dtype="half"))
+    assert engine.pass1_precision() is None  # the default: the model's dtype
+    assert engine.pass1_precision(ONE_MAP.with_(pass1_dtype="bfloat16")) is torch.bfloat16
+    assert engine.pass1_precision(ONE_MAP.with_(pass1_dtype="float16")) is torch.float16
+    assert engine.pass1_precision(ONE_MAP.with_(pass1_dtype="float32")) is None  # the model's own dtype: the exact pass 1
+
+
+def test_auto_is_bfloat16_on_a_float32_model_with_fast_bfloat16_only(model, tokenizer, monkeypatch):
+    import qgpm.engine as engine_mod
+
+    engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP.with_(pass1_dtype="auto"))
+    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: True)
+    assert engine.pass1_precision() is torch.bfloat16
+    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: False)
+    assert engine.pass1_precision() is None
+    res = engine.answer(context(12), QUESTION, max_new_tokens=2, config=FALLBACK.with_(pass1_dtype="auto"))
+    assert "pass1_dtype" not in res.details and res.details["pass1_continued"]  # the exact pass 1, reused
+    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: True)
+    half = QGPM(model.to(torch.bfloat16), tokenizer, heads=HEADS, config=ONE_MAP.with_(pass1_dtype="auto"))
+    try:
+        assert half.pass1_precision() is None  # already a low-precision model: nothing to gain
+    finally:
+        model.to(torch.float32)
 
 
 def test_lower_precision_logits_are_close_to_float32_but_computed_at_that_precision(model, tokenizer):
@@ -69,7 +85,7 @@ def test_lower_precision_logits_are_close_to_float32_but_computed_at_that_precis
 
 
 def test_a_lower_precision_pass1_is_never_reused_and_answers_as_a_full_pass2(model, tokenizer):
-    low = QGPM(model, tokenizer, heads=HEADS, config=FALLBACK, pass1_dtype="bfloat16")  # reuse_prefill stays True
+    low = QGPM(model, tokenizer, heads=HEADS, config=FALLBACK.with_(pass1_dtype="bfloat16"))  # reuse_prefill stays True
     reusing = QGPM(model, tokenizer, heads=HEADS, config=FALLBACK)
     full = QGPM(model, tokenizer, heads=HEADS, config=FALLBACK, reuse_prefill=False)
     ctx = context(12)
@@ -85,7 +101,7 @@ def test_a_lower_precision_pass1_is_never_reused_and_answers_as_a_full_pass2(mod
 
 
 def test_a_failing_lower_precision_call_leaves_model_and_autocast_as_they_were(model, tokenizer):
-    engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP, pass1_dtype="bfloat16")
+    engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP.with_(pass1_dtype="bfloat16"))
 
     def boom(module, args):
         raise RuntimeError("injected fault in pass 1")
@@ -104,25 +120,36 @@ def test_a_failing_lower_precision_call_leaves_model_and_autocast_as_they_were(m
     assert engine.answer(context(12), QUESTION, max_new_tokens=3).details["pass1_dtype"] == "bfloat16"
 
 
-def test_hardware_without_fast_lower_precision_is_warned_about(model, tokenizer, monkeypatch, caplog):
+def test_hardware_without_fast_lower_precision_is_warned_about_once(model, tokenizer, monkeypatch, caplog):
     import qgpm.engine as engine_mod
 
     monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: False)
+    engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
     with caplog.at_level(logging.WARNING, logger="qgpm"):
-        QGPM(model, tokenizer, heads=HEADS, pass1_dtype="float16")
-        QGPM(model, tokenizer, heads=HEADS)  # the model's dtype: nothing to warn about
+        for _ in range(2):
+            assert engine.prepare(context(12), QUESTION, config=ONE_MAP.with_(pass1_dtype="float16")).details["pass1_dtype"] == "float16"
+        engine.prepare(context(12), QUESTION, config=ONE_MAP.with_(pass1_dtype="auto"))  # auto: the model's dtype, no warning
     notes = [r.getMessage() for r in caplog.records if "no fast float16" in r.getMessage()]
     assert len(notes) == 1 and "pass1_dtype=None" in notes[0]
 
 
-def test_the_eval_fingerprint_names_a_lower_precision_pass1_only(model, tokenizer):
+def test_the_eval_fingerprint_names_a_lower_precision_pass1_only(model, tokenizer, monkeypatch):
+    import qgpm.engine as engine_mod
     from qgpm.eval.runner import config_hash, method_fingerprint
 
     exact = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
-    low = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP, pass1_dtype="bfloat16")
+    low = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP.with_(pass1_dtype="bfloat16"))
+    auto = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP.with_(pass1_dtype="auto"))
     fe, fl = method_fingerprint(exact, "qgpm"), method_fingerprint(low, "qgpm")
-    assert "pass1_dtype" not in fe and fl["pass1_dtype"] == "bfloat16"
+    assert "pass1_dtype" not in fe["config"] and "pass1_precision" not in fe  # earlier rows keep their hashes
+    assert fl["config"]["pass1_dtype"] == "bfloat16" and fl["pass1_precision"] == "bfloat16"
     assert config_hash(fe) != config_hash(fl)
+    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: False)
+    slow = method_fingerprint(auto, "qgpm")
+    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: True)
+    fast = method_fingerprint(auto, "qgpm")
+    assert "pass1_precision" not in slow and fast["pass1_precision"] == "bfloat16"  # what auto became on this hardware
+    assert config_hash(slow) != config_hash(fast)
     assert method_fingerprint(low, "vanilla") == method_fingerprint(exact, "vanilla")  # vanilla has no pass 1
 
 
@@ -130,16 +157,15 @@ def test_the_eval_fingerprint_names_a_lower_precision_pass1_only(model, tokenize
 def test_real_smollm2_bfloat16_pass1_ranks_as_float32(smollm):
     """The embedded SmolLM2 (float32) with its shipped heads: a bfloat16 pass 1 gives nearly the
     same sentence scores, the same top sentence and here the same plan, so the same answer."""
-    low = QGPM(smollm.model, smollm.tokenizer, heads=smollm.heads, config=smollm.config, pass1_dtype="bfloat16")
     ctx = context(20, n=40)
-    cfg = smollm.config.with_(min_top_z=None, decisive_margin=None, keep_length=0)  # the plan moves sentences
+    cfg = smollm.config.with_(min_top_z=None, decisive_margin=None, keep_length=0, pass1_dtype=None)  # the plan moves sentences
     a = smollm.prepare(ctx, QUESTION, method="qgpm", config=cfg)
-    b = low.prepare(ctx, QUESTION, method="qgpm", config=cfg)
+    b = smollm.prepare(ctx, QUESTION, method="qgpm", config=cfg.with_(pass1_dtype="bfloat16"))
     za, zb = a.z.float(), b.z.float()
     assert 0 < (za - zb).abs().max().item() < 0.05 * (za.max() - za.min()).item()
     top_a = min(a.relevance, key=lambda r: r.rank)
     top_b = min(b.relevance, key=lambda r: r.rank)
     assert top_a.index == top_b.index and "tangerine" in top_b.text
     assert not a.plan.is_standard() and torch.equal(a.plan.feed_order(), b.plan.feed_order())
-    ra, rb = smollm.generate_prepared(a, max_new_tokens=12), low.generate_prepared(b, max_new_tokens=12)
+    ra, rb = smollm.generate_prepared(a, max_new_tokens=12), smollm.generate_prepared(b, max_new_tokens=12)
     assert ra.text == rb.text and rb.details["pass1_dtype"] == "bfloat16" and rb.details["prefill_reused"] == 0

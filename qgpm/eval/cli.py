@@ -86,9 +86,6 @@ def _model_args(p: argparse.ArgumentParser, heads: bool = True, answers: bool = 
         g.add_argument("--no-reuse-prefill", dest="reuse_prefill", action="store_false",
                        help="QGPM calls always stop pass 1 at the deepest head's layer and prefill the whole prompt in pass 2 "
                             "(QGPM(reuse_prefill=False); rows made before the reuse existed were computed so)")
-        g.add_argument("--pass1-dtype", default=None,
-                       help="run QGPM's pass 1 at this precision (bfloat16 | float16) under autocast, on a float32 model "
-                            "(QGPM(pass1_dtype=...); default: the model's dtype). Such calls do not reuse pass 1's prefill")
     if heads:
         g.add_argument("--heads", default=None, help=HEADS_HELP)
 
@@ -204,8 +201,6 @@ def _engine(args, config=None, heads=None):
         kw["attn_implementation"] = args.attn_implementation
     if not getattr(args, "reuse_prefill", True):
         kw["reuse_prefill"] = False
-    if getattr(args, "pass1_dtype", None):
-        kw["pass1_dtype"] = args.pass1_dtype
     return load_engine(args.model, device=args.device, dtype=args.dtype, heads=heads if heads is not None else getattr(args, "heads", None),
                        config=config, state=partial_state(), **kw)
 

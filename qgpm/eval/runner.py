@@ -143,7 +143,7 @@ def _reranker_name(reranker: Any) -> str:
 _HASHED_WHEN_SET = {"local_window": 0.0, "keep_length": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None,
                     "decisive_margin": None, "remap": "stride", "z_window": None,
                     "lead_tokens": 0, "solo_margin": None, "placement": "question", "local_layers": None, "term_ratio": None,
-                    "moved_order": "rank", "split_run_ons": False}
+                    "moved_order": "rank", "split_run_ons": False, "pass1_dtype": None}
 
 
 def _config_dict(config) -> dict:
@@ -182,8 +182,9 @@ def method_fingerprint(
         fp["config"] = _config_dict(cfg)
     if method == "qgpm":
         fp["heads"] = [list(h) for h in engine.heads]
-        if getattr(engine, "pass1_dtype", None) is not None:  # absent at the model's dtype: earlier rows keep their hashes
-            fp["pass1_dtype"] = str(engine.pass1_dtype).removeprefix("torch.")
+        low = engine.pass1_precision(cfg) if hasattr(engine, "pass1_precision") else None
+        if low is not None:  # what "auto" became on this hardware; absent at the model's dtype (earlier rows keep their hashes)
+            fp["pass1_precision"] = str(low).removeprefix("torch.")
     if method in ("topk", "reorder"):
         fp["reranker"] = _reranker_name(reranker)
         fp["k"] = int(k)
@@ -708,7 +709,6 @@ def run_eval(
             "options": {m: fps[m]["options"] for m in methods if "options" in fps[m]},
             "haystack": fps[methods[0]]["haystack"], "max_new_tokens": max_new_tokens, "logprob": logprob,
             "reuse_prefill": bool(getattr(engine, "reuse_prefill", False)),
-            "pass1_dtype": None if getattr(engine, "pass1_dtype", None) is None else str(engine.pass1_dtype).removeprefix("torch."),
             "processes": procs.world, "shard": list(shard) if shard else None, "answers_run_by_main": n_calls,
             "errors_main": errors, "wall_s": round(time.time() - started, 1), "rows": len(rows), "versions": _versions(),
         }

@@ -398,7 +398,6 @@ def tune(
     acc_values = [t["acc"] for t in results if t["acc"] is not None]
     summary = {
         "model": engine.name, "dtype": engine_dtype(engine), "heads": [list(h) for h in engine.heads],
-        "pass1_dtype": None if getattr(engine, "pass1_dtype", None) is None else str(engine.pass1_dtype).removeprefix("torch."),
         "split": split, "tasks": list(tasks), "lengths": list(lengths), "depths": depths, "n": n,
         "samples": len(samples), "seeds": [seeds[0], seeds[-1]], "objective": objective, "guard": guard,
         "grid": grid, "trials": len(configs), "oracle": bool(o_hashes), "methods": methods, "shard": list(shard) if shard else None, "invalid_grid_points": len(invalid), "search_seed": search_seed,
