@@ -196,7 +196,9 @@ class QGPMConfig:
         dtype (weights cast op by op, no copy kept), which on a float32 model roughly halves
         its time on hardware that multiplies that dtype natively (CPUs with AVX512-BF16 or
         AMX, GPUs); on other hardware it is slower, and the engine warns. ``"auto"``:
-        bfloat16 for a float32 model on such hardware, else the model's dtype. Pass 1 only
+        bfloat16 for a float32 model on such hardware, else the model's dtype, and the
+        model's dtype for a context no longer than ``keep_length`` (such a call keeps vanilla
+        positions: its exact pass 1 goes on as the prefill, one prefill in all). Pass 1 only
         ranks sentences: the answer is still computed at the model's precision under the
         plan, but the ranking, and so the plan and the answer, can differ from a full-
         precision pass 1 where two sentences score close. A lower-precision pass 1 is not

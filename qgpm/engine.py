@@ -284,17 +284,22 @@ class QGPM:
             raise self._head_error or HeadSetMissingError("no head set")
         return self.head_set.top(self.config.max_heads).heads
 
-    def pass1_precision(self, config: QGPMConfig | None = None) -> torch.dtype | None:
+    def pass1_precision(self, config: QGPMConfig | None = None, context_tokens: int | None = None) -> torch.dtype | None:
         """The dtype pass 1 runs at under ``config`` (default: the engine's) when it is not the
         model's own, else ``None`` (see :attr:`QGPMConfig.pass1_dtype
         <qgpm.config.QGPMConfig.pass1_dtype>`): ``"auto"`` is bfloat16 for a float32 model on
-        hardware that multiplies bfloat16 natively, else the model's dtype. An explicit dtype
-        without such hardware is used, with a warning (once per dtype)."""
-        want = (config or self.config).pass1_dtype
+        hardware that multiplies bfloat16 natively, except for a call whose context of
+        ``context_tokens`` is no longer than ``keep_length`` (it keeps vanilla positions, so
+        the exact pass 1 going on as its prefill costs one prefill in all); else the model's
+        dtype. An explicit dtype without such hardware is used, with a warning (once per dtype)."""
+        cfg = config or self.config
+        want = cfg.pass1_dtype
         if want is None:
             return None
         model_dtype = next(self.model.parameters()).dtype
         if want == "auto":
+            if context_tokens is not None and 0 < context_tokens <= cfg.keep_length:
+                return None
             return torch.bfloat16 if model_dtype == torch.float32 and _fast_on(self.device, torch.bfloat16) else None
         dtype = _PASS1_DTYPES[want]
         if dtype == model_dtype:
@@ -713,7 +718,7 @@ class QGPM:
                 found["plan_end"] = time.perf_counter()
                 return found["mr"]
 
-            low = self.pass1_precision(cfg)  # a pass 1 at another precision is not the model's prefill: never reused
+            low = self.pass1_precision(cfg, prompt.context_tokens)  # a pass 1 at another precision is not the model's prefill: never reused
             cache = _fresh_cache(self.model) if low is None and self.reuse_prefill and self._prefill_reusable() else None
             if cache is not None:
                 deepest = max(layer for layer, _ in heads)

@@ -63,6 +63,10 @@ def test_auto_is_bfloat16_on_a_float32_model_with_fast_bfloat16_only(model, toke
     res = engine.answer(context(12), QUESTION, max_new_tokens=2, config=FALLBACK.with_(pass1_dtype="auto"))
     assert "pass1_dtype" not in res.details and res.details["pass1_continued"]  # the exact pass 1, reused
     monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: True)
+    long_ = engine.prepare(context(12), QUESTION)
+    short = engine.prepare(context(12), QUESTION, config=ONE_MAP.with_(pass1_dtype="auto", keep_length=10_000.0))
+    assert long_.details["pass1_dtype"] == "bfloat16" and not long_.details["pass1_continued"]
+    assert "pass1_dtype" not in short.details and short.details["pass1_continued"]  # keeps vanilla positions: exact, reused
     half = QGPM(model.to(torch.bfloat16), tokenizer, heads=HEADS, config=ONE_MAP.with_(pass1_dtype="auto"))
     try:
         assert half.pass1_precision() is None  # already a low-precision model: nothing to gain
