@@ -127,10 +127,7 @@ def main(argv=None) -> int:
         "|---:|---:|---:|---:|---:|---:|---:|---|",
         *rows,
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report)
+    speed.emit(lines, args.out)
     return 0
 
 

@@ -93,10 +93,7 @@ def main(argv=None) -> int:
         lines.append(f"| {label} | **whole call** ({res.usage.prompt_tokens} prompt tokens"
                      + (f", prefill reused {res.details.get('prefill_reused', 0)}" if method == "qgpm" else "")
                      + f") | {res.timings.total_s:.2f} | **{max(m for _, m in samples):.0f}** |")
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        Path(args.out).write_text(report)
+    speed.emit(lines, args.out)
     return 0
 
 

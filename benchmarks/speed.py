@@ -96,6 +96,15 @@ def _malloc_trim():
 MALLOC_TRIM = _malloc_trim()
 
 
+def emit(lines: list[str], out: str | None) -> None:
+    """Print a benchmark's markdown report and write it to ``out`` when given."""
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(report)
+
+
 class PeakRSS:
     def __init__(self) -> None:
         self.proc = psutil.Process()
@@ -348,11 +357,7 @@ def main(argv=None) -> int:
                     f"| {int(v['prompt_tokens'])} | {m} | {q['ttft_s']:.3f} | {q['pass1_s']:.3f} | {q['ttft_s'] / v['ttft_s']:.2f} | "
                     f"{int(q['prefill_reused'])} | {q['decode_tok_s'] / v['decode_tok_s']:.2f} | {q['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
                 )
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report)
+    emit(lines, args.out)
     return 0
 
 

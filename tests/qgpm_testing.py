@@ -86,3 +86,21 @@ def spy_load_model(monkeypatch) -> list:
 
     monkeypatch.setattr(qgpm.engine, "load_model", spy)
     return calls
+
+
+# A needle among filler sentences, for behaviour tests of pass 1 and its reuse.
+NEEDLE_FILLER = [
+    "The morning market opened early and the stalls filled with fresh bread.",
+    "Several visitors walked along the river to watch the boats pass by.",
+    "A small band played old songs near the fountain in the square.",
+    "The library kept its doors open late for the students before exams.",
+]
+NEEDLE = "The secret password for the blue door is tangerine."
+NEEDLE_QUESTION = "What is the secret password for the blue door?"
+
+
+def needle_context(where: int, n: int = 24) -> str:
+    """``n`` filler sentences with :data:`NEEDLE` inserted at sentence ``where``."""
+    sents = [NEEDLE_FILLER[i % len(NEEDLE_FILLER)] for i in range(n)]
+    sents.insert(where, NEEDLE)
+    return " ".join(sents)

@@ -13,26 +13,16 @@ from qgpm import QGPM, QGPMConfig
 from qgpm.engine import continue_pays
 from qgpm.relevance import Pass1Stats, head_token_logits
 from qgpm.runtime import decoder_layers
-from qgpm_testing import FAMILIES, LAYERED_FAMILIES, tiny_model
+from qgpm_testing import NEEDLE_QUESTION, needle_context, FAMILIES, LAYERED_FAMILIES, tiny_model
 
-FILLER = [
-    "The morning market opened early and the stalls filled with fresh bread.",
-    "Several visitors walked along the river to watch the boats pass by.",
-    "A small band played old songs near the fountain in the square.",
-    "The library kept its doors open late for the students before exams.",
-]
-NEEDLE = "The secret password for the blue door is tangerine."
-QUESTION = "What is the secret password for the blue door?"
+QUESTION = NEEDLE_QUESTION
 HEADS = [(1, 0), (2, 1)]
 # one map on every layer, the two top sentences moved: pass 2 runs in slot order
 ONE_MAP = QGPMConfig(remap="reorder", split_layer=0, k_sharp=2.0, s_low=0.1, min_top_z=None, decisive_margin=None)
 FALLBACK = ONE_MAP.with_(min_top_z=1e6)  # no head signal is that peaked: every call keeps vanilla positions
 
 
-def context(where: int, n: int = 24) -> str:
-    sents = [FILLER[i % len(FILLER)] for i in range(n)]
-    sents.insert(where, NEEDLE)
-    return " ".join(sents)
+context = needle_context
 
 
 # ----------------------------------------------------------------------------- the cost rule
