@@ -34,7 +34,7 @@ from .config import QGPMConfig
 from .defaults import DEFAULT_K, DEFAULT_RERANKER, METHODS, PASS1_FIELDS as _PASS1_FIELDS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .heads import HeadSet, HeadSetMissingError, check_head_set, find_head_set, known_model_name, missing_head_set_error
-from .loading import ModelSource, load_model, load_tokenizer, resolve_source
+from .loading import ModelSource, load_model, load_tokenizer, parse_dtype, resolve_source
 from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, check_local_layers, oracle_units, reorder_needs_masks, split_layer
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, PromptSpec, build_prompt, check_prompt_inputs, check_template, has_visible_text, render_chat
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
@@ -301,7 +301,7 @@ class QGPM:
             if context_tokens is not None and 0 < context_tokens <= cfg.keep_length:
                 return None
             return torch.bfloat16 if model_dtype == torch.float32 and _fast_on(self.device, torch.bfloat16) else None
-        dtype = _PASS1_DTYPES[want]
+        dtype = parse_dtype(want)  # a name QGPMConfig has checked
         if dtype == model_dtype:
             return None
         if dtype not in self._warned_pass1 and not _fast_on(self.device, dtype):
@@ -1021,9 +1021,6 @@ def _rewind(cache: Any, tokens: int) -> bool:
 
 # attention implementations shipped with transformers, which offset the causal mask by a cached prefix
 _PREFIX_SAFE_ATTENTION = frozenset({"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"})
-
-
-_PASS1_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}  # QGPMConfig.pass1_dtype
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

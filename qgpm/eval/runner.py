@@ -182,7 +182,7 @@ def method_fingerprint(
         fp["config"] = _config_dict(cfg)
     if method == "qgpm":
         fp["heads"] = [list(h) for h in engine.heads]
-        low = engine.pass1_precision(cfg) if hasattr(engine, "pass1_precision") else None
+        low = engine.pass1_precision(cfg)
         if low is not None:  # what "auto" became on this hardware; absent at the model's dtype (earlier rows keep their hashes)
             fp["pass1_precision"] = str(low).removeprefix("torch.")
     if method in ("topk", "reorder"):
