@@ -1,11 +1,13 @@
-"""Issue 14, item 2: the shipped preset with the shallow head set (layers < 18, the default
-since the fifteenth session) against the same preset with the earlier, unrestricted head
-set, on the 4K test grid, from the committed rows.
+"""Issue 14, item 2: a new series of the shipped preset (the shallow head set, layers < 18, in
+the fifteenth session; pass 1 at bfloat16, ``pass1_dtype="auto"``, in the seventeenth)
+against the preset as the README counted it before, on a test grid, from the committed rows.
 
     python benchmarks/head_set_test_table.py
     python benchmarks/head_set_test_table.py --series db023b635d23 --length 4096
+    python benchmarks/head_set_test_table.py --series 921a8e --label "bfloat16 pass 1" --length 2048
+    python benchmarks/head_set_test_table.py --rows benchmarks/results/eval_smollm2_test_8k/rows.jsonl --length 8192 --series ...
 
-``--series``: the config hash (or a prefix) of the new rows. The earlier set's answer per
+``--series``: the config hash (or a prefix) of the new rows. The earlier answer per
 sample is the one the README counted before the switch: the newest preset series that ran
 on the sample (``a23b32``, else ``dc58f6``, else ``7cefc6``: each later series re-ran only
 the samples its change could touch), and vanilla's answer where none ran (the flat-relevance
@@ -39,6 +41,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=str(ROWS))
     ap.add_argument("--series", default="db023b635d23", help="config hash (prefix) of the shallow head set's rows")
     ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--label", default="shallow set", help="what the new series changes, for the column names")
     args = ap.parse_args(argv)
 
     by: dict[tuple, dict] = collections.defaultdict(dict)  # (task, depth, index) -> label -> row
@@ -66,10 +69,10 @@ def main(argv=None) -> int:
         by[k].setdefault("earlier", by[k]["vanilla"])  # no earlier-series row: vanilla positions, vanilla's answer
 
     cols = ["vanilla", "new", "earlier", "topk", "reorder", "oracle"]
-    label = {"new": "QGPM, shallow set", "earlier": "QGPM, earlier set", "topk": "Top-K", "reorder": "Reorder", "oracle": "Oracle"}
+    label = {"new": f"QGPM, {args.label}", "earlier": "QGPM, earlier", "topk": "Top-K", "reorder": "Reorder", "oracle": "Oracle"}
     print(f"{len(samples)} samples at {args.length} tokens with series {args.series} rows; cells: % right (wins/losses vs vanilla)")
     print()
-    print("| task | n | " + " | ".join(label.get(c, c) for c in cols) + " | shallow only / earlier only |")
+    print("| task | n | " + " | ".join(label.get(c, c) for c in cols) + f" | {args.label} only / earlier only |")
     print("|---|---|" + "---|" * (len(cols) + 1))
     tot = {c: [0, 0, 0, 0] for c in cols}
     incomplete: set[str] = set()  # methods without a row on some sample: no total
@@ -117,10 +120,10 @@ def main(argv=None) -> int:
 
     same = sum(by[k]["new"]["answer"] == by[k]["earlier"]["answer"] for k in samples)
     moved = sum(1 for k in samples if not by[k]["new"].get("flat_relevance") and float(by[k]["new"].get("s_low", 1.0)) < 1.0)
-    print(f"Same answer text, shallow vs earlier set: {same} of {len(samples)}. Shallow-set calls that moved or compressed "
+    print(f"Same answer text, {args.label} vs earlier: {same} of {len(samples)}. Calls of the new series that moved or compressed "
           f"something (s_low < 1, relevance not flat): {moved} of {len(samples)}.")
     print()
-    print("| head set | evidence sentence ranked by the heads (qgpm rows) | wall / pass 1 / prefill per answer (mean s) |")
+    print("| series | evidence sentence ranked by the heads (qgpm rows) | wall / pass 1 / prefill per answer (mean s) |")
     print("|---|---|---|")
     for c in ("new", "earlier"):
         print(f"| {label[c]} | {rank_stats(c)} | {time_stats(c)} |")

@@ -15,6 +15,13 @@ larger call absorb part of the next call's peak, and a method's figure depends o
 before it (seen in the fourteenth session: vanilla 247 MiB in one run, 405 in another, at the
 same 4K prompt). Expected
 (DESIGN.md App. D): TTFT ratio ~ 1 + (deepest head layer + 1) / n_layers, decode ratio ~ 1.
+
+Bound: a QGPM call that does not reuse pass 1 as its prefill pays pass 1 and then one full
+prefill over the remapped prompt, so its TTFT ratio is bounded below by
+``1 + pass 1 / vanilla TTFT`` measured in the same run (at the model's precision pass 1 runs
+``deepest + 1`` of ``n_layers`` layers, hence the formula above; a bfloat16 pass 1 costs
+less). The tables give that bound and ``ratio / bound`` beside each such ratio: how much
+the rest of the call (plan, pass 2, first token) costs above a vanilla prefill.
 """
 
 from __future__ import annotations
@@ -167,6 +174,27 @@ def random_engine(arch: str, tokenizer_dir: str, device: str | None, dtype: str 
     return QGPM(model, tok, heads=hs, name=f"random-{arch}")
 
 
+def precision_note(engine: QGPM) -> str:
+    """How ``engine``'s pass 1 runs on a call long enough to be remapped (its config's ``pass1_dtype``)."""
+    low = engine.pass1_precision(context_tokens=None)
+    want = engine.config.pass1_dtype
+    if low is None:
+        return (f"at the model's precision (pass1_dtype={want!r}), going on as the prefill where that pays "
+                f"(reuse_prefill={engine.reuse_prefill})")
+    return (f"at {str(low).removeprefix('torch.')} under autocast (pass1_dtype={want!r}), never reused as the prefill: "
+            "TTFT = pass 1 + one full prefill")
+
+
+def bound_cells(q: dict, v: dict) -> str:
+    """The ``bound | ratio / bound`` cells of a QGPM cell ``q`` against vanilla's ``v`` (medians):
+    the bound ``1 + pass 1 / vanilla TTFT`` of a call that pays pass 1 plus one full prefill, and
+    "reused" for a call whose pass 2 took part of its prefill from pass 1 (no such bound)."""
+    if q["prefill_reused"]:
+        return "reused | –"
+    bound = 1.0 + q["pass1_s"] / v["ttft_s"]
+    return f"{bound:.2f} | {q['ttft_s'] / v['ttft_s'] / bound:.2f}"
+
+
 def measure(engine: QGPM, context: str, method: str, new_tokens: int) -> dict:
     cuda = engine.device.type == "cuda"
     if cuda:
@@ -208,8 +236,9 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", default=None, help="layer:head,... for --random-arch (default: SmolLM2's set, rescaled)")
     ap.add_argument("--second-heads", default=None,
                     help="layer:head,... : also time QGPM with this head set (e.g. a shallow one) in the same run, as 'qgpm B'")
-    ap.add_argument("--second-pass1-dtype", default=None, metavar="DTYPE",
-                    help="bfloat16 | float16 | auto: 'qgpm B' runs pass 1 at this precision (QGPMConfig.pass1_dtype; with "
+    ap.add_argument("--second-pass1-dtype", default=None, metavar="DTYPE", choices=("none", "auto", "bfloat16", "float16", "float32"),
+                    help="none | auto | bfloat16 | float16 | float32: 'qgpm B' runs pass 1 at this precision (QGPMConfig.pass1_dtype; "
+                         "none = the model's own dtype, e.g. to time the exact pass 1 beside a preset that sets auto; with "
                          "--second-heads its head set, else the engine's)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a QGPMConfig field for the timed QGPM calls, on top of the engine's (repeatable)")
     ap.add_argument("--evidence-depth", type=float, default=None,
@@ -238,12 +267,19 @@ def main(argv=None) -> int:
     engines = {"vanilla": engine, "qgpm": QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=timed_config, name=engine.name)}
     if args.second_heads or args.second_pass1_dtype:
         second = [tuple(int(x) for x in h.split(":")) for h in args.second_heads.split(",")] if args.second_heads else engine.heads
-        cfg_b = timed_config.with_(pass1_dtype=args.second_pass1_dtype) if args.second_pass1_dtype else timed_config
+        cfg_b = timed_config
+        if args.second_pass1_dtype:
+            cfg_b = timed_config.with_(pass1_dtype=None if args.second_pass1_dtype == "none" else args.second_pass1_dtype)
         engines["qgpm B"] = QGPM(engine.model, engine.tokenizer, heads=second, config=cfg_b, name=engine.name)
     extras = []
     if args.compare_reuse:
-        fallback = timed_config.with_(min_top_z=1e6)
-        for label, cfg, reuse in (("qgpm, no reuse", timed_config, False), ("falls back", fallback, True), ("falls back, no reuse", fallback, False)):
+        # The reuse applies to the exact pass 1 only: these calls run pass 1 at the model's precision.
+        exact = timed_config.with_(pass1_dtype=None)
+        fallback = exact.with_(min_top_z=1e6)
+        labels = [("qgpm, no reuse", exact, False), ("falls back", fallback, True), ("falls back, no reuse", fallback, False)]
+        if engines["qgpm"].pass1_precision() is not None:
+            labels.insert(0, ("qgpm, exact pass 1", exact, True))
+        for label, cfg, reuse in labels:
             engines[label] = QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=cfg, name=engine.name, reuse_prefill=reuse)
             extras.append(label)
     method_of = {m: "vanilla" if m == "vanilla" else "qgpm" for m in engines}
@@ -291,35 +327,36 @@ def main(argv=None) -> int:
         f"({'/'.join(m for m in engines if method_of[m] == 'qgpm')}, of {args.repeats}); how pass 2 ran (result.details['pass2']): "
         f"{', '.join(f'{k} {v}' for k, v in sorted(pass2.items()))}.",
         "",
-        "| prompt tokens | TTFT vanilla (s) | TTFT qgpm (s) | of which pass 1 (s) | TTFT ratio | decode vanilla (tok/s) | decode qgpm (tok/s) | decode ratio | peak mem vanilla (MiB) | peak mem qgpm (MiB) | mem ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"Pass 1 of the qgpm calls: {precision_note(engines['qgpm'])}. Bound: 1 + pass 1 / vanilla TTFT, for calls that pay pass 1 "
+        "plus one full prefill (\"reused\" where pass 2 took part of its prefill from pass 1).",
+        "",
+        "| prompt tokens | TTFT vanilla (s) | TTFT qgpm (s) | of which pass 1 (s) | TTFT ratio | bound | ratio / bound | decode vanilla (tok/s) | decode qgpm (tok/s) | decode ratio | peak mem vanilla (MiB) | peak mem qgpm (MiB) | mem ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for length, med in rows:
         v, q = med["vanilla"], med["qgpm"]
         lines.append(
             f"| {int(v['prompt_tokens'])} | {v['ttft_s']:.3f} | {q['ttft_s']:.3f} | {q['pass1_s']:.3f} | {q['ttft_s'] / v['ttft_s']:.2f} | "
-            f"{v['decode_tok_s']:.1f} | {q['decode_tok_s']:.1f} | {q['decode_tok_s'] / v['decode_tok_s']:.2f} | "
+            f"{bound_cells(q, v)} | {v['decode_tok_s']:.1f} | {q['decode_tok_s']:.1f} | {q['decode_tok_s'] / v['decode_tok_s']:.2f} | "
             f"{v['peak_mib']:.0f} | {q['peak_mib']:.0f} | {q['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
         )
     if "qgpm B" in engines:
         hb = engines["qgpm B"].heads
         deep_b = max(l for l, _ in hb)
-        p1b = engines["qgpm B"].pass1_precision()
         lines += [
             "",
             f"**qgpm B**: the same calls with the head set {' '.join(f'{l}:{h}' for l, h in hb)} (deepest layer {deep_b}, "
-            + (f"expected TTFT ratio {1 + (deep_b + 1) / engine.n_layers:.2f})" if p1b is None else
-               f"pass 1 at {str(p1b).removeprefix('torch.')} under autocast, never reused as the prefill: TTFT = pass 1 + one full prefill)")
-            + ", timed in the same run, interleaved with the two above.",
+            f"expected TTFT ratio at the model's precision {1 + (deep_b + 1) / engine.n_layers:.2f}; pass 1: "
+            f"{precision_note(engines['qgpm B'])}), timed in the same run, interleaved with the two above.",
             "",
-            "| prompt tokens | TTFT qgpm B (s) | of which pass 1 (s) | TTFT ratio B | decode qgpm B (tok/s) | decode ratio B | peak mem qgpm B (MiB) | mem ratio B |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| prompt tokens | TTFT qgpm B (s) | of which pass 1 (s) | TTFT ratio B | bound | ratio / bound | decode qgpm B (tok/s) | decode ratio B | peak mem qgpm B (MiB) | mem ratio B |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for length, med in rows:
             v, b = med["vanilla"], med["qgpm B"]
             lines.append(
                 f"| {int(v['prompt_tokens'])} | {b['ttft_s']:.3f} | {b['pass1_s']:.3f} | {b['ttft_s'] / v['ttft_s']:.2f} | "
-                f"{b['decode_tok_s']:.1f} | {b['decode_tok_s'] / v['decode_tok_s']:.2f} | {b['peak_mib']:.0f} | "
+                f"{bound_cells(b, v)} | {b['decode_tok_s']:.1f} | {b['decode_tok_s'] / v['decode_tok_s']:.2f} | {b['peak_mib']:.0f} | "
                 f"{b['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
             )
     if baselines:
@@ -343,7 +380,8 @@ def main(argv=None) -> int:
         lines += [
             "",
             "**Pass 1 going on as the prefill** (`QGPM.reuse_prefill`, on in the rows above): the same calls without it, and a call "
-            "that falls back to vanilla positions (min_top_z=1e6) with and without it, timed in the same run, interleaved. "
+            "that falls back to vanilla positions (min_top_z=1e6) with and without it, each with pass 1 at the model's precision "
+            "(the reuse applies to no other), timed in the same run, interleaved. "
             "Prefill reused: prompt tokens whose vanilla states pass 2 took from pass 1 (median).",
             "",
             "| prompt tokens | calls | TTFT (s) | of which pass 1 (s) | TTFT ratio | prefill reused | decode ratio | mem ratio |",
