@@ -249,7 +249,8 @@ def main(argv=None) -> int:
                          "in the same run, interleaved, on the base engine")
     ap.add_argument("--compare-reuse", action="store_true",
                     help="also time, in the same run: qgpm without reuse_prefill, and a call that falls back to vanilla positions "
-                         "(min_top_z=1e6) with and without it")
+                         "(min_top_z=1e6) with and without it, all with the exact pass 1; where the engine's pass 1 runs at a lower "
+                         "precision (pass1_dtype), also the exact pass 1 with the reuse and a fallback at the lower precision")
     args = ap.parse_args(argv)
     baselines = [m.strip() for m in args.baselines.split(",") if m.strip()] if args.baselines else []
     unknown = sorted(set(baselines) - {"string", "ms-poe", "self-extend"})
@@ -277,8 +278,10 @@ def main(argv=None) -> int:
         exact = timed_config.with_(pass1_dtype=None)
         fallback = exact.with_(min_top_z=1e6)
         labels = [("qgpm, no reuse", exact, False), ("falls back", fallback, True), ("falls back, no reuse", fallback, False)]
-        if engines["qgpm"].pass1_precision() is not None:
+        low = engines["qgpm"].pass1_precision()
+        if low is not None:  # the preset's lower-precision pass 1 beside the exact one, moved and falling back
             labels.insert(0, ("qgpm, exact pass 1", exact, True))
+            labels.insert(2, (f"falls back, pass 1 at {str(low).removeprefix('torch.')}", timed_config.with_(min_top_z=1e6), True))
         for label, cfg, reuse in labels:
             engines[label] = QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=cfg, name=engine.name, reuse_prefill=reuse)
             extras.append(label)
@@ -381,7 +384,8 @@ def main(argv=None) -> int:
             "",
             "**Pass 1 going on as the prefill** (`QGPM.reuse_prefill`, on in the rows above): the same calls without it, and a call "
             "that falls back to vanilla positions (min_top_z=1e6) with and without it, each with pass 1 at the model's precision "
-            "(the reuse applies to no other), timed in the same run, interleaved. "
+            "(the reuse applies to no other; where the rows above run a lower-precision pass 1, also the exact pass 1 with the "
+            "reuse, and a fallback with the lower-precision pass 1), timed in the same run, interleaved. "
             "Prefill reused: prompt tokens whose vanilla states pass 2 took from pass 1 (median).",
             "",
             "| prompt tokens | calls | TTFT (s) | of which pass 1 (s) | TTFT ratio | prefill reused | decode ratio | mem ratio |",
