@@ -163,3 +163,27 @@ def test_real_smollm2_bfloat16_pass1_ranks_as_float32(smollm):
     assert not a.plan.is_standard() and torch.equal(a.plan.feed_order(), b.plan.feed_order())
     ra, rb = smollm.generate_prepared(a, max_new_tokens=12), smollm.generate_prepared(b, max_new_tokens=12)
     assert ra.text == rb.text and rb.details["pass1_dtype"] == "bfloat16" and rb.details["prefill_reused"] == 0
+
+
+@pytest.mark.real_model
+def test_real_smollm2_preset_runs_pass1_at_auto(smollm):
+    """The shipped SmolLM2 preset sets ``pass1_dtype="auto"``: where the hardware multiplies
+    bfloat16 natively, a context longer than ``keep_length`` gets a bfloat16 pass 1 (never
+    reused as the prefill), elsewhere the exact one; a context within ``keep_length`` always
+    gets the exact pass 1, which goes on as its prefill. The needle is still ranked first and answered."""
+    from qgpm.engine import _fast_on
+
+    assert smollm.config.pass1_dtype == "auto"
+    fast = _fast_on(smollm.device, torch.bfloat16)
+    long_ = smollm.prepare(context(60, n=96), QUESTION, method="qgpm")
+    assert long_.prompt.context_tokens > smollm.config.keep_length
+    if fast:
+        assert long_.details["pass1_dtype"] == "bfloat16" and not long_.details["pass1_continued"]
+    else:
+        assert "pass1_dtype" not in long_.details
+    assert "tangerine" in min(long_.relevance, key=lambda r: r.rank).text  # the needle ranked first
+    res = smollm.generate_prepared(long_, max_new_tokens=32)
+    assert "tangerine" in res.text.lower() and (res.details["prefill_reused"] == 0 or not fast)
+    short = smollm.prepare(context(12, n=24), QUESTION, method="qgpm")
+    assert short.prompt.context_tokens <= smollm.config.keep_length
+    assert "pass1_dtype" not in short.details and short.details["pass1_continued"]

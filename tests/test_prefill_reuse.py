@@ -223,11 +223,14 @@ def test_reuse_prefill_is_checked_and_an_unknown_attention_prefills_everything(t
 
 @pytest.mark.real_model
 def test_real_smollm2_reused_prefill_answers_as_a_full_pass2(smollm):
-    """The embedded SmolLM2 with its shipped heads and preset: a call that falls back reuses all
-    but the last prompt token, and the answer and gold log-prob equal those of a full pass 2."""
+    """The embedded SmolLM2 with its shipped heads and preset, pass 1 at the model's precision
+    (the only one the reuse applies to; the preset's "auto" keeps it for contexts within
+    keep_length): a call that falls back reuses all but the last prompt token, and the answer
+    and gold log-prob equal those of a full pass 2."""
     ctx = context(32, n=40)  # the needle late: moving it leaves most of the prompt in place
-    off = QGPM(smollm.model, smollm.tokenizer, heads=smollm.heads, config=smollm.config, reuse_prefill=False)
-    for cfg in (smollm.config.with_(min_top_z=1e6), smollm.config.with_(min_top_z=None, decisive_margin=None)):
+    exact = smollm.config.with_(pass1_dtype=None)
+    off = QGPM(smollm.model, smollm.tokenizer, heads=smollm.heads, config=exact, reuse_prefill=False)
+    for cfg in (exact.with_(min_top_z=1e6), exact.with_(min_top_z=None, decisive_margin=None)):
         a = smollm.prepare(ctx, QUESTION, method="qgpm", config=cfg)
         b = off.prepare(ctx, QUESTION, method="qgpm", config=cfg)
         ra = smollm.generate_prepared(a, max_new_tokens=12, score=" tangerine")
