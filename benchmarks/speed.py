@@ -293,6 +293,7 @@ def main(argv=None) -> int:
     deepest = max(l for l, _ in heads)
     expected = 1 + (deepest + 1) / engine.n_layers
     rows, remapped, pass2 = [], [], collections.Counter()
+    paired: dict[int, dict[str, list[float]]] = {}
     for length in [int(x) for x in args.lengths.split(",")]:
         ctx = (context_of(engine, text, length - args.new_tokens) if args.evidence_depth is None
                else context_with_evidence_at(engine, text, length - args.new_tokens, args.evidence_depth))
@@ -307,6 +308,9 @@ def main(argv=None) -> int:
         med = {m: {k: statistics.median(r[k] for r in rs) for k in ("prompt_tokens", "ttft_s", "pass1_s", "decode_tok_s", "peak_mib", "prefill_reused")}
                for m, rs in runs.items()}
         rows.append((length, med))
+        # decode ratio per round: each call against the vanilla call of the same round (drift between rounds cancels)
+        paired[length] = {m: [r["decode_tok_s"] / v["decode_tok_s"] for r, v in zip(rs, runs["vanilla"])]
+                          for m, rs in runs.items() if m != "vanilla"}
         print(json.dumps({"length": length, **med}), flush=True)
     dev = f"{engine.device.type}" + (f" ({torch.cuda.get_device_name()})" if engine.device.type == "cuda" else f" ({psutil.cpu_count()} cores, torch threads {torch.get_num_threads()})")
     lines = [
@@ -399,6 +403,19 @@ def main(argv=None) -> int:
                     f"| {int(v['prompt_tokens'])} | {m} | {q['ttft_s']:.3f} | {q['pass1_s']:.3f} | {q['ttft_s'] / v['ttft_s']:.2f} | "
                     f"{int(q['prefill_reused'])} | {q['decode_tok_s'] / v['decode_tok_s']:.2f} | {q['peak_mib'] / max(v['peak_mib'], 1e-9):.2f} |"
                 )
+    lines += [
+        "",
+        "**Decode ratio per round** (each call's decode speed over that of the vanilla call of the same round of the "
+        "interleaving, so that drift between rounds cancels): median, lowest and highest over the rounds, and in how many "
+        "rounds the call decoded at least as fast as vanilla.",
+        "",
+        "| prompt tokens | calls | median | lowest | highest | rounds ≥ 1 |",
+        "|---:|---|---:|---:|---:|---:|",
+    ]
+    for length, med in rows:
+        for m, ratios in paired[length].items():
+            lines.append(f"| {int(med['vanilla']['prompt_tokens'])} | {m} | {statistics.median(ratios):.2f} | {min(ratios):.2f} | "
+                         f"{max(ratios):.2f} | {sum(x >= 1.0 for x in ratios)} of {len(ratios)} |")
     emit(lines, args.out)
     return 0
 
