@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import speed  # noqa: E402  (the sibling benchmark: same prompt builder)
 
 from qgpm import QGPM  # noqa: E402
+from qgpm.config import coerce_value  # noqa: E402
 
 PHASES = ("edit", "pass 1", "plan", "prefill", "decode")
 
@@ -75,32 +76,20 @@ def peak(trace, lo: int | None = None, hi: int | None = None) -> tuple[int, int]
     return b, t
 
 
-def pass1_note(q: QGPM) -> str:
-    """How the QGPM calls run pass 1 under their config's ``pass1_dtype``."""
-    low = q.pass1_precision()
-    if low is None:
-        return "prefill reuse on. "
-    low = str(low).removeprefix("torch.")
-    if q.config.pass1_dtype == "auto":
-        return (f"pass1_dtype='auto': pass 1 at {low} (never reused as the prefill) for contexts longer than keep_length="
-                f"{q.config.keep_length:g} tokens, the exact pass 1 with the prefill reuse within it. ")
-    return f"pass 1 at {low} (never reused as the prefill). "
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", default="1024,2048,4096,8000")
     ap.add_argument("--evidence-depth", type=float, default=0.5)
     ap.add_argument("--new-tokens", type=int, default=8)
     ap.add_argument("--heads", default=None, help="layer:head,... (default: the shipped set)")
-    ap.add_argument("--pass1-dtype", default=None, choices=("none", "auto", "bfloat16", "float16", "float32"), help="none | auto | bfloat16 | float16 | float32: the QGPM calls run pass 1 at this precision (QGPMConfig.pass1_dtype; "
+    ap.add_argument("--pass1-dtype", default=None, choices=speed.PASS1_DTYPES, help="none | auto | bfloat16 | float16 | float32: the QGPM calls run pass 1 at this precision (QGPMConfig.pass1_dtype; "
                          "default: the preset's; none = the model's own dtype)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     engine = QGPM.from_pretrained()
     heads = [tuple(int(x) for x in h.split(":")) for h in args.heads.split(",")] if args.heads else engine.heads
-    cfg = engine.config.with_(min_top_z=None, decisive_margin=None, **({"pass1_dtype": None if args.pass1_dtype == "none" else args.pass1_dtype} if args.pass1_dtype else {}))
+    cfg = engine.config.with_(min_top_z=None, decisive_margin=None, **({"pass1_dtype": coerce_value(args.pass1_dtype)} if args.pass1_dtype else {}))
     q = QGPM(engine.model, engine.tokenizer, heads=heads, config=cfg, name=engine.name)
     deepest = max(layer for layer, _ in heads)
     speed.measure(engine, speed.context_of(engine, speed.long_text(), 256), "vanilla", 2)  # warm-up
@@ -132,7 +121,7 @@ def main(argv=None) -> int:
         "the largest running total of live tensor bytes above the total at the call's start (weights and allocator caches "
         f"excluded). Deterministic for a prompt, so one call per cell. Evidence at depth {args.evidence_depth:g}, "
         f"{args.new_tokens} new tokens, the engine's preset with the confidence rules off, "
-        + pass1_note(q)
+        + f"pass 1 {speed.precision_note(q)}. "
         + f"Head set: {len(heads)} heads, deepest layer {deepest} of {engine.n_layers}. The phase holding each peak is in "
         f"brackets (the call's timings laid end to end). Python {sys.version.split()[0]}, torch {torch.__version__}.", "",
         "| prompt tokens | peak vanilla (MiB) | peak qgpm (MiB) | mem ratio | pass-1 peak (MiB) | pass-1 peak per token (KiB) "

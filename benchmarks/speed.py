@@ -174,6 +174,11 @@ def random_engine(arch: str, tokenizer_dir: str, device: str | None, dtype: str 
     return QGPM(model, tok, heads=hs, name=f"random-{arch}")
 
 
+PASS1_DTYPES = ("none", "auto", "bfloat16", "float16", "float32")
+"""What the benchmarks' pass-1 precision options take: QGPMConfig.pass1_dtype values, ``none`` = the model's dtype
+(read with :func:`qgpm.config.coerce_value`, as ``--set`` reads it)."""
+
+
 def precision_note(engine: QGPM) -> str:
     """How ``engine``'s pass 1 runs on a call long enough to be remapped (its config's ``pass1_dtype``)."""
     low = engine.pass1_precision(context_tokens=None)
@@ -181,8 +186,11 @@ def precision_note(engine: QGPM) -> str:
     if low is None:
         return (f"at the model's precision (pass1_dtype={want!r}), going on as the prefill where that pays "
                 f"(reuse_prefill={engine.reuse_prefill})")
-    return (f"at {str(low).removeprefix('torch.')} under autocast (pass1_dtype={want!r}), never reused as the prefill: "
+    note = (f"at {str(low).removeprefix('torch.')} under autocast (pass1_dtype={want!r}), never reused as the prefill: "
             "TTFT = pass 1 + one full prefill")
+    if want == "auto":
+        note += f"; the exact pass 1, reused where that pays, for contexts within keep_length={engine.config.keep_length:g} tokens"
+    return note
 
 
 def bound_cells(q: dict, v: dict) -> str:
@@ -236,7 +244,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", default=None, help="layer:head,... for --random-arch (default: SmolLM2's set, rescaled)")
     ap.add_argument("--second-heads", default=None,
                     help="layer:head,... : also time QGPM with this head set (e.g. a shallow one) in the same run, as 'qgpm B'")
-    ap.add_argument("--second-pass1-dtype", default=None, metavar="DTYPE", choices=("none", "auto", "bfloat16", "float16", "float32"),
+    ap.add_argument("--second-pass1-dtype", default=None, metavar="DTYPE", choices=PASS1_DTYPES,
                     help="none | auto | bfloat16 | float16 | float32: 'qgpm B' runs pass 1 at this precision (QGPMConfig.pass1_dtype; "
                          "none = the model's own dtype, e.g. to time the exact pass 1 beside a preset that sets auto; with "
                          "--second-heads its head set, else the engine's)")
@@ -268,9 +276,7 @@ def main(argv=None) -> int:
     engines = {"vanilla": engine, "qgpm": QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=timed_config, name=engine.name)}
     if args.second_heads or args.second_pass1_dtype:
         second = [tuple(int(x) for x in h.split(":")) for h in args.second_heads.split(",")] if args.second_heads else engine.heads
-        cfg_b = timed_config
-        if args.second_pass1_dtype:
-            cfg_b = timed_config.with_(pass1_dtype=None if args.second_pass1_dtype == "none" else args.second_pass1_dtype)
+        cfg_b = timed_config.with_(pass1_dtype=coerce_value(args.second_pass1_dtype)) if args.second_pass1_dtype else timed_config
         engines["qgpm B"] = QGPM(engine.model, engine.tokenizer, heads=second, config=cfg_b, name=engine.name)
     extras = []
     if args.compare_reuse:
