@@ -152,6 +152,13 @@ RANDOM_ARCHS = {
                       num_key_value_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
                       rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # Llama-3.1-8B's depth (32 layers), GQA ratio (4) and RoPE at 1/16 of its width: a decode step
+    # costs little beyond launching the layers, as an eager decode on a large GPU does, so the
+    # decode ratio here shows QGPM's per-step overhead (its layer hooks) on a CPU.
+    "llama3-8b-thin": dict(hidden_size=256, intermediate_size=896, num_hidden_layers=32, num_attention_heads=8,
+                           num_key_value_heads=2, head_dim=32, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                           rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
 }
 def random_engine(arch: str, tokenizer_dir: str, device: str | None, dtype: str | None, heads: str | None) -> QGPM:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM

@@ -1,0 +1,54 @@
+"""benchmarks/decode_steps.py: its step clock, its three calls on a tiny model, and its argument checks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from qgpm import QGPM, QGPMConfig
+from qgpm_testing import NEEDLE_QUESTION, needle_context, tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import decode_steps  # noqa: E402
+
+ONE_MAP = QGPMConfig(remap="reorder", split_layer=0, k_sharp=2.0, s_low=0.1, min_top_z=None, decisive_margin=None)
+STRIDE = QGPMConfig(remap="stride", k_sharp=2.0, s_low=0.1, min_top_z=None, decisive_margin=None)
+
+
+def test_step_clock_times_the_gaps_between_steps():
+    clock = decode_steps.StepClock(cuda=False)
+    clock.stamps = [1.0, 1.5, 1.75]
+    assert clock.step_ms() == [500.0, 250.0]
+
+
+@pytest.mark.parametrize("config,pass2", [(ONE_MAP, "slot order"), (STRIDE, "positions")])
+def test_timed_calls_report_steps_and_the_after_pass1_call_runs_pass1(tokenizer, monkeypatch, config, pass2):
+    model = tiny_model("llama", len(tokenizer))
+    vanilla = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=config)
+    qgpm = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=config)
+    monkeypatch.setattr(decode_steps.speed, "QUESTION", NEEDLE_QUESTION)
+    ctx = needle_context(10)
+    v = decode_steps.timed_call(vanilla, ctx, "vanilla", 6)
+    q = decode_steps.timed_call(qgpm, ctx, "qgpm", 6)
+    assert v["median"] > 0 and v["mean"] > 0 and v["pass2"] is None
+    assert q["pass2"] == pass2 and q["prompt_tokens"] == v["prompt_tokens"]
+    prepared = []
+    real = qgpm.prepare
+    monkeypatch.setattr(qgpm, "prepare", lambda *a, **k: prepared.append(real(*a, **k)))
+    after = decode_steps.timed_call(vanilla, ctx, "vanilla", 6, prepare_first=qgpm)
+    assert len(prepared) == 1 and prepared[0].details["layers_run"] > 0 and after["pass2"] is None
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--rounds", "1"], "--rounds must be at least 2"),
+    (["--new-tokens", "2"], "--new-tokens must be at least 3"),
+    (["--evidence-depth", "1.5"], "--evidence-depth must be in"),
+    (["--random-arch", "llama3-8b-thin"], "--random-arch needs --tokenizer"),
+])
+def test_bad_arguments_stop_before_any_model_loads(argv, msg, capsys, monkeypatch):
+    monkeypatch.setattr(decode_steps.QGPM, "from_pretrained", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit):
+        decode_steps.main(argv)
+    assert msg in capsys.readouterr().err
