@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import speed  # noqa: E402  (the sibling benchmark: same prompt builder and random architectures)
 
 from qgpm import QGPM  # noqa: E402
-from qgpm.config import coerce_value  # noqa: E402
 
 CALLS = ("vanilla", "qgpm", "vanilla after pass 1")
 
@@ -93,20 +92,20 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a QGPMConfig field for the QGPM calls (repeatable)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    speed.check_model_args(ap, args)
+    sets = speed.config_sets(ap, args.set)
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (rounds alternate the order of the calls)")
     if args.new_tokens < 3:
         ap.error("--new-tokens must be at least 3 (two timed decode steps)")
     if not 0.0 <= args.evidence_depth <= 1.0:
         ap.error("--evidence-depth must be in [0, 1]")
-    if args.random_arch and not args.tokenizer:
-        ap.error("--random-arch needs --tokenizer")
     if args.random_arch:
         engine = speed.random_engine(args.random_arch, args.tokenizer, args.device, args.dtype, None)
     else:
         engine = QGPM.from_pretrained(args.model, device_map=args.device, dtype=args.dtype)
     # every QGPM call runs the remapped pass 2 (as in speed.py): the confidence rules off
-    config = engine.config.with_(min_top_z=None, decisive_margin=None, **{k: coerce_value(v) for k, v in (kv.split("=", 1) for kv in args.set)})
+    config = engine.config.with_(min_top_z=None, decisive_margin=None, **sets)
     qgpm = QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=config, name=engine.name)
     run = {
         "vanilla": lambda ctx: timed_call(engine, ctx, "vanilla", args.new_tokens),

@@ -181,6 +181,41 @@ def random_engine(arch: str, tokenizer_dir: str, device: str | None, dtype: str 
     return QGPM(model, tok, heads=hs, name=f"random-{arch}")
 
 
+def config_sets(ap: argparse.ArgumentParser, items: list[str]) -> dict:
+    """The ``--set FIELD=VALUE`` options as QGPMConfig changes (values read with
+    :func:`qgpm.config.coerce_value`); a malformed item or an unknown field stops the parser,
+    before any model loads."""
+    from dataclasses import fields
+
+    from qgpm import QGPMConfig
+
+    known = {f.name for f in fields(QGPMConfig)}
+    out = {}
+    for kv in items:
+        key, sep, value = kv.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            ap.error(f"--set takes FIELD=VALUE, got {kv!r}")
+        if key not in known:
+            ap.error(f"--set: {key!r} is not a QGPMConfig field; fields: {', '.join(sorted(known))}")
+        out[key] = coerce_value(value)
+    return out
+
+
+def check_model_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--random-arch`` and ``--model`` exclude each other; ``--tokenizer`` (and ``--heads``, where
+    the benchmark has it) go with ``--random-arch`` only, which needs ``--tokenizer``."""
+    if args.random_arch is None:
+        for opt in ("tokenizer", "heads"):
+            if getattr(args, opt, None) is not None:
+                ap.error(f"--{opt} is for --random-arch only (a checkpoint brings its own)")
+        return
+    if args.model is not None:
+        ap.error("--model and --random-arch exclude each other: time a checkpoint or a random-weight shape")
+    if not args.tokenizer:
+        ap.error("--random-arch needs --tokenizer (a saved tokenizer folder)")
+
+
 PASS1_DTYPES = ("none", "auto", "bfloat16", "float16", "float32")
 """What the benchmarks' pass-1 precision options take: QGPMConfig.pass1_dtype values, ``none`` = the model's dtype
 (read with :func:`qgpm.config.coerce_value`, as ``--set`` reads it)."""
@@ -267,6 +302,8 @@ def main(argv=None) -> int:
                          "(min_top_z=1e6) with and without it, all with the exact pass 1; where the engine's pass 1 runs at a lower "
                          "precision (pass1_dtype), also the exact pass 1 with the reuse and a fallback at the lower precision")
     args = ap.parse_args(argv)
+    check_model_args(ap, args)
+    sets = config_sets(ap, args.set)
     baselines = [m.strip() for m in args.baselines.split(",") if m.strip()] if args.baselines else []
     unknown = sorted(set(baselines) - {"string", "ms-poe", "self-extend"})
     if unknown:
@@ -279,7 +316,7 @@ def main(argv=None) -> int:
         engine = QGPM.from_pretrained(args.model, device_map=args.device, dtype=args.dtype)
     # The engine's settings with the two confidence rules off, so that every QGPM call pays the
     # remapped pass 2 (a call those rules return to vanilla positions costs pass 1 plus a vanilla prefill).
-    timed_config = engine.config.with_(min_top_z=None, decisive_margin=None, **{k: coerce_value(v) for k, v in (kv.split("=", 1) for kv in args.set)})
+    timed_config = engine.config.with_(min_top_z=None, decisive_margin=None, **sets)
     engines = {"vanilla": engine, "qgpm": QGPM(engine.model, engine.tokenizer, heads=engine.heads, config=timed_config, name=engine.name)}
     if args.second_heads or args.second_pass1_dtype:
         second = [tuple(int(x) for x in h.split(":")) for h in args.second_heads.split(",")] if args.second_heads else engine.heads

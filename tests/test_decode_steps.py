@@ -41,14 +41,33 @@ def test_timed_calls_report_steps_and_the_after_pass1_call_runs_pass1(tokenizer,
     assert len(prepared) == 1 and prepared[0].details["layers_run"] > 0 and after["pass2"] is None
 
 
+BAD_ARGUMENTS = [
+    (["--set", "remap"], "--set takes FIELD=VALUE"),
+    (["--set", "no_such_field=1"], "'no_such_field' is not a QGPMConfig field"),
+    (["--tokenizer", "tok"], "--tokenizer is for --random-arch only"),
+    (["--model", "m", "--random-arch", "llama3-8b-thin", "--tokenizer", "tok"], "--model and --random-arch exclude each other"),
+    (["--random-arch", "llama3-8b-thin"], "--random-arch needs --tokenizer"),
+]
+
+
 @pytest.mark.parametrize("argv,msg", [
     (["--rounds", "1"], "--rounds must be at least 2"),
     (["--new-tokens", "2"], "--new-tokens must be at least 3"),
     (["--evidence-depth", "1.5"], "--evidence-depth must be in"),
-    (["--random-arch", "llama3-8b-thin"], "--random-arch needs --tokenizer"),
-])
+] + BAD_ARGUMENTS)
 def test_bad_arguments_stop_before_any_model_loads(argv, msg, capsys, monkeypatch):
     monkeypatch.setattr(decode_steps.QGPM, "from_pretrained", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(decode_steps.speed, "random_engine", lambda *a, **k: pytest.fail("a model was built"))
     with pytest.raises(SystemExit):
         decode_steps.main(argv)
+    assert msg in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,msg", BAD_ARGUMENTS + [(["--heads", "1:0"], "--heads is for --random-arch only")])
+def test_speed_benchmark_checks_the_same_arguments_first(argv, msg, capsys, monkeypatch):
+    speed = decode_steps.speed
+    monkeypatch.setattr(speed.QGPM, "from_pretrained", lambda *a, **k: pytest.fail("a model was loaded"))
+    monkeypatch.setattr(speed, "random_engine", lambda *a, **k: pytest.fail("a model was built"))
+    with pytest.raises(SystemExit):
+        speed.main(argv)
     assert msg in capsys.readouterr().err
