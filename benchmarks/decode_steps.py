@@ -26,7 +26,9 @@ step times, and each ratio is taken within a round, then the median over rounds.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import platform
+import pstats
 import statistics
 import sys
 import time
@@ -78,6 +80,44 @@ def timed_call(engine: QGPM, context: str, method: str, new_tokens: int, prepare
             "pass2": res.details.get("pass2")}
 
 
+class _ProfileDecode:
+    """A logits processor that starts ``profiler`` at the first token's logits, so that it
+    records the decode steps only (not pass 1, the prefill or the table building)."""
+
+    def __init__(self, profiler: cProfile.Profile) -> None:
+        self.profiler = profiler
+        self.started = False
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if not self.started:
+            self.started = True
+            self.profiler.enable()
+        return scores
+
+
+def hook_time(engine: QGPM, context: str, new_tokens: int) -> dict:
+    """One QGPM call with its decode steps under cProfile: the time spent in the plan's layer
+    hooks (:func:`qgpm.runtime.apply_plan`'s ``hook``, with what it calls) per decode step (ms,
+    cProfile's own overhead included, so an upper bound), and how many hook calls a step makes."""
+    from transformers import LogitsProcessorList
+
+    import qgpm.runtime
+
+    profiler = cProfile.Profile()
+    try:
+        engine.answer(context, speed.QUESTION, method="qgpm", max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                      logits_processor=LogitsProcessorList([_ProfileDecode(profiler)]))
+    finally:
+        profiler.disable()
+    where = qgpm.runtime.__file__
+    cum, calls = 0.0, 0
+    for (filename, _line, name), (_cc, ncalls, _tt, ct, _callers) in pstats.Stats(profiler).stats.items():
+        if name == "hook" and filename == where:
+            cum, calls = cum + ct, calls + ncalls
+    steps = new_tokens - 1  # the forwards after the first token's logits
+    return {"ms_per_step": cum * 1e3 / steps, "calls_per_step": calls / steps}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
@@ -90,6 +130,9 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--evidence-depth", type=float, default=0.5)
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="a QGPMConfig field for the QGPM calls (repeatable)")
+    ap.add_argument("--profile-hooks", action="store_true",
+                    help="also run one QGPM call per length with its decode steps under cProfile and report the time in the "
+                         "plan's layer hooks per step")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     speed.check_model_args(ap, args)
@@ -121,7 +164,7 @@ def main(argv=None) -> int:
         for r in range(args.rounds):
             for c in (CALLS if r % 2 == 0 else CALLS[::-1]):
                 got[c].append(run[c](ctx))
-        rows.append((length, got))
+        rows.append((length, got, hook_time(qgpm, ctx, args.new_tokens) if args.profile_hooks else None))
         print(length, {c: [round(x["median"], 2) for x in v] for c, v in got.items()}, flush=True)
 
     def ratio(got, num: str, den: str) -> str:
@@ -129,7 +172,7 @@ def main(argv=None) -> int:
         return f"{statistics.median(per_round):.3f} ({min(per_round):.3f}-{max(per_round):.3f})"
 
     dev = engine.device.type + (f" ({torch.cuda.get_device_name()})" if engine.device.type == "cuda" else f" ({torch.get_num_threads()} torch threads)")
-    pass2 = sorted({x["pass2"] for _, got in rows for x in got["qgpm"]} - {None})
+    pass2 = sorted({x["pass2"] for _, got, _ in rows for x in got["qgpm"]} - {None})
     lines = [
         f"# Decode step times: QGPM's own work vs the state after pass 1 ({engine.name}"
         f"{' (random weights: timing only)' if args.random_arch else ''}, {dev}, dtype {next(engine.model.parameters()).dtype})",
@@ -150,7 +193,7 @@ def main(argv=None) -> int:
         "| prompt tokens | vanilla (ms/step) | qgpm (ms/step) | vanilla after pass 1 (ms/step) | hooks | state | all | decode ratio (vanilla / qgpm) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for length, got in rows:
+    for length, got, _ in rows:
         med = {c: statistics.median(x["median"] for x in got[c]) for c in CALLS}
         all_rounds = [b["median"] / a["median"] for a, b in zip(got["qgpm"], got["vanilla"])]
         lines.append(
@@ -158,6 +201,20 @@ def main(argv=None) -> int:
             f"{ratio(got, 'qgpm', 'vanilla after pass 1')} | {ratio(got, 'vanilla after pass 1', 'vanilla')} | {ratio(got, 'qgpm', 'vanilla')} | "
             f"{statistics.median(all_rounds):.2f} |"
         )
+    if args.profile_hooks:
+        lines += [
+            "",
+            "**Hook time per decode step** (one more QGPM call per length, its decode steps under cProfile: the cumulative "
+            "time of the plan's layer hooks, `qgpm.runtime.apply_plan`, over the forwards after the first token; cProfile's "
+            "own overhead included, so an upper bound; 0 where pass 2 runs without a plan).",
+            "",
+            "| prompt tokens | hook calls per step | hook time per step (ms) | share of the qgpm step |",
+            "|---:|---:|---:|---:|",
+        ]
+        for length, got, hooks in rows:
+            step = statistics.median(x["median"] for x in got["qgpm"])
+            lines.append(f"| {got['vanilla'][0]['prompt_tokens']} | {hooks['calls_per_step']:.0f} | {hooks['ms_per_step']:.3f} | "
+                         f"{hooks['ms_per_step'] / step:.2%} |")
     speed.emit(lines, args.out)
     return 0
 

@@ -41,6 +41,18 @@ def test_timed_calls_report_steps_and_the_after_pass1_call_runs_pass1(tokenizer,
     assert len(prepared) == 1 and prepared[0].details["layers_run"] > 0 and after["pass2"] is None
 
 
+def test_hook_time_counts_the_plan_hooks_of_decode_steps_only(tokenizer, monkeypatch):
+    model = tiny_model("llama", len(tokenizer))
+    monkeypatch.setattr(decode_steps.speed, "QUESTION", NEEDLE_QUESTION)
+    ctx = needle_context(10)
+    stride = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=STRIDE)
+    hooked = sum(m is not None for m in stride.prepare(ctx, NEEDLE_QUESTION).plan.layer_map)
+    got = decode_steps.hook_time(stride, ctx, 5)
+    assert hooked > 0 and got["calls_per_step"] == hooked and got["ms_per_step"] > 0  # the prefill's forward not counted
+    slot = decode_steps.hook_time(QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=ONE_MAP), ctx, 5)
+    assert slot == {"ms_per_step": 0.0, "calls_per_step": 0.0}  # pass 2 in slot order runs without a plan
+
+
 BAD_ARGUMENTS = [
     (["--set", "remap"], "--set takes FIELD=VALUE"),
     (["--set", "no_such_field=1"], "'no_such_field' is not a QGPMConfig field"),
