@@ -14,7 +14,7 @@ $PY benchmarks/speed.py --random-arch llama3-8b --tokenizer "$QGPM_TEST_TOKENIZE
     --lengths 4096,16384,32768 --repeats 3 --out "$OUT/speed_cuda_llama3_8b_arch.md" 2>&1 | tail -10
 # decode per step: QGPM's own work (its layer hooks) against the state a pass 1 leaves (issue 14, item 3)
 $PY benchmarks/decode_steps.py --random-arch llama3-8b --tokenizer "$QGPM_TEST_TOKENIZER" --device cuda --dtype bfloat16 \
-    --lengths 16384,32768 --rounds 4 --out "$OUT/decode_steps_cuda_llama3_8b_arch.md" 2>&1 | tail -6
+    --lengths 16384,32768 --rounds 4 --profile-hooks --out "$OUT/decode_steps_cuda_llama3_8b_arch.md" 2>&1 | tail -12
 # pass 1 going on as the prefill (reuse_prefill): a call that falls back, and one fed in slot order
 $PY benchmarks/speed.py --random-arch llama3-8b --tokenizer "$QGPM_TEST_TOKENIZER" --device cuda --dtype bfloat16 \
     --lengths 16384,32768 --repeats 2 --set remap=reorder --set split_layer=0 --compare-reuse --evidence-depth 0.5 \
