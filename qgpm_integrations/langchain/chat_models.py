@@ -1,22 +1,29 @@
 """``QGPMChatModel``: a LangChain chat model that answers with QGPM over a local model.
 
-How the context reaches the model (two ways, usable in any LCEL chain):
+How the context reaches QGPM (:func:`qgpm.chat_prompt.read_chat` reads it out of the
+messages; this adapter only converts LangChain messages to qgpm's role / content dicts):
 
-1. **Marked prompt** -- the human message holds text content blocks with an extra key
-   ``"qgpm_role"``: ``"context"`` (one block per document) and ``"question"``. Build it
-   with :func:`~qgpm_integrations.langchain.qgpm_prompt`; unmarked text blocks of that
-   message become the instruction, system messages the system prompt.
-2. **Keyword arguments** -- ``llm.invoke(messages, context=docs, question=...)`` or
+1. **Keyword arguments** -- ``llm.invoke(messages, context=docs, question=...)`` or
    ``llm.bind(context=docs)``: ``context`` is a string, a ``Document`` or a list of
    strings / ``Document`` objects; ``question`` defaults to the text of the last human
    message.
+2. **Marked prompt** -- text content blocks with an extra key ``"qgpm_role"``:
+   ``"context"`` (one block per document) and ``"question"``
+   (:func:`~qgpm_integrations.langchain.qgpm_prompt` builds them).
+3. **The prompts chains already use, unchanged** -- the context in a system message and
+   the question in the last human message (``create_stuff_documents_chain``,
+   ``create_retrieval_chain``); one human message with the context and then a labelled
+   question (``"... {context} Question: {question}"``); the context in one human message
+   and the question in a later one; chat history before the question.
 
-Without any context marking (no marked block, no ``context=``) the model is an
-ordinary local chat model (standard RoPE over the model's chat template) and says so:
-``response_metadata["qgpm"]["mode"] == "plain"``, and the first such call of a model
-instance logs a warning (logger ``qgpm.langchain``) saying how to mark the context.
+``response_metadata["qgpm"]["prompt"]`` says what was taken as context and question:
+the shape, the message indices and character spans, the document count and a preview.
+Without any of these the model is an ordinary local chat model (standard RoPE over the
+model's chat template) and says so: ``response_metadata["qgpm"]["mode"] == "plain"``
+with the reason, and the first such call of a model instance logs a warning (logger
+``qgpm.langchain``).
 
-An *empty* context (``context=[]``, ``context=""``, a marked prompt whose context is
+An *empty* context (``context=[]``, ``context=""``, a prompt whose context block is
 empty, e.g. a retriever that found nothing) is never answered from nothing: by default
 the reply is :data:`NO_CONTEXT_REPLY` without running the model
 (``response_metadata["qgpm"]["mode"] == "empty_context"``); with
@@ -32,7 +39,6 @@ import asyncio
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator, Literal, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -54,8 +60,10 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
 
+from qgpm.chat_prompt import ChatParts, message_text, read_chat
+
 from .._common import check_generate_kwargs, check_heads, check_model_args, device_map_for, is_loaded_model
-from .prompts import CONTEXT_ROLE, QGPM_ROLE_KEY, QUESTION_ROLE, document_texts
+from .prompts import document_texts
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
 
@@ -68,10 +76,11 @@ The model is not run: an empty retrieval result is visible as this fixed text (a
 ``response_metadata["qgpm"]["mode"] == "empty_context"``), never as a made-up answer."""
 
 UNMARKED_WARNING = (
-    "QGPMChatModel got a prompt with no QGPM context marking and no context= argument, so it answers as a plain "
+    "QGPMChatModel found no context in the prompt (no context= argument, no qgpm_role marking, and no context block "
+    "after a 'Context:' label, a <context> tag or an instruction that mentions the context), so it answers as a plain "
     "chat model without QGPM (response_metadata['qgpm']['mode'] == 'plain'). To answer over documents with QGPM, "
-    "build the prompt with qgpm_prompt() (or mark its blocks with context_block() / question_block()), or pass "
-    "context=docs (and question=...) to invoke() or bind(). Logged once per model instance."
+    "put the documents after such a marker, build the prompt with qgpm_prompt(), or pass context=docs (and "
+    "question=...) to invoke() or bind(). Logged once per model instance."
 )
 
 QGPM_METHODS: tuple[str, ...] = METHODS
@@ -136,170 +145,39 @@ def clear_engine_cache() -> None:
         _ENGINES.clear()
 
 
-# --------------------------------------------------------------------------- message parsing
-
-
-def _block_text(block: Any) -> str | None:
-    """Text of a content block (None for non-text blocks we may skip)."""
-    if isinstance(block, str):
-        return block
-    if isinstance(block, dict):
-        kind = block.get("type")
-        if kind in (None, "text", "text-plain") and isinstance(block.get("text"), str):
-            return block["text"]
-        if kind in ("reasoning", "thinking"):
-            return None
-        raise ValueError(
-            f"QGPMChatModel reads text only; got a content block of type {kind!r} "
-            "(images, audio, files and tool blocks are not supported)"
-        )
-    raise ValueError(f"unsupported message content item: {type(block).__name__}")
-
-
-def _message_text(msg: BaseMessage) -> str:
-    content = msg.content
-    if isinstance(content, str):
-        return content
-    parts = [t for t in (_block_text(b) for b in content) if t]
-    return "\n".join(parts)
-
-
-def _is_marked(msg: BaseMessage) -> bool:
-    return isinstance(msg.content, list) and any(
-        isinstance(b, dict) and b.get(QGPM_ROLE_KEY) in (CONTEXT_ROLE, QUESTION_ROLE) for b in msg.content
-    )
+# --------------------------------------------------------------------------- messages
 
 
 def _role(msg: BaseMessage) -> str:
     if isinstance(msg, SystemMessage):
         return "system"
-    if isinstance(msg, HumanMessage):
-        return "user"
     if isinstance(msg, AIMessage):
         return "assistant"
-    if isinstance(msg, ChatMessage):
-        return msg.role if msg.role in ("system", "user", "assistant") else "user"
-    if isinstance(msg, (ToolMessage, FunctionMessage)):
-        return "user"
-    return "user"
+    if isinstance(msg, ChatMessage) and msg.role in ("system", "user", "assistant"):
+        return msg.role
+    return "user"  # human, tool and function messages, and chat messages of other roles
 
 
-def _plain_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+def _as_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages as qgpm's role / content dicts (content blocks kept, with their marks)."""
     out = []
     for m in messages:
-        text = _message_text(m)
+        content: Any = m.content
         if isinstance(m, (ToolMessage, FunctionMessage)):
-            text = f"Tool result: {text}"
-        out.append({"role": _role(m), "content": text})
+            content = f"Tool result: {message_text(content)}"
+        out.append({"role": _role(m), "content": content})
     return out
 
 
-def _history_text(messages: Sequence[BaseMessage]) -> str:
-    lines = []
-    for m in messages:
-        text = _message_text(m).strip()
-        if text:
-            lines.append(f"{_role(m).capitalize()}: {text}")
-    return "Conversation so far:\n" + "\n".join(lines) if lines else ""
+def _build_request(messages: Sequence[BaseMessage], kw: dict[str, Any]) -> ChatParts:
+    """Context, question, instruction, system and history of one call (:func:`qgpm.chat_prompt.read_chat`)."""
+    context = document_texts(kw["context"]) if kw.get("context") is not None else None
+    question = kw.get("question")
+    return read_chat(_as_dicts(messages), context=context, question=None if question is None else str(question))
 
 
-@dataclass
-class _Request:
-    """What one call asks of the engine."""
-
-    mode: Literal["plain", "context", "empty_context"]
-    messages: list[dict[str, str]] = field(default_factory=list)  # plain mode
-    context: list[str] = field(default_factory=list)
-    question: str = ""
-    instruction: str | None = None
-    system: str | None = None
-    source: str = ""  # "prompt" (marked blocks) or "kwargs"
-    reason: str = ""  # why plain mode was chosen
-
-
-def _join(parts: Sequence[str]) -> str | None:
-    text = "\n\n".join(p.strip() for p in parts if p and p.strip())
-    return text or None
-
-
-def _build_request(messages: Sequence[BaseMessage], kw: dict[str, Any]) -> _Request:
-    """Split the messages into context, question, instruction, system and history."""
-    if not messages:
-        raise ValueError("no messages: pass at least one message")
-    systems = [_message_text(m) for m in messages if _role(m) == "system"]
-    marked_idx = next((i for i in range(len(messages) - 1, -1, -1) if _is_marked(messages[i])), None)
-    has_ctx_kw = kw.get("context") is not None
-    question_kw = kw.get("question")
-
-    if has_ctx_kw:
-        context = document_texts(kw["context"])
-        human_idx = next((i for i in range(len(messages) - 1, -1, -1) if _role(messages[i]) == "user"), None)
-        pivot = marked_idx if marked_idx is not None else human_idx
-        if question_kw is not None:
-            question = str(question_kw)
-        elif marked_idx is not None:
-            question = _marked_parts(messages[marked_idx])[1]
-        elif human_idx is not None:
-            question = _message_text(messages[human_idx])
-        else:
-            question = ""
-        instruction = _marked_parts(messages[marked_idx])[2] if marked_idx is not None else None
-        source = "kwargs"
-    elif marked_idx is not None:
-        ctx, question, instruction = _marked_parts(messages[marked_idx])
-        context = ctx
-        if question_kw is not None:
-            question = str(question_kw)
-        pivot = marked_idx
-        source = "prompt"
-    else:
-        plain = _plain_messages(messages)
-        if question_kw is not None and str(question_kw).strip():
-            plain.append({"role": "user", "content": str(question_kw)})
-        return _Request(mode="plain", messages=plain, reason="no context was marked in the prompt or passed as context=")
-
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError(
-            "question is empty: QGPMChatModel needs a question to rank the context against. Put it in the "
-            "{'qgpm_role': 'question'} block of the prompt (see qgpm_prompt()), pass question=..., or send it as "
-            "the last human message when you pass context=..."
-        )
-    if not context:
-        what = "context= is empty" if source == "kwargs" else "the marked context is empty"
-        return _Request(mode="empty_context", question=question.strip(), source=source,
-                        reason=f"{what} (no documents, e.g. the retriever found nothing)")
-    # Other turns (usually earlier ones) go into the instruction as conversation text.
-    history = [m for i, m in enumerate(messages) if i != pivot and _role(m) != "system"]
-    hist = _history_text(history)
-    instruction = _join([hist, instruction or ""]) if hist else instruction
-    return _Request(mode="context", context=context, question=question.strip(), instruction=instruction,
-                    system=_join(systems), source=source)
-
-
-def _marked_parts(msg: BaseMessage) -> tuple[list[str], str, str | None]:
-    """(context documents, question, instruction) of a marked message.
-
-    Without a question block, the unmarked text is the question (and there is no
-    instruction); with one, the unmarked text is the instruction.
-    """
-    ctx: list[str] = []
-    q: list[str] = []
-    other: list[str] = []
-    for b in msg.content if isinstance(msg.content, list) else [msg.content]:
-        text = _block_text(b)
-        if text is None:
-            continue
-        role = b.get(QGPM_ROLE_KEY) if isinstance(b, dict) else None
-        if role == CONTEXT_ROLE:
-            if text.strip():
-                ctx.append(text)
-        elif role == QUESTION_ROLE:
-            q.append(text)
-        else:
-            other.append(text)
-    if q:
-        return ctx, "\n".join(t.strip() for t in q if t.strip()), _join(other)
-    return ctx, "\n".join(t.strip() for t in other if t.strip()), None
+def _source(req: ChatParts) -> str:
+    return "kwargs" if req.shape == "kwargs" else "prompt"
 
 
 def _no_context_result() -> Any:
@@ -561,7 +439,7 @@ class QGPMChatModel(BaseChatModel):
         return encode_plain(self._tokenizer(), text)
 
     # ------------------------------------------------------------------ call plumbing
-    def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, _Request, dict[str, Any], dict[str, Any]]:
+    def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, ChatParts, dict[str, Any], dict[str, Any]]:
         unknown = set(kwargs) - _CALL_KWARGS
         if unknown:
             raise TypeError(f"QGPMChatModel got unexpected keyword arguments {sorted(unknown)}; allowed: {sorted(_CALL_KWARGS)}")
@@ -604,6 +482,7 @@ class QGPMChatModel(BaseChatModel):
                 method=method,
                 system=kwargs.get("system") or req.system or self.system,
                 instruction=kwargs.get("instruction") or req.instruction or self.instruction,
+                **({"template": req.template} if req.template is not None else {}),
                 answer_prefix=kwargs.get("answer_prefix", self.answer_prefix),
                 config=kwargs.get("qgpm_config", self.qgpm_config),
             )
@@ -620,19 +499,20 @@ class QGPMChatModel(BaseChatModel):
                 call["options"] = options
         return engine, req, gen, call
 
-    def _metadata(self, engine: Any, req: _Request, result: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], UsageMetadata]:
+    def _metadata(self, engine: Any, req: ChatParts, result: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], UsageMetadata]:
         k = int(kwargs.get("explain_k", self.explain_k))
         info: dict[str, Any] = {"mode": req.mode}
         if req.mode == "plain":
             info["reason"] = req.reason
         elif req.mode == "empty_context":
-            info.update(reason=req.reason, source=req.source, documents=0, question=req.question)
+            info.update(reason=req.reason, source=_source(req), documents=0, question=req.question, prompt=dict(req.found))
         else:
             info.update(
                 method=result.method,
-                source=req.source,
-                documents=len(req.context),
+                source=_source(req),
+                documents=len(req.documents),
                 question=req.question,
+                prompt=dict(req.found),
                 top_sentences=[
                     {
                         "rank": s.rank, "text": s.text, "doc": s.doc, "z": s.z,
@@ -685,9 +565,9 @@ class QGPMChatModel(BaseChatModel):
         if req.mode == "empty_context":
             result = _no_context_result()
         elif req.mode == "plain":
-            result = engine.chat(req.messages, **gen)
+            result = engine.chat(list(req.messages), **gen)
         else:
-            result = engine.answer(req.context, req.question, **call, **gen)
+            result = engine.answer(list(req.documents), req.question, **call, **gen)
         meta, usage = self._metadata(engine, req, result, kwargs)
         message = AIMessage(content=result.text, response_metadata=meta, usage_metadata=usage)
         return ChatResult(generations=[ChatGeneration(message=message, generation_info={"finish_reason": result.finish_reason})])
@@ -710,9 +590,9 @@ class QGPMChatModel(BaseChatModel):
             )
             return
         if req.mode == "plain":
-            stream = engine.stream_chat(req.messages, **gen)
+            stream = engine.stream_chat(list(req.messages), **gen)
         else:
-            stream = engine.stream(req.context, req.question, **call, **gen)
+            stream = engine.stream(list(req.documents), req.question, **call, **gen)
         try:
             for piece in stream:
                 if piece:

@@ -33,6 +33,8 @@ from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
 from langchain_core.prompts import ChatPromptTemplate
 
+from qgpm.chat_prompt import CONTEXT_ROLE, DOCUMENT_SEPARATOR, QUESTION_ROLE, ROLE_KEY
+
 __all__ = [
     "QGPM_ROLE_KEY",
     "QGPM_DOC_KEY",
@@ -48,14 +50,10 @@ __all__ = [
     "qgpm_prompt",
 ]
 
-QGPM_ROLE_KEY = "qgpm_role"
-"""Extra key of a text content block that tells QGPM what the block is."""
+QGPM_ROLE_KEY = ROLE_KEY
+"""Extra key of a text content block that tells QGPM what the block is (``qgpm.chat_prompt.ROLE_KEY``)."""
 QGPM_DOC_KEY = "qgpm_doc"
 """Extra key holding the document index of a context block (informational)."""
-CONTEXT_ROLE = "context"
-QUESTION_ROLE = "question"
-DOCUMENT_SEPARATOR = "\n\n"
-"""How documents are joined when they have to become one string."""
 
 # A private-use sentinel that stands for the context while the template is formatted.
 _PLACEHOLDER = "\ue000qgpm-context\ue000"

@@ -125,8 +125,8 @@ def test_document_texts_normalizes_and_rejects():
 def test_request_from_marked_prompt():
     msgs = [SystemMessage("Be brief."), *qgpm_prompt("Use the notes.").invoke({"context": DOCS, "question": "When?"}).to_messages()]
     req = _build_request(msgs, {})
-    assert req.mode == "context" and req.source == "prompt"
-    assert req.context == [d.page_content for d in DOCS]
+    assert req.mode == "context" and req.shape == "marked"
+    assert list(req.documents) == [d.page_content for d in DOCS]
     assert req.question == "When?"
     assert req.instruction == "Use the notes."
     assert req.system == "Be brief."
@@ -141,10 +141,10 @@ def test_request_history_goes_into_instruction():
 
 def test_request_from_kwargs():
     req = _build_request([SystemMessage("S"), HumanMessage("When was it found?")], {"context": DOCS})
-    assert (req.mode, req.source, req.question, req.system) == ("context", "kwargs", "When was it found?", "S")
-    assert req.context == [d.page_content for d in DOCS]
+    assert (req.mode, req.shape, req.question, req.system) == ("context", "kwargs", "When was it found?", "S")
+    assert list(req.documents) == [d.page_content for d in DOCS]
     req = _build_request([HumanMessage("ignored")], {"context": "One text.", "question": "Real question?"})
-    assert req.context == ["One text."] and req.question == "Real question?"
+    assert list(req.documents) == ["One text."] and req.question == "Real question?"
 
 
 def test_request_marked_question_without_question_block_uses_unmarked_text():
@@ -163,11 +163,11 @@ def test_request_plain_without_context():
 def test_request_empty_context_is_empty_context_mode_with_reason():
     msgs = qgpm_prompt().invoke({"context": [], "question": "When?"}).to_messages()
     req = _build_request(msgs, {})
-    assert req.mode == "empty_context" and "empty" in req.reason and req.source == "prompt"
-    assert req.question == "When?" and req.messages == []
+    assert req.mode == "empty_context" and "empty" in req.reason and req.shape == "marked"
+    assert req.question == "When?" and req.messages == ()
     for ctx in ([], "", "   ", [""]):
         req = _build_request([HumanMessage("When?")], {"context": ctx})
-        assert req.mode == "empty_context" and req.source == "kwargs" and "context= is empty" in req.reason
+        assert req.mode == "empty_context" and req.shape == "kwargs" and "context= is empty" in req.reason
 
 
 @pytest.mark.parametrize("question", ["", "   "])

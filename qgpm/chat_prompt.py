@@ -1,0 +1,504 @@
+"""Chat messages -> QGPM's prompt parts: which text is the context, which the question.
+
+A chat framework hands a chat model a list of messages, not a context and a question.
+This module reads them back out, so that a RAG prompt written for any chat model runs
+with QGPM unchanged. Three sources, in this order:
+
+1. **Arguments**: ``context=`` (and ``question=``) given with the call.
+2. **Marked blocks**: text content blocks that carry ``"qgpm_role": "context"`` or
+   ``"question"`` (what ``qgpm_integrations.langchain.qgpm_prompt`` builds).
+3. **The prompt's shape** (:func:`find_context_block`), for the prompts RAG chains
+   already use:
+
+   * ``system_context``: the context in a system message, the question in the last
+     user message (LangChain's ``create_stuff_documents_chain`` /
+     ``create_retrieval_chain`` prompt);
+   * ``one_message``: one user message with an instruction, the context and then a
+     labelled question (``"... Context: {context} Question: {question}"``);
+   * ``earlier_message``: the context in a user message, the question in a later one;
+   * any of these with chat history between them: earlier turns are kept as
+     conversation text before the instruction, never ranked as context.
+
+   A context block starts after a marker near the start of its message: a tag such as
+   ``<context>``, a label line (``Context:``, ``Documents:``, ``Sources:``, ...), a rule
+   line (``-----``) after an instruction that mentions the context, or a blank line after
+   such an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS`
+   characters or half the instruction's length, so that a short system prompt is not
+   taken for documents). The documents are the block's parts between blank lines
+   (LangChain's stuffed-document separator). The text before the marker is the
+   instruction; the template keeps every other character of the message as written.
+
+Without any of these the call is plain chat (``mode == "plain"``, with the reason).
+Where a marker is found but the block is empty (a retriever that found nothing) the
+mode is ``"empty_context"``.
+
+Message format: ``{"role": "system" | "user" | "assistant", "content": str | blocks}``
+where blocks are strings or ``{"type": "text", "text": ...}`` dicts (other block types
+raise; ``reasoning`` / ``thinking`` blocks are skipped).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+from .prompt import has_visible_text
+
+__all__ = [
+    "ROLE_KEY",
+    "CONTEXT_ROLE",
+    "QUESTION_ROLE",
+    "DOCUMENT_SEPARATOR",
+    "MIN_WEAK_CONTEXT_CHARS",
+    "ContextBlock",
+    "ChatParts",
+    "find_context_block",
+    "read_chat",
+    "message_text",
+    "history_text",
+]
+
+ROLE_KEY = "qgpm_role"
+"""Extra key of a text content block that marks it as the context or the question."""
+CONTEXT_ROLE = "context"
+QUESTION_ROLE = "question"
+DOCUMENT_SEPARATOR = "\n\n"
+"""How stuffed documents are joined (LangChain's ``DEFAULT_DOCUMENT_SEPARATOR``)."""
+MIN_WEAK_CONTEXT_CHARS = 200
+"""A block found only by a blank line after a context-mentioning instruction must be this long
+(or half the instruction's length) to count as context."""
+HEAD_LIMIT = 2000
+"""The marker must start within this many characters of its message (instructions are short)."""
+
+Shape = Literal["kwargs", "marked", "system_context", "one_message", "earlier_message"]
+
+_NOUNS = r"(?:context|contexts|documents?|docs|passages?|sources?|excerpts?|snippets?|references?|information|background|knowledge)"
+_CUE = re.compile(
+    r"\b(?:context|contexts|documents?|passages?|sources?|excerpts?|snippets?|retrieved|references?|knowledge base|"
+    r"(?:information|text|texts) (?:below|provided)|(?:following|provided|given) (?:information|text|texts|data))\b",
+    re.I,
+)
+_TAG = re.compile(r"<(context|contexts|documents?|docs|sources?|passages?|retrieved_context|information)>[ \t]*\n?", re.I)
+_LABEL = re.compile(
+    rf"^[ \t]*(?:#{{1,6}}[ \t]*|\*\*)?(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))",
+    re.I | re.M,
+)
+_RULE = re.compile(r"^[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*(?:\n|$)", re.M)
+_PARA = re.compile(r"\n[ \t]*\n")
+_Q_LABEL = re.compile(
+    r"^[ \t]*(?:#{1,6}[ \t]*|\*\*)?(?:user[ \t]+)?(?:question|query|q|input)(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*",
+    re.I | re.M,
+)
+_Q_TAG = re.compile(r"<(question|query)>(.*?)</\1>", re.I | re.S)
+_ANSWER_CUE = re.compile(r"\s*\n[ \t]*(?:helpful[ \t]+)?(?:answer|a|response|assistant)[ \t]*:[ \t]*$", re.I)
+_SHORT_QUESTION = 500
+
+
+# --------------------------------------------------------------------------- message text
+
+
+def _block_text(block: Any) -> str | None:
+    """Text of one content block (``None`` for reasoning blocks, which are skipped)."""
+    if isinstance(block, str):
+        return block
+    if isinstance(block, Mapping):
+        kind = block.get("type")
+        if kind in (None, "text", "text-plain") and isinstance(block.get("text"), str):
+            return block["text"]
+        if kind in ("reasoning", "thinking"):
+            return None
+        raise ValueError(
+            f"QGPM reads text only; got a content block of type {kind!r} "
+            "(images, audio, files and tool blocks are not supported): send their text instead"
+        )
+    raise ValueError(f"unsupported message content item: {type(block).__name__} (expected a string or a text block dict)")
+
+
+def message_text(content: Any) -> str:
+    """The text of a message's content (a string, or text blocks joined by a newline)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    return "\n".join(t for t in (_block_text(b) for b in content) if t)
+
+
+def _is_marked(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(b, Mapping) and b.get(ROLE_KEY) in (CONTEXT_ROLE, QUESTION_ROLE) for b in content
+    )
+
+
+def history_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """Earlier chat turns as conversation text (``"Conversation so far:\\nUser: ..."``), or ``""``."""
+    lines = []
+    for m in messages:
+        text = message_text(m.get("content")).strip()
+        if text:
+            lines.append(f"{str(m.get('role', 'user')).capitalize()}: {text}")
+    return "Conversation so far:\n" + "\n".join(lines) if lines else ""
+
+
+def _join(parts: Sequence[str | None]) -> str | None:
+    text = "\n\n".join(p.strip() for p in parts if p and p.strip())
+    return text or None
+
+
+def _escape(literal: str) -> str:
+    """Template text that renders as ``literal`` (braces doubled for ``str.format``)."""
+    return literal.replace("{", "{{").replace("}", "}}")
+
+
+# --------------------------------------------------------------------------- the shape of one message
+
+
+@dataclass(frozen=True)
+class ContextBlock:
+    """Where the context (and, if asked for, the question) sits in one message's text.
+
+    ``text[:instruction_end]`` is the instruction, ``text[start:end]`` the context,
+    ``text[question_start:question_end]`` the question (``None`` when not looked for or
+    not found). ``marker`` says how the start was found: ``"tag"``, ``"label"``,
+    ``"rule"`` or ``"paragraph"``.
+    """
+
+    text: str
+    instruction_end: int
+    start: int
+    end: int
+    marker: str
+    question_start: int | None = None
+    question_end: int | None = None
+
+    @property
+    def instruction(self) -> str:
+        return self.text[: self.instruction_end]
+
+    @property
+    def context(self) -> str:
+        return self.text[self.start : self.end]
+
+    @property
+    def question(self) -> str | None:
+        if self.question_start is None or self.question_end is None:
+            return None
+        return self.text[self.question_start : self.question_end]
+
+    @property
+    def empty(self) -> bool:
+        return not has_visible_text(self.context)
+
+    def documents(self, separator: str = DOCUMENT_SEPARATOR) -> list[str]:
+        """The context split at ``separator``; one document when a part would be blank."""
+        parts = self.context.split(separator)
+        return parts if all(has_visible_text(p) for p in parts) else [self.context]
+
+    def template(self, *, question_here: bool) -> str:
+        """A QGPM user-message template that renders this message's text exactly.
+
+        With ``question_here=False`` (the question comes from another message) the
+        question follows the context after a blank line.
+        """
+        t = self.text
+        out = ["{instruction}" if self.instruction_end else "", _escape(t[self.instruction_end : self.start]), "{context}"]
+        if question_here:
+            out += [_escape(t[self.end : self.question_start]), "{question}", _escape(t[self.question_end :])]
+        else:
+            out += [_escape(t[self.end :].rstrip()), "\n\n{question}"]
+        return "".join(out)
+
+
+def _question_span(text: str) -> tuple[int, int, int] | None:
+    """(question start, end, start of the text around it) of a question at the end of
+    ``text``: after a ``Question:``-style label, inside ``<question>`` tags, or a short last
+    paragraph ending with ``?``. ``None`` if there is none."""
+    labels = [m for m in _Q_LABEL.finditer(text) if m.start() > 0]
+    if labels:
+        m = labels[-1]
+        q0, q1 = m.end(), len(text)
+        cue = _ANSWER_CUE.search(text, q0)
+        if cue is not None:
+            q1 = cue.start()
+        q1 = q0 + len(text[q0:q1].rstrip())
+        if has_visible_text(text[q0:q1]):
+            return q0, q1, m.start()
+    tags = list(_Q_TAG.finditer(text))
+    if tags:
+        m = tags[-1]
+        inner = m.group(2)
+        lead = len(inner) - len(inner.lstrip())
+        q0 = m.start(2) + lead
+        q1 = q0 + len(inner.strip())
+        if q1 > q0:
+            return q0, q1, m.start()
+    paras = list(_PARA.finditer(text))
+    if paras:
+        m = paras[-1]
+        last = text[m.end() :]
+        stripped = last.strip()
+        if stripped.endswith("?") and len(stripped) <= _SHORT_QUESTION:
+            q0 = m.end() + (len(last) - len(last.lstrip()))
+            return q0, q0 + len(stripped), m.start()
+    return None
+
+
+def _context_start(text: str, limit: int) -> tuple[int, int, str, str | None] | None:
+    """(instruction end, context start, marker, tag name) of the first context marker before ``limit``."""
+    window = text[: min(limit, HEAD_LIMIT)]
+    m = _TAG.search(window)
+    if m:
+        return len(text[: m.start()].rstrip()), m.end(), "tag", m.group(1)
+    m = _LABEL.search(window)
+    if m:
+        return len(text[: m.start()].rstrip()), m.end(), "label", None
+    for kind, pattern in (("rule", _RULE), ("paragraph", _PARA)):
+        for m in pattern.finditer(window):
+            head = text[: m.start()]
+            if _CUE.search(head):
+                return len(head.rstrip()), m.end(), kind, None
+    return None
+
+
+def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None:
+    """Find a context block in one message's text (see the module docs for the markers).
+
+    With ``with_question=True`` the message must also end with its question (after a
+    ``Question:``-style label, in ``<question>`` tags, or as a short last paragraph ending
+    with ``?``); the context then ends where the question's part begins. Returns ``None``
+    where no block (or, with ``with_question``, no question after it) is found.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return None
+    end = len(text)
+    q = None
+    if with_question:
+        q = _question_span(text)
+        if q is None:
+            return None
+        end = q[2]
+    found = _context_start(text, end)
+    if found is None:
+        return None
+    head_end, start, marker, tag = found
+    if start > end:
+        return None
+    if tag is not None:
+        c = re.compile(r"</" + re.escape(tag) + r">", re.I).search(text, start, end)
+        if c is not None:
+            end = c.start()
+    body = text[start:end]
+    lead = len(body) - len(body.lstrip())
+    c0, c1 = start + lead, start + len(body.rstrip())
+    if c1 < c0:
+        c1 = c0
+    if marker == "paragraph" and has_visible_text(text[c0:c1]):
+        if c1 - c0 < min(MIN_WEAK_CONTEXT_CHARS, max(1, head_end // 2)):
+            return None
+    return ContextBlock(
+        text=text, instruction_end=head_end, start=c0, end=c1, marker=marker,
+        question_start=None if q is None else q[0], question_end=None if q is None else q[1],
+    )
+
+
+# --------------------------------------------------------------------------- a whole conversation
+
+
+@dataclass(frozen=True)
+class ChatParts:
+    """What one chat call asks of QGPM.
+
+    ``mode``: ``"context"`` (answer ``question`` from ``documents``), ``"plain"`` (no
+    context found: answer ``messages`` as ordinary chat; ``reason`` says why) or
+    ``"empty_context"`` (a context block was found but holds no text). ``template`` is
+    the user-message template for :meth:`qgpm.QGPM.answer` (``None``: the engine's
+    default). ``found`` says where each part was taken from (message indices, character
+    spans in the message text, the marker): it is what a caller shows the user.
+    """
+
+    mode: Literal["context", "plain", "empty_context"]
+    shape: Shape | None = None
+    documents: tuple[str, ...] = ()
+    question: str = ""
+    instruction: str | None = None
+    system: str | None = None
+    template: str | None = None
+    messages: tuple[dict[str, str], ...] = ()
+    reason: str = ""
+    found: dict[str, Any] = field(default_factory=dict)
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """The prompt arguments of :meth:`qgpm.QGPM.answer` (besides context and question)."""
+        kw: dict[str, Any] = {"system": self.system, "instruction": self.instruction}
+        if self.template is not None:
+            kw["template"] = self.template
+        return kw
+
+
+def _plain(messages: Sequence[Mapping[str, Any]], question: str | None, reason: str) -> ChatParts:
+    plain = [{"role": str(m.get("role", "user")), "content": message_text(m.get("content"))} for m in messages]
+    if question is not None and question.strip():
+        plain.append({"role": "user", "content": question})
+    return ChatParts(mode="plain", messages=tuple(plain), reason=reason)
+
+
+def _marked_parts(content: Any) -> tuple[list[str], str, str | None]:
+    """(context documents, question, instruction) of a marked message.
+
+    Without a question block, the unmarked text is the question (and there is no
+    instruction); with one, the unmarked text is the instruction.
+    """
+    ctx: list[str] = []
+    q: list[str] = []
+    other: list[str] = []
+    for b in content if isinstance(content, list) else [content]:
+        text = _block_text(b)
+        if text is None:
+            continue
+        role = b.get(ROLE_KEY) if isinstance(b, Mapping) else None
+        if role == CONTEXT_ROLE:
+            if text.strip():
+                ctx.append(text)
+        elif role == QUESTION_ROLE:
+            q.append(text)
+        else:
+            other.append(text)
+    if q:
+        return ctx, "\n".join(t.strip() for t in q if t.strip()), _join(other)
+    return ctx, "\n".join(t.strip() for t in other if t.strip()), None
+
+
+def _preview(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 2 * width + 5 else f"{text[:width]} ... {text[-width:]}"
+
+
+def _strip_question_label(text: str) -> tuple[str, str]:
+    """(label, question) of a question message such as ``"Question: ..."``."""
+    m = _Q_LABEL.match(text)
+    if m and has_visible_text(text[m.end() :]):
+        return text[: m.end()], text[m.end() :].strip()
+    return "", text.strip()
+
+
+def _documents(context: Any) -> list[str]:
+    if context is None:
+        return []
+    if isinstance(context, str):
+        return [context] if context.strip() else []
+    docs = list(context)
+    for i, d in enumerate(docs):
+        if not isinstance(d, str):
+            raise TypeError(f"context item {i} is {type(d).__name__}; pass document texts (str)")
+    return [d for d in docs if d.strip()]
+
+
+def read_chat(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    context: str | Sequence[str] | None = None,
+    question: str | None = None,
+    separator: str = DOCUMENT_SEPARATOR,
+) -> ChatParts:
+    """Split chat ``messages`` into QGPM's parts (see the module docs for the three sources).
+
+    ``context`` / ``question``: given with the call, they take precedence (``question``
+    defaults to the marked question block or the last user message). Raises ``ValueError``
+    for no messages, a context without a question, or a non-text content block.
+    """
+    if not messages:
+        raise ValueError("no messages: pass at least one message")
+    roles = [str(m.get("role", "user")) for m in messages]
+    user_idx = [i for i, r in enumerate(roles) if r == "user"]
+    last_user = user_idx[-1] if user_idx else None
+    marked_idx = next((i for i in range(len(messages) - 1, -1, -1) if _is_marked(messages[i].get("content"))), None)
+    systems = {i: message_text(messages[i].get("content")) for i, r in enumerate(roles) if r == "system"}
+
+    def finish(shape: Shape, docs: list[str], q: str, instruction: str | None, used: set[int], *,
+               template: str | None = None, found: dict[str, Any] | None = None, source_reason: str = "") -> ChatParts:
+        if not isinstance(q, str) or not q.strip():
+            raise ValueError(
+                "question is empty: QGPM needs a question to rank the context against. Put it in the "
+                "{'qgpm_role': 'question'} block of the prompt, pass question=..., or send it as the last user "
+                "message when the context comes from elsewhere"
+            )
+        info = dict(found or {})
+        info.update(shape=shape, question=q.strip())
+        if not docs:
+            return ChatParts(mode="empty_context", shape=shape, question=q.strip(), found=info,
+                             reason=source_reason or "the context is empty (no documents, e.g. the retriever found nothing)")
+        history = [messages[i] for i in range(len(messages)) if i not in used and roles[i] != "system"]
+        hist = history_text(history)
+        if hist:
+            if template is not None and "{instruction}" not in template:
+                template, instruction = "{instruction}\n\n" + template, hist
+            else:
+                instruction = _join([hist, instruction or ""])
+            info["history_messages"] = len(history)
+        system = _join([systems[i] for i in sorted(systems) if i not in used])
+        info.update(documents=len(docs), context_preview=_preview(separator.join(docs)))
+        return ChatParts(mode="context", shape=shape, documents=tuple(docs), question=q.strip(), instruction=instruction,
+                         system=system, template=template, found=info)
+
+    if context is not None:
+        docs = _documents(context)
+        if question is not None:
+            q, qi = str(question), None
+        elif marked_idx is not None:
+            q, qi = _marked_parts(messages[marked_idx].get("content"))[1], marked_idx
+        elif last_user is not None:
+            q, qi = message_text(messages[last_user].get("content")), last_user
+        else:
+            q, qi = "", None
+        instruction = _marked_parts(messages[marked_idx].get("content"))[2] if marked_idx is not None else None
+        pivot = marked_idx if marked_idx is not None else last_user
+        used = {pivot} if pivot is not None else set()
+        return finish("kwargs", docs, q, instruction, used, found={"question_message": qi},
+                      source_reason="context= is empty (no documents, e.g. the retriever found nothing)")
+    if marked_idx is not None:
+        docs, q, instruction = _marked_parts(messages[marked_idx].get("content"))
+        if question is not None:
+            q = str(question)
+        return finish("marked", docs, q, instruction, {marked_idx}, found={"context_message": marked_idx},
+                      source_reason="the marked context is empty (no documents, e.g. the retriever found nothing)")
+    if last_user is None:
+        return _plain(messages, question, "no user message holds a question")
+
+    def found_at(i: int, block: ContextBlock) -> dict[str, Any]:
+        out = {"context_message": i, "context_role": roles[i], "context_chars": [block.start, block.end], "marker": block.marker}
+        if block.instruction:
+            out["instruction_preview"] = _preview(block.instruction)
+        return out
+
+    last_text = message_text(messages[last_user].get("content"))
+    if question is None:
+        block = find_context_block(last_text, with_question=True)
+        if block is not None:
+            info = found_at(last_user, block)
+            info.update(question_message=last_user, question_chars=[block.question_start, block.question_end])
+            return finish("one_message", [] if block.empty else block.documents(separator), block.question or "",
+                          block.instruction, {last_user}, template=block.template(question_here=True), found=info)
+    candidates = [i for i in sorted(systems)] + [i for i in reversed(user_idx) if i != last_user]
+    if question is not None:
+        candidates = [last_user] + candidates
+    for i in candidates:
+        block = find_context_block(message_text(messages[i].get("content")), with_question=False)
+        if block is None:
+            continue
+        if question is not None:
+            label, q = "", str(question)
+            used = {i}
+        else:
+            label, q = _strip_question_label(last_text)
+            used = {i, last_user}
+        template = block.template(question_here=False)
+        if label:
+            template = template[: -len("{question}")] + _escape(label) + "{question}"
+        info = found_at(i, block)
+        if question is None:
+            q0 = len(last_text) - len(last_text.lstrip()) + len(label)
+            info.update(question_message=last_user, question_chars=[q0, q0 + len(q)])
+        shape: Shape = "system_context" if roles[i] == "system" else "earlier_message"
+        return finish(shape, [] if block.empty else block.documents(separator), q, block.instruction, used,
+                      template=template, found=info)
+    return _plain(messages, question, "no context was marked, passed as context=, or found in the prompt's shape")

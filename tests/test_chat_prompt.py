@@ -1,0 +1,155 @@
+"""qgpm.chat_prompt: the context and the question read out of chat messages (no model)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qgpm.chat_prompt import MIN_WEAK_CONTEXT_CHARS, find_context_block, read_chat
+
+DOCS = [
+    "The Millstone Bakery opened in 1990 on Bridge Street. It sells rye bread and honey cake.",
+    "The town museum owns the skeleton of a whale. The skeleton was found in 1921 near the old harbor wall.",
+    "School classes visit the museum every spring. The guide tells them the story of the storm of 1919.",
+]
+CONTEXT = "\n\n".join(DOCS)
+QUESTION = "In which year was the whale skeleton found?"
+
+
+def render(parts) -> str:
+    """The user message the engine renders from ``parts`` (its template, or the default one)."""
+    template = parts.template or "{instruction}\n\n{context}\n\n{question}"
+    return template.format(instruction=parts.instruction or "", context="\n\n".join(parts.documents), question=parts.question)
+
+
+@pytest.mark.parametrize(
+    "text, marker, instruction",
+    [
+        (f"Use the following pieces of context to answer.\n\n{CONTEXT}", "paragraph", "Use the following pieces of context to answer."),
+        (f"Answer from the documents.\n----------------\n{CONTEXT}", "rule", "Answer from the documents."),
+        (f"Be brief.\nContext:\n{CONTEXT}", "label", "Be brief."),
+        (f"Context: {CONTEXT}", "label", ""),
+        (f"Answer.\n<context>\n{CONTEXT}\n</context>\nThanks.", "tag", "Answer."),
+    ],
+)
+def test_context_block_markers(text, marker, instruction):
+    block = find_context_block(text, with_question=False)
+    assert block is not None and block.marker == marker
+    assert block.context == CONTEXT
+    assert block.instruction == instruction
+    assert block.documents() == DOCS
+
+
+def test_one_message_with_labelled_question_renders_back_exactly():
+    text = f"Use the following pieces of context to answer the question at the end.\n\n{CONTEXT}\n\nQuestion: {QUESTION}\nHelpful Answer:"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert (parts.mode, parts.shape) == ("context", "one_message")
+    assert parts.question == QUESTION and list(parts.documents) == DOCS
+    assert parts.instruction == "Use the following pieces of context to answer the question at the end."
+    assert render(parts) == text
+    assert parts.found["question_chars"] == [text.index(QUESTION), text.index(QUESTION) + len(QUESTION)]
+
+
+def test_system_context_and_question_in_the_last_user_message():
+    system = f"You answer questions. Use the retrieved context below.\n\n{CONTEXT}"
+    parts = read_chat([{"role": "system", "content": system}, {"role": "user", "content": QUESTION}])
+    assert (parts.mode, parts.shape) == ("context", "system_context")
+    assert parts.question == QUESTION and list(parts.documents) == DOCS and parts.system is None
+    assert parts.instruction == "You answer questions. Use the retrieved context below."
+    assert parts.found["context_message"] == 0 and parts.found["question_message"] == 1
+    assert render(parts) == f"{system}\n\n{QUESTION}"
+
+
+def test_question_label_of_a_separate_question_message_stays_in_the_template():
+    parts = read_chat([{"role": "user", "content": f"Context:\n{CONTEXT}"}, {"role": "user", "content": f"Question: {QUESTION}"}])
+    assert parts.shape == "earlier_message" and parts.question == QUESTION
+    assert render(parts).endswith(f"\n\nQuestion: {QUESTION}")
+
+
+def test_history_is_kept_as_conversation_not_context():
+    msgs = [
+        {"role": "system", "content": f"Use the context to answer.\n\n{CONTEXT}"},
+        {"role": "user", "content": "When did the bakery open?"},
+        {"role": "assistant", "content": "In 1990."},
+        {"role": "user", "content": QUESTION},
+    ]
+    parts = read_chat(msgs)
+    assert parts.shape == "system_context" and parts.question == QUESTION
+    assert list(parts.documents) == DOCS, "history must not become context"
+    assert parts.instruction.startswith("Conversation so far:\nUser: When did the bakery open?\nAssistant: In 1990.")
+    assert parts.found["history_messages"] == 2
+
+
+def test_plain_chat_stays_plain():
+    msgs = [{"role": "system", "content": "You are a helpful assistant. Be concise."}, {"role": "user", "content": "Hi, who are you?"}]
+    parts = read_chat(msgs)
+    assert parts.mode == "plain" and "no context" in parts.reason
+    assert [m["role"] for m in parts.messages] == ["system", "user"]
+
+
+def test_short_system_prompt_after_a_blank_line_is_not_context():
+    system = "You answer from the documents the user gives.\n\nBe concise."
+    assert find_context_block(system, with_question=False) is None
+    assert read_chat([{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]).mode == "plain"
+
+
+def test_weak_marker_needs_a_long_enough_block():
+    short = "x" * (MIN_WEAK_CONTEXT_CHARS - 1)
+    head = "Use the context below. " * 20
+    assert find_context_block(f"{head}\n\n{short}", with_question=False) is None
+    assert find_context_block(f"{head}\n\n{short}xx", with_question=False) is not None
+
+
+def test_empty_context_block_is_empty_context():
+    parts = read_chat([{"role": "system", "content": "Use the following pieces of retrieved context.\n\n"},
+                       {"role": "user", "content": QUESTION}])
+    assert parts.mode == "empty_context" and parts.question == QUESTION
+
+
+def test_instruction_text_is_never_the_question():
+    text = f"Answer the question using the context. What matters is the text.\n\nContext:\n{CONTEXT}\n\nQuestion: {QUESTION}"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert parts.question == QUESTION
+    # without a question after the context the message is not read as one-message RAG
+    assert find_context_block(f"Answer the question using the context?\n\nContext:\n{CONTEXT}", with_question=True) is None
+
+
+def test_braces_in_the_prompt_are_kept():
+    text = f"Use the context {{verbatim}}.\n\nContext:\n{CONTEXT}\n\nQuestion: {QUESTION}\nAnswer {{short}}:"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert render(parts) == text
+
+
+def test_marked_blocks_and_kwargs_take_precedence():
+    marked = [{"type": "text", "text": "Read."}, {"type": "text", "text": DOCS[0], "qgpm_role": "context"},
+              {"type": "text", "text": QUESTION, "qgpm_role": "question"}]
+    parts = read_chat([{"role": "system", "content": f"Context:\n{CONTEXT}"}, {"role": "user", "content": marked}])
+    assert parts.shape == "marked" and list(parts.documents) == DOCS[:1] and parts.instruction == "Read."
+    parts = read_chat([{"role": "user", "content": f"Context:\n{CONTEXT}\n\nQuestion: {QUESTION}"}], context=["Other."])
+    assert parts.shape == "kwargs" and list(parts.documents) == ["Other."]
+
+
+def test_non_text_block_raises():
+    with pytest.raises(ValueError, match="text only"):
+        read_chat([{"role": "user", "content": [{"type": "image", "url": "x"}]}])
+    with pytest.raises(ValueError, match="no messages"):
+        read_chat([])
+
+
+_words = st.text(alphabet=st.characters(whitelist_categories=("Ll", "Lu", "Nd"), whitelist_characters=" .,'{}"), min_size=1, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    head=_words,
+    docs=st.lists(_words.filter(lambda s: s.strip()), min_size=1, max_size=4),
+    question=_words.filter(lambda s: s.strip()),
+    label=st.sampled_from(["Context:\n", "Documents:\n", "<context>\n"]),
+)
+def test_found_parts_render_the_message_back(head, docs, question, label):
+    """Whatever is found, the engine's template renders the original message text exactly."""
+    text = f"{head.strip() or 'Read'}\n{label}" + "\n\n".join(d.strip() for d in docs) + f"\n\nQuestion: {question.strip()}"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert parts.mode == "context" and parts.question == question.strip()
+    assert render(parts) == text
