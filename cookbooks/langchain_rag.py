@@ -1,22 +1,26 @@
-"""RAG with LangChain and QGPM: one retriever, four ways to answer.
+"""RAG with LangChain and QGPM: LangChain's standard retrieval chain, four ways to answer.
 
 A real vector store (``langchain_core.vectorstores.InMemoryVectorStore``) indexes the
 bundled corpus (``cookbooks/data/corpus/*.md``, split into paragraphs) with the bundled
 all-MiniLM-L6-v2 embeddings. Each question of ``cookbooks/data/questions.json`` is then
-answered by the embedded SmolLM2-135M-Instruct, side by side, with
+answered by the embedded SmolLM2-135M-Instruct through the chain LangChain's docs teach,
+unchanged::
+
+    prompt = ChatPromptTemplate.from_messages([("system", "... context ...\n\n{context}"), ("human", "{input}")])
+    chain = create_retrieval_chain(retriever, create_stuff_documents_chain(llm, prompt))
+    chain.invoke({"input": question})["answer"]
+
+``QGPMChatModel`` finds the context (the system message after its instruction) and the
+question (the human message) by itself. Side by side:
 
 * ``vanilla`` -- the retrieved paragraphs as they come, standard RoPE;
 * ``qgpm``    -- the same paragraphs, positions modulated by the model's own relevance
-  heads (the script prints which sentences QGPM promoted);
-* ``topk``    -- a ``ContextualCompressionRetriever`` with ``QGPMTopKCompressor``
-  (keeps the best paragraphs in their original order), standard RoPE;
-* ``reorder`` -- a ``ContextualCompressionRetriever`` with ``QGPMReorder`` (best
-  paragraph last, next to the question), standard RoPE.
+  heads (the script prints which sentences QGPM promoted, read through ``QGPMTrace``);
+* ``topk``    -- a ``ContextualCompressionRetriever`` with ``QGPMTopKCompressor`` as the
+  chain's retriever (keeps the best paragraphs in their original order), standard RoPE;
+* ``reorder`` -- the same with ``QGPMReorder`` (best paragraph last, next to the question).
 
-Everything runs offline on CPU. Every chain is a plain LCEL chain::
-
-    {"context": retriever | format_documents, "question": RunnablePassthrough()}
-        | qgpm_prompt() | QGPMChatModel(method=...) | StrOutputParser()
+Everything runs offline on CPU.
 
 Run:  python cookbooks/langchain_rag.py [--limit 2] [--k 6] [--max-tokens 32]
 """
@@ -36,9 +40,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from langchain_classic.chains import create_retrieval_chain  # noqa: E402
+from langchain_classic.chains.combine_documents import create_stuff_documents_chain  # noqa: E402
 from langchain_core.documents import Document  # noqa: E402
-from langchain_core.output_parsers import StrOutputParser  # noqa: E402
-from langchain_core.runnables import RunnablePassthrough  # noqa: E402
+from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
 from langchain_core.vectorstores import InMemoryVectorStore  # noqa: E402
 
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_RERANKER  # noqa: E402
@@ -47,12 +52,19 @@ from qgpm_integrations.langchain import (  # noqa: E402
     QGPMChatModel,
     QGPMReorder,
     QGPMTopKCompressor,
-    format_documents,
-    qgpm_prompt,
+    QGPMTrace,
 )
 
 DATA = Path(__file__).resolve().parent / "data"
 METHODS = tuple(m for m in COMPARISON_METHODS if m != "oracle")  # the oracle needs evidence labels
+
+# The usual RAG prompt of a retrieval chain: instructions and the stuffed documents in the
+# system message, the question as the human message. Nothing in it is specific to QGPM.
+RAG_PROMPT = ChatPromptTemplate.from_messages([
+    ("system", "You answer questions about a small town. Use the following pieces of retrieved context to answer. "
+               "If the context does not say, say that you don't know. Keep the answer short.\n\n{context}"),
+    ("human", "{input}"),
+])
 
 
 def load_corpus(folder: Path = DATA / "corpus") -> list[Document]:
@@ -79,19 +91,16 @@ def build_vector_store(docs: Sequence[Document] | None = None, embeddings: Any =
 
 
 def build_chains(retriever: Any, *, max_tokens: int = 32, heads: Any = None, reranker: str = DEFAULT_RERANKER, top_k: int = 3) -> dict[str, Any]:
-    """The four side-by-side chains. All chat models share one loaded model."""
+    """The four side-by-side retrieval chains (LangChain's standard form). All chat models share one loaded model."""
     from langchain_classic.retrievers import ContextualCompressionRetriever
 
-    prompt = qgpm_prompt()
     qgpm_llm = QGPMChatModel(method="qgpm", max_tokens=max_tokens, heads=heads)
     plain_llm = QGPMChatModel(method="vanilla", max_tokens=max_tokens, heads=heads)
     topk = ContextualCompressionRetriever(base_compressor=QGPMTopKCompressor(reranker=reranker, k=top_k), base_retriever=retriever)
     reorder = ContextualCompressionRetriever(base_compressor=QGPMReorder(reranker=reranker), base_retriever=retriever)
 
     def chain(ret: Any, llm: QGPMChatModel) -> Any:
-        # StrOutputParser is left off so the script can show response_metadata;
-        # append `| StrOutputParser()` in your own chains.
-        return {"context": ret | format_documents, "question": RunnablePassthrough()} | prompt | llm
+        return create_retrieval_chain(ret, create_stuff_documents_chain(llm, RAG_PROMPT))
 
     return {
         "vanilla": chain(retriever, plain_llm),
@@ -99,11 +108,6 @@ def build_chains(retriever: Any, *, max_tokens: int = 32, heads: Any = None, rer
         "topk": chain(topk, plain_llm),
         "reorder": chain(reorder, plain_llm),
     }
-
-
-def text_chain(retriever: Any, llm: QGPMChatModel) -> Any:
-    """The canonical form: question in, answer string out."""
-    return {"context": retriever | format_documents, "question": RunnablePassthrough()} | qgpm_prompt() | llm | StrOutputParser()
 
 
 def run(questions: Sequence[dict], chains: dict[str, Any], methods: Sequence[str] = METHODS, show: int = 3, out=None) -> list[dict]:
@@ -114,14 +118,17 @@ def run(questions: Sequence[dict], chains: dict[str, Any], methods: Sequence[str
         print(f"\n[{n}] {q['question']}   (expected: {q['answer']})", file=out)
         row = {"question": q["question"], "answer": q["answer"]}
         for m in methods:
+            trace = QGPMTrace()
             t = time.perf_counter()
-            msg = chains[m].invoke(q["question"])
+            text = chains[m].invoke({"input": q["question"]}, config={"callbacks": [trace]})["answer"]
             dt = time.perf_counter() - t
-            ok = q["answer"].lower() in msg.content.lower()
-            row[m] = {"text": msg.content, "correct": ok, "seconds": round(dt, 2)}
-            print(f"  {m:<8} {'OK ' if ok else '-- '} {msg.content!r}  ({dt:.1f}s)", file=out)
+            ok = q["answer"].lower() in text.lower()
+            row[m] = {"text": text, "correct": ok, "seconds": round(dt, 2), "mode": trace.last["mode"]}
+            print(f"  {m:<8} {'OK ' if ok else '-- '} {text!r}  ({dt:.1f}s)", file=out)
             if m == "qgpm":
-                info = msg.response_metadata["qgpm"]
+                info = trace.last
+                if info["mode"] != "context":
+                    raise RuntimeError(f"QGPM did not find the context in the prompt: {info.get('reason')}")
                 print(f"           QGPM promoted (of {info.get('documents')} retrieved paragraphs):", file=out)
                 for s in info.get("top_sentences", [])[:show]:
                     star = "*" if q.get("evidence") and s["text"].strip() in q["evidence"] else " "

@@ -1,10 +1,15 @@
 """LangChain integration for QGPM.
 
 * :class:`QGPMChatModel` -- a ``BaseChatModel`` answering with QGPM (or the vanilla /
-  oracle / topk / reorder baselines) over a local model; a plain chat model when no
-  context is marked (with a warning), :data:`NO_CONTEXT_REPLY` when the context is empty.
+  oracle / topk / reorder baselines) over a local model. It finds the context and the
+  question in the RAG prompts chains already use (``create_stuff_documents_chain``,
+  ``create_retrieval_chain``, "Context: ... Question: ..." prompts), in prompts marked by
+  :func:`qgpm_prompt`, or in ``context=``; a plain chat model when there is none (with a
+  warning), :data:`NO_CONTEXT_REPLY` when the context is empty.
 * :func:`qgpm_prompt`, :class:`QGPMPromptTemplate`, :func:`format_documents` -- mark the
   context and question of an ordinary LCEL RAG chain for QGPM.
+* :class:`QGPMTrace` -- a callback that keeps ``response_metadata["qgpm"]`` of each call,
+  for chains that end in a string (``create_retrieval_chain``, ``StrOutputParser``).
 * :class:`QGPMTopKCompressor`, :class:`QGPMReorder` -- reranker-based document
   compressors for ``ContextualCompressionRetriever`` / ``DocumentCompressorPipeline``.
 * :class:`MiniLMEmbeddings`, :func:`bundled_embeddings` -- offline embeddings (bundled
@@ -13,6 +18,7 @@
 Needs ``langchain-core`` (``pip install qgpm[langchain]``).
 """
 
+from .callbacks import QGPMTrace
 from .chat_models import NO_CONTEXT_REPLY, QGPM_METHODS, QGPMChatModel, clear_engine_cache
 from .compressors import QGPMReorder, QGPMTopKCompressor, score_documents
 from .embeddings import MiniLMEmbeddings, bundled_embeddings
@@ -34,6 +40,7 @@ __all__ = [
     "QGPM_METHODS",
     "NO_CONTEXT_REPLY",
     "clear_engine_cache",
+    "QGPMTrace",
     "QGPMTopKCompressor",
     "QGPMReorder",
     "score_documents",

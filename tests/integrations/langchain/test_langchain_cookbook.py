@@ -39,6 +39,8 @@ def test_cookbook_runs_one_question_with_all_methods(capsys):
     for m in ("vanilla", "qgpm", "topk", "reorder"):
         assert f"  {m} " in out
         assert isinstance(rows[0][m]["text"], str)
+    assert rows[0]["qgpm"]["mode"] == "context", "the standard retrieval chain must run QGPM, not plain chat"
+    assert rows[0]["vanilla"]["mode"] == "context"
     assert "QGPM promoted" in out and "#1 z=" in out
     assert "accuracy: vanilla=" in out
 
