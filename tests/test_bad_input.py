@@ -465,7 +465,7 @@ def test_langchain_unmarked_prompt_warns_once_per_instance(engine, lc, caplog):
             assert lc.invoke("Hello there.").response_metadata["qgpm"]["mode"] == "plain"
         QGPMChatModel(engine=engine, max_tokens=2).invoke("Hello again.")
         lc.invoke(Q, context=[CTX])  # calls with context never warn
-    warnings = [r for r in caplog.records if r.name.startswith("qgpm") and "no QGPM context marking" in r.getMessage()]
+    warnings = [r for r in caplog.records if r.name.startswith("qgpm") and "found no context in the prompt" in r.getMessage()]
     assert len(warnings) == 2, [r.getMessage() for r in caplog.records]
     assert "qgpm_prompt()" in warnings[0].getMessage() and "context=" in warnings[0].getMessage()
 
