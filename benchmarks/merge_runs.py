@@ -1,0 +1,57 @@
+"""Merge finished eval run folders into a committed results folder, then regenerate its report.
+
+    python benchmarks/merge_runs.py --into benchmarks/results/eval_smollm2_test runs/a runs/b \
+        --note "scripts/test_grid_nolima12.sh, shards I = 0, 1"
+
+Rows are added and deduplicated by their key (task, length, depth, seed, method, config
+hash; a row already there is kept unless the new one replaces an error row). Each run
+folder's manifest entries and fingerprints go into the target manifest, the command of each
+entry suffixed with ``(note)`` so the committed record says how the run was started. The
+report, stats and plots are then regenerated (``qgpm report``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from qgpm.eval.rows import ROWS_FILE, dedupe_rows, read_manifest, read_rows, update_manifest
+
+
+def merge(into: Path, runs: list[Path], note: str | None) -> int:
+    before = read_rows(into, include_ranks=False)
+    added: list[dict] = []
+    for run in runs:
+        if not (run / "manifest.json").is_file():
+            raise SystemExit(f"{run}: no manifest.json (not a finished eval run folder)")
+        added += read_rows(run)
+    added = dedupe_rows(added)  # a run folder holds its rows twice: rows.jsonl and the rank files
+    keys = {(r["task"], r["length"], r.get("depth"), r["seed"], r["method"], r["config_hash"]) for r in before}
+    rows = dedupe_rows(before + added)
+    (into / ROWS_FILE).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    for run in runs:
+        man = read_manifest(run)
+        for entry in man.get("runs", []):
+            entry = dict(entry)
+            if note:
+                entry["command"] = f"{entry['command']} ({note})"
+            update_manifest(into, entry, man.get("configs", {}))
+    new = sum((r["task"], r["length"], r.get("depth"), r["seed"], r["method"], r["config_hash"]) not in keys for r in added)
+    print(f"{into}: {len(before)} rows before, {len(rows)} after ({new} new of {len(added)} merged)")
+    return subprocess.call([sys.executable, "-m", "qgpm.eval.cli", "report", "--out", str(into)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--into", required=True, type=Path, help="the committed results folder")
+    ap.add_argument("--note", default=None, help="how the runs were started (appended to each command)")
+    ap.add_argument("runs", nargs="+", type=Path, help="finished run folders (qgpm eval --out)")
+    args = ap.parse_args(argv)
+    return merge(args.into, args.runs, args.note)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
