@@ -109,7 +109,8 @@ def _check_heads_before_loading(args: argparse.Namespace, heads) -> None:
 def _print_answer(method: str, result, *, width: int) -> None:
     """One method's answer with its timing, aligned with the others."""
     t = result.timings
-    timing = f"{t.total_s:.1f} s, first token {t.first_token_s:.1f} s" + (f" (pass 1 {t.pass1_s:.1f} s)" if t.pass1_s else "")
+    stage = "ranking" if (result.details or {}).get("relevance_source") not in (None, "heads") and "+" not in result.details["relevance_source"] else "pass 1"
+    timing = f"{t.total_s:.1f} s, first token {t.first_token_s:.1f} s" + (f" ({stage} {t.pass1_s:.1f} s)" if t.pass1_s else "")
     answer = " ".join(result.text.split()) or "(empty answer)"
     print(f"\n{method:<{width}}  {answer}\n{'':<{width}}  [{result.usage.prompt_tokens} prompt tokens, {result.usage.answer_tokens} answer tokens; {timing}]")
 
@@ -122,7 +123,9 @@ def _print_why(method: str, result, top: int) -> None:
     if result.relevance:
         rows = sorted(sentence_rows(result), key=lambda r: r["rank"])[:top]
         d = result.details or {}
-        print(f"\n{method} promoted (top {len(rows)} of {len(result.relevance)} sentences; score 1 = kept a full stride, "
+        source = d.get("relevance_source")
+        ranked = f", ranked by {source}" if source else ""
+        print(f"\n{method} promoted (top {len(rows)} of {len(result.relevance)} sentences{ranked}; score 1 = kept a full stride, "
               "lower = compressed on the fast rotary planes; depth = where it sits in the context):")
         print("  rank      z  score  depth  sentence")
         for r in rows:

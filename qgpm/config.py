@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from .defaults import DEFAULT_MODEL_NAME
 from .shaping import MapParams
+from .sources import parse_source
 
 __all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config", "coerce_value"]
 
@@ -205,6 +206,16 @@ class QGPMConfig:
         the model's prefill, so the engine's ``reuse_prefill`` does not apply to it: the call
         pays pass 1 plus one prefill (``result.details["pass1_dtype"]`` names the dtype used).
         ``"float32"`` on a float32 model is the same as ``None``.
+    relevance:
+        Where the sentence relevance ``z`` comes from (not in the paper; :mod:`qgpm.sources`).
+        ``"heads"`` (default): the model's own heads in pass 1 (Eq. 4-5). A reranker spec of
+        :func:`qgpm.rerank.get_reranker` (``"minilm"``, ``"bm25"``, ``"cross-encoder:<path>"``,
+        ...): that reranker scores each sentence against the question and no pass 1 runs (the
+        call costs about a vanilla prefill plus the reranker; no head set is needed).
+        ``"heads+<reranker>"``: both, each standardized over the sentences and averaged. The
+        confidence rules (``min_top_z``, ``decisive_margin``, ``solo_margin``, ``z_window``)
+        read whichever ``z`` the source gives. ``result.details["relevance_source"]`` and the
+        explanation name the source.
 
     Every field is checked on construction: numbers must be finite (no NaN or
     infinity), counts must be ints in range; a bad value raises ``TypeError`` or
@@ -242,6 +253,7 @@ class QGPMConfig:
     term_ratio: float | None = None
     moved_order: str = "rank"
     pass1_dtype: str | None = None
+    relevance: str = "heads"
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
@@ -313,6 +325,7 @@ class QGPMConfig:
             raise ValueError(f"moved_order={self.moved_order!r} and placement={self.placement!r} cannot be combined (placement='ends' splits the moved sentences by rank); set one of them")
         if self.pass1_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
             raise ValueError(f"pass1_dtype must be None (the model's dtype), 'auto', 'bfloat16', 'float16' or 'float32', got {self.pass1_dtype!r}")
+        parse_source(self.relevance)
         if self.unmodulated_layers < 0:
             raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
         if self.split_layer is not None and self.split_layer < 0:

@@ -54,7 +54,7 @@ against 0.369), at about 2 s per 1K context tokens on 2 CPU cores."""
 DEFAULT_K = 5
 """Chunks (documents, nodes) kept by ``topk``."""
 
-PASS1_FIELDS: tuple[str, ...] = ("max_sentence_chars", "split_run_ons", "query_tail", "exclude_newline_tokens", "max_heads")
+PASS1_FIELDS: tuple[str, ...] = ("max_sentence_chars", "split_run_ons", "query_tail", "exclude_newline_tokens", "max_heads", "pass1_dtype", "relevance")
 """``QGPMConfig`` fields that change pass 1 or the prompt itself (the others only
 reshape a stored relevance: :meth:`qgpm.QGPM.replan` may change those)."""
 

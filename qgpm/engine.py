@@ -41,7 +41,9 @@ from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import PositionPlan, rotary_info
 from .runtime import apply_plan, cache_kwarg as _cache_kwarg, check_supported, decoder_layers, model_lock, reorder_mask_kind
+from .rerank import BM25Reranker, get_reranker
 from .shaping import fuse_heads
+from .sources import fuse_sources, parse_source, reranker_relevance
 from .tokens import count_plain, count_tokens_bounded, encode_plain, encode_prompt, max_token_chars, plain_backend, special_token_ids
 
 logger = logging.getLogger("qgpm")
@@ -594,8 +596,6 @@ class QGPM:
             raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
         if method in ("qgpm", "oracle", *ROPE_BASELINES) and self._support_error is not None:
             raise self._support_error
-        if method == "qgpm" and self.head_set is None:
-            raise self._head_error or HeadSetMissingError("no head set")
 
     def _check_config(self, config: Any, method: str) -> QGPMConfig:
         """The call's config (``None`` = the engine's), checked against this model before pass 1."""
@@ -609,9 +609,13 @@ class QGPM:
             if cfg.unmodulated_layers > n:
                 raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
             check_local_layers(cfg, self.rotary)
+            if method == "qgpm":
+                source = parse_source(cfg.relevance)
+                if source.heads and self.head_set is None:
+                    raise self._head_error or HeadSetMissingError("no head set")
+                if source.reranker is not None:  # an unknown spec or a missing package fails here, before any model work
+                    get_reranker(source.reranker)
             if method == "qgpm" and cfg.term_ratio is not None:  # the query-term filter's BM25, before pass 1
-                from .rerank import BM25Reranker
-
                 BM25Reranker()
             if cfg.remap == "reorder":  # what apply_plan and build_plan would refuse, before pass 1
                 if reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
@@ -706,18 +710,28 @@ class QGPM:
         if method == "qgpm":
             t = time.perf_counter()
             stats = Pass1Stats()
-            heads = self.head_set.top(cfg.max_heads).heads
+            source = parse_source(cfg.relevance)
+            heads = self.head_set.top(cfg.max_heads).heads if source.heads else []
             found: dict[str, Any] = {}
+            # a reranker source scores the sentences against the question before pass 1 (none runs without the heads)
+            z_rerank = (reranker_relevance(get_reranker(source.reranker), prompt.question_text or question, [s.text for s in prompt.sentences])
+                        if source.reranker is not None else None)
 
-            def plan_from(tok_logits: torch.Tensor) -> MapResult:  # relevance -> scores -> positions
+            def plan_from(tok_logits: torch.Tensor | None) -> MapResult:  # relevance -> scores -> positions
                 found["pass1_end"] = time.perf_counter()
-                sl = sentence_logits(tok_logits, prompt.token_sentence, len(prompt.sentences), prompt.newline_tokens if cfg.exclude_newline_tokens else None)
-                found["z"] = fuse_heads(sl)
+                if tok_logits is None:
+                    found["z"] = z_rerank
+                else:
+                    sl = sentence_logits(tok_logits, prompt.token_sentence, len(prompt.sentences), prompt.newline_tokens if cfg.exclude_newline_tokens else None)
+                    found["z"] = fuse_heads(sl) if z_rerank is None else fuse_sources(fuse_heads(sl), z_rerank)
                 found["mr"] = build_plan(prompt.token_sentence, found["z"], config=cfg, rotary=self.rotary, n_layers=self.n_layers, capacity=capacity,
                                          unit_lexical=_unit_lexical(prompt, cfg))
                 found["plan_end"] = time.perf_counter()
                 return found["mr"]
 
+            if not source.heads:
+                plan_from(None)
+                return self._qgpm_call(prompt, cfg, found, t, None, timings, edit, details, source.spec, heads=0, layers_run=0)
             low = self.pass1_precision(cfg, prompt.context_tokens)  # a pass 1 at another precision is not the model's prefill: never reused
             cache = _fresh_cache(self.model) if low is None and self.reuse_prefill and self._prefill_reusable() else None
             if cache is not None:
@@ -728,19 +742,9 @@ class QGPM:
                 plan_from(head_token_logits(self.model, prompt.input_ids, heads, prompt.query_rows, stats=stats, precision=low))
             if low is not None:
                 details["pass1_dtype"] = _dtype_name(low)
-            end = time.perf_counter()
-            z, mr = found["z"], found["mr"]
-            timings.pass1_s = found["pass1_end"] - t
-            timings.plan_s = found["plan_end"] - found["pass1_end"]
-            prefill = _Prefill(cache, prompt.num_tokens, end - found["plan_end"]) if stats.continued else None
-            _note_flat(mr, cfg)
-            plan = mr.plan
-            relevance = self._relevance(prompt, mr, z)
-            details.update(layers_run=len(stats.layers_run), boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=len(heads),
-                           flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo,
-                           pass1_continued=prefill is not None)
-            _note_terms(details, mr, cfg)
-            return PreparedCall(prompt, method, plan, relevance, timings, edit, details, z=z, config=cfg, prefill=prefill)
+            prefill_at = found["plan_end"] if stats.continued else None
+            return self._qgpm_call(prompt, cfg, found, t, cache if stats.continued else None, timings, edit, details, source.spec,
+                                   heads=len(heads), layers_run=len(stats.layers_run), prefill_at=prefill_at)
         elif method == "oracle":
             if not evidence:
                 raise ValueError("method='oracle' needs evidence=[exact substrings of the context]")
@@ -760,6 +764,24 @@ class QGPM:
             timings.plan_s = time.perf_counter() - t
             details.update(info)
         return PreparedCall(prompt, method, plan, relevance, timings, edit, details, config=cfg)
+
+    def _qgpm_call(self, prompt: Prompt, cfg: QGPMConfig, found: dict[str, Any], t: float, cache: Any, timings: Timings, edit: Any,
+                   details: dict[str, Any], source: str, *, heads: int, layers_run: int, prefill_at: float | None = None) -> PreparedCall:
+        """The prepared qgpm call from the relevance ``found`` by :meth:`_prepare` (``z``, the plan, stage clocks)."""
+        end = time.perf_counter()
+        z, mr = found["z"], found["mr"]
+        timings.pass1_s = found["pass1_end"] - t
+        timings.plan_s = found["plan_end"] - found["pass1_end"]
+        prefill = _Prefill(cache, prompt.num_tokens, end - prefill_at) if cache is not None and prefill_at is not None else None
+        _note_flat(mr, cfg)
+        relevance = self._relevance(prompt, mr, z)
+        details.update(layers_run=layers_run, boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, heads=heads,
+                       flat_relevance=mr.flat, decisive_relevance=mr.decisive, s_low=mr.s_low, solo_relevance=mr.solo,
+                       pass1_continued=prefill is not None)
+        if source != "heads":
+            details["relevance_source"] = source
+        _note_terms(details, mr, cfg)
+        return PreparedCall(prompt, "qgpm", mr.plan, relevance, timings, edit, details, z=z, config=cfg, prefill=prefill)
 
     def _prefill_reusable(self) -> bool:
         """Whether generation can start from a cached prefix on this model's attention: the
@@ -991,8 +1013,6 @@ def _unit_lexical(prompt: Prompt, config: QGPMConfig) -> torch.Tensor | None:
     corpus), for the query-term filter (``config.term_ratio``); ``None`` when it is off."""
     if config.term_ratio is None:
         return None
-    from .rerank import BM25Reranker
-
     question = prompt.question_text or ""
     texts = [s.text for s in prompt.sentences]
     if not texts or not question.strip():

@@ -41,7 +41,7 @@ def _shade(score: float) -> str:
 
 def term_note(n: int) -> str:
     """What the query-term filter (``QGPMConfig.term_ratio``) did, for ``qgpm ask`` and the page."""
-    return (f"term_ratio: {n} of the heads' top sentences carried too few of the question's rare words "
+    return (f"term_ratio: {n} of the top-ranked sentences carried too few of the question's rare words "
             "(BM25), so they were not promoted and kept their place")
 
 

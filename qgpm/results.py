@@ -120,7 +120,9 @@ class QGPMResult:
         if not self.relevance:
             how = "query-agnostic positions" if self.method in ROPE_BASELINES else "standard positions"
             return f"method={self.method}: no relevance ranking ({how})"
-        lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences"]
+        source = (self.details or {}).get("relevance_source")
+        ranked = f", ranked by {source}" if source else (", ranked by the model's heads" if self.method == "qgpm" else "")
+        lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences{ranked}"]
         for s in self.top_sentences(k):
             z = "" if s.z is None else f" z={s.z:+.2f}"
             lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}  {s.text[:120]}")

@@ -100,6 +100,6 @@ def test_page_says_when_the_query_term_filter_kept_candidates_in_place(engine):
     gold = next(i for i, s in enumerate(res.relevance) if s.text.startswith("The tide gauge was calibrated"))
     assert res.relevance[gold].sharp == 1.0  # the one relevant sentence; the text before it keeps its place anyway
     assert all(s.sharp < 1.0 for s in res.relevance[gold + 1:])  # every candidate after it was dropped
-    assert html.escape(f"term_ratio: {n} of the heads' top sentences") in res.to_html()
+    assert html.escape(f"term_ratio: {n} of the top-ranked sentences") in res.to_html()
     plain = engine.answer(CONTEXT, QUESTION, method="qgpm", max_new_tokens=2, config=QGPMConfig(k_sharp=40.0, k_broad=50.0))
     assert "term_dropped" not in plain.details and "term_ratio:" not in plain.to_html()

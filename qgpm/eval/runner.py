@@ -143,7 +143,7 @@ def _reranker_name(reranker: Any) -> str:
 _HASHED_WHEN_SET = {"local_window": 0.0, "keep_length": 0.0, "unmodulated_layers": 0, "anchor_basis": "context", "min_top_z": None,
                     "decisive_margin": None, "remap": "stride", "z_window": None,
                     "lead_tokens": 0, "solo_margin": None, "placement": "question", "local_layers": None, "term_ratio": None,
-                    "moved_order": "rank", "split_run_ons": False, "pass1_dtype": None}
+                    "moved_order": "rank", "split_run_ons": False, "pass1_dtype": None, "relevance": "heads"}
 
 
 def _config_dict(config) -> dict:

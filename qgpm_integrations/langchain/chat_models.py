@@ -61,6 +61,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
 
 from qgpm.chat_prompt import ChatParts, message_text, read_chat
+from qgpm.sources import parse_source
 
 from .._common import check_generate_kwargs, check_heads, check_model_args, device_map_for, is_loaded_model
 from .prompts import document_texts
@@ -92,7 +93,7 @@ _CALL_KWARGS = frozenset(
     {
         "context", "question", "method", "evidence", "system", "instruction", "answer_prefix",
         "reranker", "k", "qgpm_config", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed",
-        "explain_k", "explain_html", "model", "timeout", "stream", "options", "on_empty_context",
+        "explain_k", "explain_html", "model", "timeout", "stream", "options", "on_empty_context", "relevance",
     }
 )
 _EMPTY_POLICIES = ("reply", "raise")
@@ -261,6 +262,11 @@ class QGPMChatModel(BaseChatModel):
     answer_prefix: str | None = None
     reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec or instance for method topk/reorder.")
     k: int = Field(default=DEFAULT_K, ge=1, description="Chunks kept by method='topk'.")
+    relevance: str | None = Field(
+        default=None,
+        description="method='qgpm': where sentence relevance comes from ('heads', a reranker spec such as 'minilm' or "
+        "'bm25', or 'heads+<reranker>'; qgpm.QGPMConfig.relevance); None = the engine's setting.",
+    )
     explain_k: int = Field(default=5, ge=0, description="Top sentences reported in response_metadata['qgpm'].")
     explain_html: bool = Field(
         default=False,
@@ -292,6 +298,13 @@ class QGPMChatModel(BaseChatModel):
     def _check_method(cls, v: str) -> str:
         if v not in METHODS:
             raise ValueError(f"unknown method {v!r}; choose one of {', '.join(METHODS)}")
+        return v
+
+    @field_validator("relevance")
+    @classmethod
+    def _check_relevance(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_source(v)
         return v
 
     @model_validator(mode="after")
@@ -492,6 +505,12 @@ class QGPMChatModel(BaseChatModel):
                 raise ValueError("evidence= is only used with method='oracle'")
             if method in ("topk", "reorder"):
                 call.update(reranker=kwargs.get("reranker", self.reranker), k=int(kwargs.get("k", self.k)))
+            if kwargs.get("relevance") is not None and method != "qgpm":
+                raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
+            relevance = kwargs.get("relevance", self.relevance)
+            if relevance is not None and method == "qgpm":
+                parse_source(relevance)
+                call["config"] = (call["config"] or engine.config).with_(relevance=relevance)
             # the model's options belong to its own method; a call's options= go to the engine, which
             # rejects them for a method that takes none
             options = kwargs.get("options", self.options if method == self.method else None)

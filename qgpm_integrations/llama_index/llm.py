@@ -72,6 +72,7 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from qgpm import QGPM, QGPMResult
 from qgpm.baselines import resolve_options
+from qgpm.sources import parse_source
 from qgpm.tokens import encode_plain
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_RERANKER, METHODS
 
@@ -217,6 +218,11 @@ class QGPMLLM(LLM):
     answer_prefix: Optional[str] = Field(default=None)
     reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec for topk / reorder.")
     k: int = Field(default=DEFAULT_K, gt=0, description="Chunks kept by topk.")
+    relevance: Optional[str] = Field(
+        default=None,
+        description="method='qgpm': where sentence relevance comes from ('heads', a reranker spec such as 'minilm' or "
+        "'bm25', or 'heads+<reranker>'); None = the engine's setting (QGPMConfig.relevance).",
+    )
     evidence: Optional[list[str]] = Field(default=None, description="Evidence for method='oracle'.")
     context_keys: tuple[str, ...] = Field(default=("context_str", "context_msg"))
     question_keys: tuple[str, ...] = Field(default=("query_str",))
@@ -247,6 +253,8 @@ class QGPMLLM(LLM):
         if method == "oracle" and not kwargs.get("evidence"):
             raise ValueError("method='oracle' needs evidence=[exact substrings of the context]")
         resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
+        if kwargs.get("relevance") is not None:
+            parse_source(kwargs["relevance"])
         if isinstance(model, (str, os.PathLike)):
             if kwargs.get("model_name") is not None:
                 raise ValueError("pass the model id as model_name= (or model=), not both")
@@ -418,6 +426,8 @@ class QGPMLLM(LLM):
                 kw["evidence"] = present
             else:
                 method = "vanilla"
+        if method == "qgpm" and self.relevance is not None:
+            kw["config"] = self._engine.config.with_(relevance=self.relevance)
         kw["method"] = method
         return context, question, kw
 

@@ -105,3 +105,15 @@ def test_retriever_that_found_nothing_gets_the_fixed_reply(lc_engine):
     llm = QGPMChatModel(engine=lc_engine, method="qgpm", max_tokens=4)
     chain = create_stuff_documents_chain(llm, stuff_prompt.CHAT_PROMPT)
     assert chain.invoke({"context": [], "question": QUESTION}) == NO_CONTEXT_REPLY
+
+
+def test_relevance_source_setting_reaches_the_engine(lc_engine):
+    llm = QGPMChatModel(engine=lc_engine, method="qgpm", max_tokens=4, relevance="bm25")
+    msg = llm.invoke(stuff_prompt.CHAT_PROMPT.invoke({"context": "\n\n".join(d.page_content for d in DOCS), "question": QUESTION}))
+    info = msg.response_metadata["qgpm"]
+    assert info["details"]["relevance_source"] == "bm25" and info["details"]["layers_run"] == 0
+    assert "ranked by bm25" in info["explanation"]
+    with pytest.raises(ValueError, match="relevance"):
+        QGPMChatModel(engine=lc_engine, relevance="bm25+heads")
+    with pytest.raises(ValueError, match="takes none"):
+        llm.invoke("hi", context=[d.page_content for d in DOCS], method="vanilla", relevance="bm25")

@@ -257,6 +257,20 @@ def test_topk_reorder_and_oracle_arguments(stub_engine, word_tokenizer):
         QGPMLLM(engine=stub_engine, method="magic")
 
 
+def test_relevance_source_reaches_the_engine_config(stub_engine, word_tokenizer):
+    from qgpm import QGPMConfig
+
+    stub_engine.config = QGPMConfig(k_sharp=4.0)  # the engine's own settings, which the source is applied on
+    qa = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?")
+    QGPMLLM(engine=stub_engine, method="qgpm", relevance="minilm").predict(qa, context_str="Text.")
+    cfg = stub_engine.calls[-1][3]["config"]
+    assert cfg.relevance == "minilm" and cfg.k_sharp == 4.0
+    QGPMLLM(engine=stub_engine, method="qgpm").predict(qa, context_str="Text.")
+    assert "config" not in stub_engine.calls[-1][3]
+    with pytest.raises(ValueError, match="relevance"):
+        QGPMLLM(engine=stub_engine, relevance="heads+")
+
+
 def test_metadata_and_tokenizer(stub_engine, monkeypatch):
     monkeypatch.setattr(llama_index.core, "global_tokenizer", None)
     llm = QGPMLLM(engine=stub_engine, max_new_tokens=33)
