@@ -40,7 +40,7 @@ ROUTES = ("qgpm_prompt", "system_context", "one_message", "earlier_message", "hi
 HISTORY = [("human", "Hello, can you help me with a few questions about a text?"), ("ai", "Of course. Ask away.")]
 
 
-def _prompts() -> dict[str, tuple[Any, dict[str, Any]]]:
+def prompts() -> dict[str, tuple[Any, dict[str, Any]]]:
     from langchain_classic.chains.question_answering import stuff_prompt
     from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder, SystemMessagePromptTemplate
 
@@ -75,7 +75,7 @@ def answer_route(llm: Any, engine: Any, route: str, sample: Any) -> dict[str, An
     if route == "qgpm_prompt":
         message = llm.invoke(qgpm_prompt().invoke({"context": docs, "question": sample.question}))
     elif route == "before":
-        prompt, _ = _prompts()["system_context"]
+        prompt, _ = prompts()["system_context"]
         from qgpm_integrations.langchain.chat_models import _as_dicts
 
         msgs = prompt.format_messages(context="\n\n".join(docs), question=sample.question)
@@ -88,7 +88,7 @@ def answer_route(llm: Any, engine: Any, route: str, sample: Any) -> dict[str, An
             def on_llm_end(self, response: Any, **kw: Any) -> None:
                 Capture.message = response.generations[0][0].message
 
-        prompt, extra = _prompts()[route]
+        prompt, extra = prompts()[route]
         chain = create_stuff_documents_chain(llm, prompt)
         chain.invoke({"context": [Document(page_content=d) for d in docs], "question": sample.question, **extra},
                      config={"callbacks": [Capture()]})

@@ -32,3 +32,14 @@ def load_cookbook():
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def load_prompt_shapes():
+    """The benchmark module ``benchmarks/prompt_shapes.py``: LangChain's RAG prompts by shape (imported once)."""
+    name = "qgpm_benchmark_prompt_shapes"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "prompt_shapes.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]

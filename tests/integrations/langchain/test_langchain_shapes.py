@@ -10,9 +10,10 @@ from langchain_classic.chains.combine_documents import create_stuff_documents_ch
 from langchain_classic.chains.question_answering import stuff_prompt
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
-from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder, SystemMessagePromptTemplate
+from langchain_core.prompts import ChatPromptTemplate
 
 from qgpm_integrations.langchain import QGPMChatModel
+from qgpm_lc_support import load_prompt_shapes
 
 USES_REAL_MODEL = True
 
@@ -25,7 +26,6 @@ DOCS = [
 ]
 QUESTION = "In which year was the whale skeleton found?"
 EVIDENCE = "The skeleton was found in 1921 near the old harbor wall."
-HISTORY = [("human", "When did the bakery open?"), ("ai", "In 1990.")]
 
 
 class _Capture(BaseCallbackHandler):
@@ -39,25 +39,8 @@ class _Capture(BaseCallbackHandler):
 
 
 def _prompts() -> dict[str, tuple[Any, dict[str, Any]]]:
-    """shape -> (prompt, extra inputs): LangChain's own templates where it ships one."""
-    return {
-        # langchain_classic's chat QA prompt: the context in the system message, the question in the human message
-        "system_context": (stuff_prompt.CHAT_PROMPT, {}),
-        # its completion QA prompt ("Use the following pieces of context ... Question: ... Helpful Answer:"),
-        # which a chat model receives as one human message
-        "one_message": (stuff_prompt.PROMPT, {}),
-        # the context in one human message and the question in a later one
-        "earlier_message": (ChatPromptTemplate.from_messages([("human", "Here are the documents:\n\n{context}"), ("human", "{question}")]), {}),
-        # chat history between the system context and the question
-        "history": (
-            ChatPromptTemplate.from_messages([
-                SystemMessagePromptTemplate.from_template(stuff_prompt.system_template),
-                MessagesPlaceholder("chat_history"),
-                ("human", "{question}"),
-            ]),
-            {"chat_history": HISTORY},
-        ),
-    }
+    """shape -> (prompt, extra inputs): LangChain's own templates where it ships one (the benchmark's set)."""
+    return load_prompt_shapes().prompts()
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +68,8 @@ def test_stuff_documents_chain_runs_qgpm_with_the_prompt_as_written(llm, name, c
     assert found["context_preview"].endswith("School classes visit it every spring.")
     if name == "history":
         assert found["history_messages"] == 2
-        assert all("bakery open" not in s["text"] for s in info["top_sentences"]), "history is not context"
+        history = " ".join(text for _, text in load_prompt_shapes().HISTORY)
+        assert all(s["text"] not in history for s in info["top_sentences"]), "history is not context"
     texts = [s["text"] for s in info["top_sentences"]]
     assert EVIDENCE in texts[:2], info["explanation"]
 
