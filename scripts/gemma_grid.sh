@@ -30,6 +30,16 @@ if [ "${2:-2k}" = term ]; then
     --max-new-tokens 48 --no-logprob --no-progress $S --set term_ratio=0.6 --methods qgpm --shard $1/2
   exit
 fi
+if [ "${2:-2k}" = sources ]; then
+  # Sentence relevance from rerankers instead of the heads (QGPMConfig.relevance) under the term mode's settings,
+  # multi-key and QA at 2K, beside that mode's heads rows (series e7f6c7): bash scripts/gemma_grid.sh I sources
+  for src in minilm bm25 heads+bm25; do
+    python -m qgpm.eval.cli eval --model "$G" --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid}/$(echo "$src" | tr '+' '_') \
+      --tasks niah_multikey_1,qa_1 --lengths 2048 --depths 0.25,0.5,0.75 --n 4 \
+      --max-new-tokens 48 --no-logprob --no-progress $S --set term_ratio=0.6 --set relevance=$src --methods qgpm --shard $1/2
+  done
+  exit
+fi
 if [ "${2:-2k}" = 4k ]; then
   # The 4K part (multi-key and QA, every method with the rules off, one pass): bash scripts/gemma_grid.sh I 4k
   # (ninth session: single needle at 4K with TASKS=niah_single_2 bash scripts/gemma_grid.sh I 4k)
