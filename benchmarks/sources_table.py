@@ -68,12 +68,17 @@ def main(argv=None) -> int:
         if name is None or r["length"] != args.length or r.get("error"):
             continue
         by[(r["task"], r["depth"], r["index"])][name] = r
-    samples = sorted(k for k, ms in by.items() if all(s in ms for s in SOURCES) and "vanilla" in ms)
+    present = [s for s in SOURCES if any(s in ms for ms in by.values())]
+    if "heads" not in present:
+        raise SystemExit(f"no {args.length}-token rows of the heads series {args.heads_series}")
+    samples = sorted(k for k, ms in by.items() if all(s in ms for s in present) and "vanilla" in ms)
     if not samples:
-        raise SystemExit(f"no {args.length}-token sample has rows of every source and vanilla")
-    cols = ["vanilla", *SOURCES, *(m for m in others if m != "vanilla")]
-    print(f"{len(samples)} samples at {args.length} tokens with every source and vanilla (series: "
-          + ", ".join(f"{s} {h[:6]}" for s, h in series.items()) + ")")
+        raise SystemExit(f"no {args.length}-token sample has rows of {', '.join(present)} and vanilla")
+    cols = ["vanilla", *present, *(m for m in others if m != "vanilla")]
+    absent = [s for s in SOURCES if s not in present]
+    print(f"{len(samples)} samples at {args.length} tokens with rows of {', '.join(present)} and vanilla (series: "
+          + ", ".join(f"{s} {h[:6]}" for s, h in series.items()) + ")"
+          + (f"; no rows at this length for {', '.join(absent)}" if absent else ""))
     print()
     print("| task | n | " + " | ".join(cols) + " |")
     print("|---|---:|" + "---:|" * len(cols))
@@ -98,7 +103,7 @@ def main(argv=None) -> int:
     print()
     print("(w/l): wins / losses against the heads on the same samples. Over all samples, against the heads and against vanilla:")
     print()
-    for m in (*SOURCES, "reorder"):
+    for m in (*present, "reorder"):
         if not all(m in by[k] for k in samples):
             continue
         for ref in ("heads", "vanilla"):
