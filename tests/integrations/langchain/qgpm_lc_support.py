@@ -23,23 +23,21 @@ def lc_heads():
         return FALLBACK_HEADS
 
 
-def load_cookbook():
-    """The cookbook module ``cookbooks/langchain_rag.py`` (imported once)."""
-    name = "qgpm_cookbook_langchain_rag"
+def _load(name: str, path: Path):
+    """The module at ``path`` under ``name`` (imported once)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "cookbooks" / "langchain_rag.py")
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def load_cookbook():
+    """The cookbook module ``cookbooks/langchain_rag.py``."""
+    return _load("qgpm_cookbook_langchain_rag", REPO / "cookbooks" / "langchain_rag.py")
 
 
 def load_prompt_shapes():
-    """The benchmark module ``benchmarks/prompt_shapes.py``: LangChain's RAG prompts by shape (imported once)."""
-    name = "qgpm_benchmark_prompt_shapes"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "prompt_shapes.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The benchmark module ``benchmarks/prompt_shapes.py``: LangChain's RAG prompts by shape."""
+    return _load("qgpm_benchmark_prompt_shapes", REPO / "benchmarks" / "prompt_shapes.py")
