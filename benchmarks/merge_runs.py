@@ -7,7 +7,8 @@ Rows are added and deduplicated by their key (task, length, depth, seed, method,
 hash; a row already there is kept unless the new one replaces an error row). Each run
 folder's manifest entries and fingerprints go into the target manifest, the command of each
 entry suffixed with ``(note)`` so the committed record says how the run was started. The
-report, stats and plots are then regenerated (``qgpm report``).
+report, stats and plots are then regenerated (``qgpm report``). The manifest is written at
+indent 2, the format of the committed results folders.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def merge(into: Path, runs: list[Path], note: str | None) -> int:
             if note:
                 entry["command"] = f"{entry['command']} ({note})"
             update_manifest(into, entry, man.get("configs", {}))
+    # the committed results folders keep their manifests at indent 2, so a merge only adds lines
+    path = into / "manifest.json"
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=2, default=str) + "\n")
     new = sum((r["task"], r["length"], r.get("depth"), r["seed"], r["method"], r["config_hash"]) not in keys for r in added)
     print(f"{into}: {len(before)} rows before, {len(rows)} after ({new} new of {len(added)} merged)")
     return subprocess.call([sys.executable, "-m", "qgpm.eval.cli", "report", "--out", str(into)])
