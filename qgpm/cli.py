@@ -37,6 +37,7 @@ from ._cliutil import (
     split_config_args,
 )
 from .defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
+from .sources import parse_source
 
 __all__ = ["main", "sample_document", "default_example", "build_parser"]
 
@@ -109,7 +110,7 @@ def _check_heads_before_loading(args: argparse.Namespace, heads) -> None:
 def _print_answer(method: str, result, *, width: int) -> None:
     """One method's answer with its timing, aligned with the others."""
     t = result.timings
-    stage = "ranking" if (result.details or {}).get("relevance_source") not in (None, "heads") and "+" not in result.details["relevance_source"] else "pass 1"
+    stage = "pass 1" if parse_source((result.details or {}).get("relevance_source", "heads")).heads else "ranking"
     timing = f"{t.total_s:.1f} s, first token {t.first_token_s:.1f} s" + (f" ({stage} {t.pass1_s:.1f} s)" if t.pass1_s else "")
     answer = " ".join(result.text.split()) or "(empty answer)"
     print(f"\n{method:<{width}}  {answer}\n{'':<{width}}  [{result.usage.prompt_tokens} prompt tokens, {result.usage.answer_tokens} answer tokens; {timing}]")

@@ -264,8 +264,9 @@ class QGPMChatModel(BaseChatModel):
     k: int = Field(default=DEFAULT_K, ge=1, description="Chunks kept by method='topk'.")
     relevance: str | None = Field(
         default=None,
-        description="method='qgpm': where sentence relevance comes from ('heads', a reranker spec such as 'minilm' or "
-        "'bm25', or 'heads+<reranker>'; qgpm.QGPMConfig.relevance); None = the engine's setting.",
+        description="Where sentence relevance comes from in method='qgpm' calls ('heads', a reranker spec such as "
+        "'minilm' or 'bm25', or 'heads+<reranker>'; qgpm.QGPMConfig.relevance); None = the engine's setting. Needs "
+        "method='qgpm' on the model; a call that passes another method= does not rank sentences and uses none.",
     )
     explain_k: int = Field(default=5, ge=0, description="Top sentences reported in response_metadata['qgpm'].")
     explain_html: bool = Field(
@@ -318,6 +319,8 @@ class QGPMChatModel(BaseChatModel):
             self._load_kwargs = check_model_args(owner, self.model, self.tokenizer, self.model_kwargs)
             check_heads(self.heads, owner)
         check_generate_kwargs(self.generate_kwargs, owner, _GENERATE_FIELDS)
+        if self.relevance is not None and self.method != "qgpm":
+            raise ValueError(f"relevance={self.relevance!r} sets how method='qgpm' ranks sentences; method={self.method!r} takes none")
         if self.options is not None and getattr(self.options, "method", None) != self.method:
             raise ValueError(
                 f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "

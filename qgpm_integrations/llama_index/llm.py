@@ -255,6 +255,8 @@ class QGPMLLM(LLM):
         resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
         if kwargs.get("relevance") is not None:
             parse_source(kwargs["relevance"])
+            if method != "qgpm":
+                raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
         if isinstance(model, (str, os.PathLike)):
             if kwargs.get("model_name") is not None:
                 raise ValueError("pass the model id as model_name= (or model=), not both")

@@ -101,3 +101,5 @@ def test_relevance_source_setting_reaches_the_engine(lc_engine):
         QGPMChatModel(engine=lc_engine, relevance="bm25+heads")
     with pytest.raises(ValueError, match="takes none"):
         llm.invoke("hi", context=[d.page_content for d in DOCS], method="vanilla", relevance="bm25")
+    with pytest.raises(ValueError, match="takes none"):
+        QGPMChatModel(engine=lc_engine, method="vanilla", relevance="bm25")

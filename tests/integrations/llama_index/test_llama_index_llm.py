@@ -269,6 +269,8 @@ def test_relevance_source_reaches_the_engine_config(stub_engine, word_tokenizer)
     assert "config" not in stub_engine.calls[-1][3]
     with pytest.raises(ValueError, match="relevance"):
         QGPMLLM(engine=stub_engine, relevance="heads+")
+    with pytest.raises(ValueError, match="takes none"):
+        QGPMLLM(engine=stub_engine, method="vanilla", relevance="minilm")
 
 
 def test_metadata_and_tokenizer(stub_engine, monkeypatch):
