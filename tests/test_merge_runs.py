@@ -1,0 +1,59 @@
+"""benchmarks/merge_runs.py: run folders merged into a results folder (rows deduplicated, manifest entries noted)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("qgpm_merge_runs", REPO / "benchmarks" / "merge_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(index: int, method: str = "qgpm", h: str = "aaa") -> dict:
+    return {"task": "qa_1", "length": 4096, "depth": 0.5, "seed": index, "index": index, "method": method, "config_hash": h,
+            "correct": True}
+
+
+def _run(folder: Path, rows: list[dict], command: str) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "rows.rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))  # the same rows again
+    (folder / "manifest.json").write_text(json.dumps({"configs": {"aaa": {"method": "qgpm"}}, "runs": [{"command": command}]}))
+    return folder
+
+
+def test_merge_adds_rows_once_and_notes_the_commands(tmp_path, monkeypatch, capsys):
+    mod = _module()
+    monkeypatch.setattr(mod.subprocess, "call", lambda *a, **k: 0)  # no report regeneration here
+    into = tmp_path / "results"
+    into.mkdir()
+    (into / "rows.jsonl").write_text(json.dumps(_row(0)) + "\n")
+    (into / "manifest.json").write_text(json.dumps({"configs": {}, "runs": [{"command": "old"}]}))
+    a = _run(tmp_path / "a", [_row(0), _row(1)], "eval a")
+    b = _run(tmp_path / "b", [_row(2, method="vanilla", h="bbb")], "eval b")
+    assert mod.merge(into, [a, b], "script.sh I") == 0
+    rows = [json.loads(line) for line in (into / "rows.jsonl").read_text().splitlines()]
+    assert sorted((r["seed"], r["method"]) for r in rows) == [(0, "qgpm"), (1, "qgpm"), (2, "vanilla")]
+    assert "1 rows before, 3 after (2 new of 3 merged)" in capsys.readouterr().out
+    text = (into / "manifest.json").read_text()
+    assert text.startswith('{\n  "configs"'), "the committed manifests keep indent 2"
+    man = json.loads(text)
+    assert [r["command"] for r in man["runs"]] == ["old", "eval a (script.sh I)", "eval b (script.sh I)"]
+    assert "aaa" in man["configs"]
+
+
+def test_merge_refuses_an_unfinished_run(tmp_path):
+    mod = _module()
+    (tmp_path / "into").mkdir()
+    (tmp_path / "run").mkdir()
+    with pytest.raises(SystemExit, match="manifest"):
+        mod.merge(tmp_path / "into", [tmp_path / "run"], None)
