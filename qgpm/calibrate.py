@@ -15,13 +15,13 @@ from __future__ import annotations
 import datetime as _dt
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from .heads import HeadSet, reciprocal_rank
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptSpec, build_prompt
-from .relevance import head_token_logits, sentence_logits
+from .pass1 import sentence_heads_logits
 from .shaping import fuse_heads
 
 __all__ = ["HeadScores", "score_heads", "calibrate_heads", "check_depth_options", "fused_mrr", "sample_head_logits", "evidence_sentences"]
@@ -84,9 +84,7 @@ def _sample_prompt(engine, sample: Any) -> Prompt:
 
 
 def _all_sentence_logits(engine, prompt: Prompt, heads: list[tuple[int, int]]) -> torch.Tensor:
-    tl = head_token_logits(engine.model, prompt.input_ids, heads, prompt.query_rows)
-    ex = prompt.newline_tokens if engine.config.exclude_newline_tokens else None
-    return sentence_logits(tl, prompt.token_sentence, len(prompt.sentences), ex)
+    return sentence_heads_logits(engine.model, prompt, heads, exclude_newline_tokens=engine.config.exclude_newline_tokens)
 
 
 def score_heads(engine, samples: Sequence[Any], *, progress: bool = True) -> HeadScores:
@@ -239,3 +237,4 @@ def calibrate_heads(
         meta=meta,
         fingerprint=fp.to_dict() if (fp := getattr(engine, "fingerprint", None)) is not None else {},
     )
+

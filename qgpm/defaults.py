@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .methods import BASELINE_METHODS, COMPARISON_METHODS, METHODS  # the method lists, from the one registry of method specs
+
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_MODEL_NAME",
     "DEFAULT_MODEL_ALIASES",
     "is_default_model",
     "METHODS",
+    "BASELINE_METHODS",
+    "COMPARISON_METHODS",
     "DEFAULT_METHOD",
     "DEFAULT_RERANKER",
     "DEFAULT_K",
@@ -29,18 +33,6 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 DEFAULT_MODEL_ALIASES = frozenset({DEFAULT_MODEL, DEFAULT_MODEL_NAME.lower()})
 """Spellings (lower case) that mean the embedded default model."""
-
-BASELINE_METHODS: tuple[str, ...] = ("string", "ms-poe", "self-extend", "llmlingua-2")
-"""The query-agnostic baselines of the paper's Table 1 (their options live in
-:data:`qgpm.baselines.BASELINE_OPTIONS`, which must list exactly these)."""
-
-METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder", *BASELINE_METHODS)
-"""Every answering method: standard RoPE, QGPM, QGPM with given evidence, the two
-reranker-based input-editing baselines (paper Sec. 5.3) and the query-agnostic baselines."""
-
-COMPARISON_METHODS: tuple[str, ...] = ("vanilla", "qgpm", "oracle", "topk", "reorder")
-"""What ``qgpm eval`` runs unless ``--methods`` says otherwise (the baselines need
-options or weights of their own, so they run when listed)."""
 
 DEFAULT_METHOD = "qgpm"
 

@@ -14,12 +14,22 @@ markup or script.
 from __future__ import annotations
 
 import html
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .results import QGPMResult
+__all__ = ["render_html", "plot_relevance", "sentence_rows", "Explained"]
 
-__all__ = ["render_html", "plot_relevance", "sentence_rows"]
+
+class Explained(Protocol):
+    """What the views read from an answer (:class:`qgpm.QGPMResult` has all of it)."""
+
+    text: str
+    method: str
+    relevance: list[Any]
+    details: dict[str, Any]
+    context: str | None
+    question: str | None
+    usage: Any
+    timings: Any
 
 _CSS = """
 body{font:15px/1.55 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:980px;color:#1d232b;padding:0 1em}
@@ -45,7 +55,7 @@ def term_note(n: int) -> str:
             "(BM25), so they were not promoted and kept their place")
 
 
-def sentence_rows(result: "QGPMResult") -> list[dict[str, Any]]:
+def sentence_rows(result: Explained) -> list[dict[str, Any]]:
     """One dict per context sentence: text, char span, depth in the context (0..1), rank,
     z, broad/sharp scores, whether it kept a full stride in the upper layers, and the
     0..1 intensity used for shading (1 = top-ranked)."""
@@ -68,7 +78,7 @@ def sentence_rows(result: "QGPMResult") -> list[dict[str, Any]]:
     return out
 
 
-def render_html(result: "QGPMResult", *, top: int = 10, title: str = "QGPM: why this answer") -> str:
+def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why this answer") -> str:
     """A self-contained HTML page (inline CSS, no script, no network) for ``result``.
 
     The context is shown with each sentence shaded by its relevance (fused head z for
@@ -131,7 +141,7 @@ def render_html(result: "QGPMResult", *, top: int = 10, title: str = "QGPM: why 
     )
 
 
-def plot_relevance(result: "QGPMResult", *, evidence: Sequence[str] | None = None, ax: Any = None):
+def plot_relevance(result: Explained, *, evidence: Sequence[str] | None = None, ax: Any = None):
     """Sentence relevance against position in the context (matplotlib ``Figure``).
 
     x: depth of each sentence in the context (0 = start, 1 = end, where the question

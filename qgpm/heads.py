@@ -28,7 +28,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import torch
 
@@ -38,6 +38,7 @@ __all__ = [
     "HeadSet",
     "HeadSetMissingError",
     "HeadSetMismatchError",
+    "choose_head_set",
     "find_head_set",
     "check_head_set",
     "head_set_file_name",
@@ -245,6 +246,27 @@ def check_head_set(hs: HeadSet, fp: ModelFingerprint, source: str = "the head se
         "`qgpm calibrate --model <id-or-path>` or heads='calibrate', or pass heads=[(layer, head), ...] "
         "to use chosen heads without the check."
     )
+
+
+def choose_head_set(heads: Any, fp: ModelFingerprint, name: str) -> HeadSet | HeadSetMissingError:
+    """The head set ``heads`` names for the model ``fp`` (called ``name``): a :class:`HeadSet`
+    (checked against ``fp``), ``None`` (the stored set, or the :class:`HeadSetMissingError` to
+    raise when a call needs one), a head-set file, or ``(layer, head)`` pairs taken as given.
+    A set made for another model raises :class:`HeadSetMismatchError`."""
+    if isinstance(heads, HeadSet):
+        check_head_set(heads, fp)
+        return heads
+    if heads is None:
+        found = find_head_set(fp)
+        if found is None:
+            return missing_head_set_error(fp)
+        check_head_set(found[0], fp, f"the stored head set {found[1]}")
+        return found[0]
+    if isinstance(heads, (str, os.PathLike)):
+        hs = HeadSet.load(heads)
+        check_head_set(hs, fp, f"head set {heads}")
+        return hs
+    return HeadSet(name, list(heads), method="given by caller", fingerprint=fp.to_dict())
 
 
 def stored_head_set_path(model: str | ModelFingerprint) -> Path | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .baselines import ROPE_BASELINES
+from .methods import METHOD_SPECS, Stage
 from .config import QGPMConfig
 from .prompt import Prompt
 
@@ -118,10 +118,11 @@ class QGPMResult:
     def explain(self, k: int = 5) -> str:
         """A short human-readable account of the ranking."""
         if not self.relevance:
-            how = "query-agnostic positions" if self.method in ROPE_BASELINES else "standard positions"
+            spec = METHOD_SPECS.get(self.method)
+            how = "query-agnostic positions" if spec is not None and spec.stage is Stage.ATTENTION else "standard positions"
             return f"method={self.method}: no relevance ranking ({how})"
         source = (self.details or {}).get("relevance_source")
-        ranked = f", ranked by {source}" if source else (", ranked by the model's heads" if self.method == "qgpm" else "")
+        ranked = f", ranked by {source}" if source else (", ranked by the model's heads" if self.method in METHOD_SPECS and METHOD_SPECS[self.method].stage is Stage.HEADS else "")
         lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences{ranked}"]
         for s in self.top_sentences(k):
             z = "" if s.z is None else f" z={s.z:+.2f}"

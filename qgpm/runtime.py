@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import ContextManager, Iterator, Protocol, Sequence
 
 import torch
 
@@ -29,8 +29,14 @@ import torch
 # re-exported here for code that imports them from qgpm.runtime.
 from .rope import PositionPlan, RotaryInfo, UnsupportedModelError, rotary_info
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .baselines.plans import BaselinePlan
+
+
+class InstallablePlan(Protocol):
+    """A plan that installs itself on a model for the length of a block (the RoPE baselines'
+    attention plans, :class:`qgpm.baselines.BaselinePlan`); :func:`apply_plan` enters it under
+    the model lock."""
+
+    def installed(self, model: torch.nn.Module) -> ContextManager[None]: ...
 
 __all__ = [
     "SUPPORTED_FAMILIES",
@@ -42,6 +48,7 @@ __all__ = [
     "model_lock",
     "PositionPlan",
     "apply_plan",
+    "InstallablePlan",
     "reorder_mask_kind",
 ]
 
@@ -102,13 +109,13 @@ def check_supported(model: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def apply_plan(model: torch.nn.Module, plan: "PositionPlan | BaselinePlan | None") -> Iterator[None]:
+def apply_plan(model: torch.nn.Module, plan: PositionPlan | InstallablePlan | None) -> Iterator[None]:
     """Within the block, every forward of ``model`` uses ``plan``'s positions.
 
     ``plan=None`` only takes the model lock (vanilla behaviour). Hooks are removed on
-    exit, whatever happened inside. An attention-level plan of a RoPE baseline
-    (:class:`qgpm.baselines.BaselinePlan`) installs itself through its ``installed``
-    context instead, under the same lock.
+    exit, whatever happened inside. Any other plan (:class:`InstallablePlan`: a RoPE
+    baseline's attention plan) installs itself through its ``installed`` context instead,
+    under the same lock.
     """
     lock = model_lock(model)
     with lock:

@@ -59,12 +59,12 @@ def reference(tokenizer):
 @pytest.fixture
 def stays_vanilla(engine, reference, monkeypatch):
     """Pass 1 must not run for a bad call; afterwards the model is vanilla."""
-    import qgpm.engine
+    import qgpm.pass1
 
     def pass1_ran(*a, **k):
         raise AssertionError("pass 1 ran for a bad call")
 
-    monkeypatch.setattr(qgpm.engine, "head_token_logits", pass1_ran)
+    monkeypatch.setattr(qgpm.pass1, "head_token_logits", pass1_ran)
     yield
     monkeypatch.undo()
     assert no_hooks(engine.model)

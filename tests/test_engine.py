@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from qgpm import QGPM, ContextTooLongError, PromptError, QGPMConfig, UnsupportedModelError
+from qgpm.generation import score_prefill
 from qgpm.runtime import decoder_layers
 
 from qgpm_testing import tiny_model
@@ -100,7 +101,7 @@ def test_real_reorder_equals_the_physically_reordered_prompt(smollm):
     assert torch.equal(ids[:, plan.feed_order()], moved)
     res = smollm.generate_prepared(call, max_new_tokens=4, score=" 6711")
     with torch.inference_mode(), apply_plan(smollm.model, plan):
-        hooked, _ = smollm._score_prefill(ids, smollm.tokenizer(" 6711", add_special_tokens=False).input_ids)
+        hooked, _ = score_prefill(smollm.model, ids, smollm.tokenizer(" 6711", add_special_tokens=False).input_ids)
     assert abs(res.details["score_logprob"] - hooked) < 1e-2, (res.details["score_logprob"], hooked)
     assert no_hooks(smollm.model)
 

@@ -43,16 +43,16 @@ def test_pass1_dtype_is_checked_before_any_work(model, tokenizer):
 
 
 def test_auto_is_bfloat16_on_a_float32_model_with_fast_bfloat16_only(model, tokenizer, monkeypatch):
-    import qgpm.engine as engine_mod
+    import qgpm.pass1 as pass1_mod
 
     engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP.with_(pass1_dtype="auto"))
-    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: True)
+    monkeypatch.setattr(pass1_mod, "fast_on", lambda device, dtype: True)
     assert engine.pass1_precision() is torch.bfloat16
-    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: False)
+    monkeypatch.setattr(pass1_mod, "fast_on", lambda device, dtype: False)
     assert engine.pass1_precision() is None
     res = engine.answer(context(12), QUESTION, max_new_tokens=2, config=FALLBACK.with_(pass1_dtype="auto"))
     assert "pass1_dtype" not in res.details and res.details["pass1_continued"]  # the exact pass 1, reused
-    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: True)
+    monkeypatch.setattr(pass1_mod, "fast_on", lambda device, dtype: True)
     long_ = engine.prepare(context(12), QUESTION)
     short = engine.prepare(context(12), QUESTION, config=ONE_MAP.with_(pass1_dtype="auto", keep_length=10_000.0))
     assert long_.details["pass1_dtype"] == "bfloat16" and not long_.details["pass1_continued"]
@@ -115,9 +115,9 @@ def test_a_failing_lower_precision_call_leaves_model_and_autocast_as_they_were(m
 
 
 def test_hardware_without_fast_lower_precision_is_warned_about_once(model, tokenizer, monkeypatch, caplog):
-    import qgpm.engine as engine_mod
+    import qgpm.pass1 as pass1_mod
 
-    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: False)
+    monkeypatch.setattr(pass1_mod, "fast_on", lambda device, dtype: False)
     engine = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
     with caplog.at_level(logging.WARNING, logger="qgpm"):
         for _ in range(2):
@@ -128,7 +128,7 @@ def test_hardware_without_fast_lower_precision_is_warned_about_once(model, token
 
 
 def test_the_eval_fingerprint_names_a_lower_precision_pass1_only(model, tokenizer, monkeypatch):
-    import qgpm.engine as engine_mod
+    import qgpm.pass1 as pass1_mod
     from qgpm.eval.runner import config_hash, method_fingerprint
 
     exact = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
@@ -138,9 +138,9 @@ def test_the_eval_fingerprint_names_a_lower_precision_pass1_only(model, tokenize
     assert "pass1_dtype" not in fe["config"] and "pass1_precision" not in fe  # earlier rows keep their hashes
     assert fl["config"]["pass1_dtype"] == "bfloat16" and fl["pass1_precision"] == "bfloat16"
     assert config_hash(fe) != config_hash(fl)
-    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: False)
+    monkeypatch.setattr(pass1_mod, "fast_on", lambda device, dtype: False)
     slow = method_fingerprint(auto, "qgpm")
-    monkeypatch.setattr(engine_mod, "_fast_on", lambda device, dtype: True)
+    monkeypatch.setattr(pass1_mod, "fast_on", lambda device, dtype: True)
     fast = method_fingerprint(auto, "qgpm")
     assert "pass1_precision" not in slow and fast["pass1_precision"] == "bfloat16"  # what auto became on this hardware
     assert config_hash(slow) != config_hash(fast)
@@ -171,10 +171,10 @@ def test_real_smollm2_preset_runs_pass1_at_auto(smollm):
     bfloat16 natively, a context longer than ``keep_length`` gets a bfloat16 pass 1 (never
     reused as the prefill), elsewhere the exact one; a context within ``keep_length`` always
     gets the exact pass 1, which goes on as its prefill. The needle is still ranked first and answered."""
-    from qgpm.engine import _fast_on
+    from qgpm.pass1 import fast_on
 
     assert smollm.config.pass1_dtype == "auto"
-    fast = _fast_on(smollm.device, torch.bfloat16)
+    fast = fast_on(smollm.device, torch.bfloat16)
     long_ = smollm.prepare(context(60, n=96), QUESTION, method="qgpm")
     assert long_.prompt.context_tokens > smollm.config.keep_length
     if fast:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qgpm import QGPM, QGPMConfig
-from qgpm.engine import continue_pays
+from qgpm.prefill import continue_pays
 from qgpm.relevance import Pass1Stats, head_token_logits
 from qgpm.runtime import decoder_layers
 from qgpm_testing import NEEDLE_QUESTION, needle_context, FAMILIES, LAYERED_FAMILIES, tiny_model

@@ -13,6 +13,7 @@ from qgpm import QGPMConfig
 from qgpm.plan import build_plan
 from qgpm.positions import move_permutation
 from qgpm.rope import PositionPlan, rotary_info
+from qgpm.generation import score_prefill
 from qgpm.runtime import apply_plan, decoder_layers
 
 from qgpm_testing import FAMILIES, tiny_model
@@ -254,7 +255,7 @@ def test_engine_feeds_one_map_reorder_in_slot_order_with_the_hooked_result(famil
     kw = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
     with torch.inference_mode():
         with apply_plan(model, call.plan):  # the per-layer masks on the text order
-            want_lp, _ = engine._score_prefill(call.input_ids, score_ids)
+            want_lp, _ = score_prefill(model, call.input_ids, score_ids)
             want = model.generate(call.input_ids, attention_mask=torch.ones_like(call.input_ids), **kw)
     assert abs(res.details["score_logprob"] - want_lp) < 1e-3
     n = call.num_tokens
@@ -284,7 +285,7 @@ def test_one_map_reorder_runs_on_an_attention_that_takes_no_mask(tokenizer):
     sdpa = tiny_model("llama", len(tokenizer), attn_implementation="sdpa")  # same seed, same weights
     ref = QGPM(sdpa, tokenizer, heads=[(1, 0), (2, 1)], config=cfg)
     with torch.inference_mode(), apply_plan(sdpa, call.plan):
-        want, _ = ref._score_prefill(call.input_ids, ref.tokenizer(" town 5", add_special_tokens=False).input_ids)
+        want, _ = score_prefill(sdpa, call.input_ids, ref.tokenizer(" town 5", add_special_tokens=False).input_ids)
     assert abs(got - want) < 1e-3
 
 
@@ -347,5 +348,5 @@ def test_gold_logprob_and_answer_on_gemma3_past_its_sliding_window(tokenizer, ca
         assert scored.text == plain.text and scored.details["score_logprob"] < 0
         ids = call.input_ids if method == "vanilla" else call.input_ids[:, call.plan.feed_order()]
         with torch.inference_mode():
-            want, _ = engine._score_prefill(ids, engine.tokenizer(" town 5", add_special_tokens=False).input_ids)
+            want, _ = score_prefill(engine.model, ids, engine.tokenizer(" town 5", add_special_tokens=False).input_ids)
         assert abs(scored.details["score_logprob"] - want) < 1e-4

@@ -52,7 +52,7 @@ def test_reranker_source_runs_no_pass1_and_needs_no_head_set(tokenizer, monkeypa
     def no_pass1(*a, **k):
         raise AssertionError("pass 1 must not run with a reranker source")
 
-    monkeypatch.setattr("qgpm.engine.head_token_logits", no_pass1)
+    monkeypatch.setattr("qgpm.pass1.head_token_logits", no_pass1)
     res = engine.answer(context, NEEDLE_QUESTION, config=cfg, max_new_tokens=2)
     assert res.details["relevance_source"] == "bm25" and res.details["layers_run"] == 0 and res.details["heads"] == 0
     assert res.top_sentences(1)[0].text == NEEDLE

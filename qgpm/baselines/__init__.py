@@ -52,7 +52,7 @@ __all__ = [
 
 BaselineOptions = StringOptions | MsPoEOptions | SelfExtendOptions | LLMLingua2Options
 
-from ..defaults import BASELINE_METHODS as _DEFAULT_BASELINES  # noqa: E402
+from ..methods import BASELINE_METHODS, ROPE_BASELINES  # noqa: E402
 
 BASELINE_OPTIONS: dict[str, type] = {
     "string": StringOptions,
@@ -62,11 +62,8 @@ BASELINE_OPTIONS: dict[str, type] = {
 }
 """Method name -> its options class: the registration of the query-agnostic baselines."""
 
-BASELINE_METHODS: tuple[str, ...] = tuple(BASELINE_OPTIONS)
-if BASELINE_METHODS != _DEFAULT_BASELINES:  # pragma: no cover - a programming error, caught on import
-    raise RuntimeError(f"qgpm.defaults.BASELINE_METHODS {_DEFAULT_BASELINES} != the baselines with options {BASELINE_METHODS}")
-ROPE_BASELINES: tuple[str, ...] = ("string", "ms-poe", "self-extend")
-"""The baselines that change positions inside attention (they need a supported RoPE family)."""
+if tuple(BASELINE_OPTIONS) != BASELINE_METHODS:  # pragma: no cover - a programming error, caught on import
+    raise RuntimeError(f"the method specs' baselines {BASELINE_METHODS} != the baselines with options {tuple(BASELINE_OPTIONS)}")
 
 
 def resolve_options(method: str, options: Any) -> BaselineOptions | None:

@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 
 from qgpm.config import QGPMConfig, coerce_value, load_config  # load_config re-exported
 from qgpm.defaults import PASS1_FIELDS
@@ -52,7 +51,6 @@ from qgpm.eval.runner import (
     work_items,
 )
 from qgpm.eval.rows import norm_depth, row_key
-from qgpm.eval.scoring import is_correct, score
 from qgpm.eval.stats import mcnemar_exact
 from qgpm.samples.base import EvalSample, split_seed
 

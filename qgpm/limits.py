@@ -1,0 +1,74 @@
+"""Input limits: what cannot fit the model window is refused before any model work.
+
+Two checks, both raising :class:`ContextTooLongError` with what to shorten:
+:func:`check_input_size` bounds the caller's raw text cheaply (characters first, then a token
+count that stops at the limit), and :func:`check_fits` applies the one exact rule to every
+assembled prompt.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .tokens import count_tokens_bounded, max_token_chars
+
+__all__ = ["ContextTooLongError", "check_input_size", "check_fits"]
+
+
+class ContextTooLongError(ValueError):
+    """The prompt plus the generation budget does not fit the model's window."""
+
+
+def check_input_size(tokenizer: Any, window: int, texts: Sequence[str], max_new_tokens: int, *, context: Sequence[str] = (),
+                     exact: bool = True) -> None:
+    """Raise :class:`ContextTooLongError` for caller text that cannot fit a ``window`` of tokens, cheaply.
+
+    First a character bound: no token of this tokenizer stands for more than
+    :func:`~qgpm.tokens.max_token_chars` characters, so more characters than that
+    times the room left cannot fit (no tokenizing at all). Then, for large inputs, a
+    plain-text token count that stops as soon as it passes the room left. Both are
+    lower bounds; the exact count of the assembled prompt follows in :func:`check_fits`.
+    ``context`` is counted with ``texts`` unless ``exact=False`` (Top-K, whose edit
+    may shorten it: there only the character bound applies to it). ``window=0``: no limit known.
+    """
+    if not window:
+        return
+    room = window - max_new_tokens
+    if room < 1:
+        raise ContextTooLongError(
+            f"max_new_tokens={max_new_tokens} leaves no room for the prompt in the model window of {window} tokens; "
+            "lower max_new_tokens."
+        )
+    per = max_token_chars(tokenizer)
+    chars = sum(len(t) for t in texts) + sum(len(d) for d in context)
+    if chars > room * per:
+        raise ContextTooLongError(
+            f"the input is {chars} characters: more than can fit the model window of {window} tokens with "
+            f"max_new_tokens={max_new_tokens} (a token of this tokenizer covers at most {per} characters, so at most "
+            f"{room * per} characters fit). Shorten the context (or retrieve fewer documents), or lower max_new_tokens."
+        )
+    counted = list(texts) + (list(context) if exact else [])
+    if sum(len(t) for t in counted) > 4 * room:
+        n = 0
+        for t in counted:
+            n += count_tokens_bounded(tokenizer, t, room - n)
+            if n > room:
+                raise ContextTooLongError(
+                    f"the input is more than {room} tokens (counted until the limit): with max_new_tokens="
+                    f"{max_new_tokens} it cannot fit the model window of {window} tokens. Shorten the context "
+                    "(or retrieve fewer documents), or lower max_new_tokens."
+                )
+
+
+def check_fits(window: int, num_tokens: int, max_new_tokens: int, *, context_tokens: int | None = None,
+               shorten: str = "the context (or retrieve fewer documents)") -> None:
+    """The one "prompt too long" rule, for every assembled prompt: raise
+    :class:`ContextTooLongError` when ``num_tokens`` plus the generation budget exceed the
+    model ``window``. ``shorten`` names what the caller should shorten."""
+    if window and num_tokens + max_new_tokens > window:
+        ctx = "" if context_tokens is None else f" (context {context_tokens})"
+        raise ContextTooLongError(
+            f"the prompt is {num_tokens} tokens{ctx} and max_new_tokens is {max_new_tokens}: "
+            f"{num_tokens + max_new_tokens} > the model window of {window} tokens. "
+            f"Shorten {shorten}, or lower max_new_tokens."
+        )

@@ -1,0 +1,362 @@
+"""The plan stage: from checked inputs to a :class:`~qgpm.results.PreparedCall`, one function per :class:`~qgpm.methods.Stage`.
+
+text -> role spans (:mod:`qgpm.prompt`) -> tokens -> relevance (:mod:`qgpm.pass1`, or the
+caller's evidence) -> scores -> positions (:func:`qgpm.plan.build_plan`) -> the prepared call.
+Context edits (Top-K, Reorder, LLMLingua-2) run before the prompt is built
+(:func:`edit_context_stage`). :func:`replan` reshapes a prepared call's stored relevance under
+another config with the same plan code as the first preparation (:func:`plan_call`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from .baselines import build_baseline_plan
+from .config import QGPMConfig
+from .defaults import DEFAULT_K, DEFAULT_RERANKER
+from .editing import edit_context
+from .heads import HeadSet
+from .limits import check_fits, check_input_size
+from .methods import Method, MethodSpec, Stage, method_spec
+from .pass1 import qgpm_relevance
+from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, check_local_layers, oracle_units, reorder_needs_masks
+from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, has_visible_text, render_chat
+from .rerank import BM25Reranker, get_reranker
+from .runtime import reorder_mask_kind
+from .sources import parse_source
+from .results import PreparedCall, SentenceRelevance, Timings
+from .tokens import count_plain, encode_prompt, special_token_ids
+
+logger = logging.getLogger("qgpm")
+
+__all__ = ["CallOptions", "ModelView", "check_config", "check_evidence", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
+           "note_flat"]
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How to prepare one call: the arguments of :meth:`QGPM.prepare` besides context and question.
+
+    :meth:`QGPM.answer`, :meth:`QGPM.prepare` and :meth:`QGPM.stream` take these as keyword
+    arguments (see :meth:`QGPM.answer` for each); the engine carries them as one object.
+    ``max_new_tokens`` is the generation budget the prompt must leave room for. Values are
+    stored as given and checked when the call is prepared.
+    """
+
+    method: Method = "qgpm"
+    evidence: Sequence[str] | None = None
+    system: str | None = None
+    instruction: str | None = None
+    answer_prefix: str | None = None
+    template: str = DEFAULT_TEMPLATE
+    reranker: Any = None
+    k: int = DEFAULT_K
+    config: QGPMConfig | None = None
+    max_new_tokens: int = 0
+    options: Any = None
+
+    @classmethod
+    def take(cls, kwargs: dict[str, Any], **defaults: Any) -> "CallOptions":
+        """Pop this class's fields out of ``kwargs`` (the rest stays there).
+
+        ``defaults`` replace the class defaults for fields ``kwargs`` does not hold.
+        """
+        values = dict(defaults)
+        for f in dataclasses.fields(cls):
+            if f.name in kwargs:
+                values[f.name] = kwargs.pop(f.name)
+        return cls(**values)
+
+
+class ModelView(Protocol):
+    """What the plan stage reads from the engine (:class:`qgpm.QGPM` has all of it)."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    rotary: Any
+    n_layers: int
+    head_set: HeadSet | None
+
+    def pass1_precision(self, config: QGPMConfig | None = None, context_tokens: int | None = None) -> torch.dtype | None: ...
+
+    def prefill_reuse_on(self) -> bool: ...
+
+    @property
+    def heads(self) -> list[tuple[int, int]]: ...
+
+
+def check_config(eng: ModelView, cfg: Any, spec: MethodSpec) -> QGPMConfig:
+    """``cfg`` checked against the engine's model before any model work: what pass 1, the plan
+    and the patching would refuse later (split layer, layer counts, local layers, the relevance
+    source and its reranker, the term filter's BM25, a reorder that needs per-layer masks)."""
+    if not isinstance(cfg, QGPMConfig):
+        raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(cfg).__name__}")
+    if not spec.config or eng.rotary is None:
+        return cfg
+    n = eng.n_layers
+    if cfg.split_layer is not None and cfg.split_layer > n:
+        raise ValueError(f"config.split_layer={cfg.split_layer} is beyond this model's {n} layers (use 0..{n}, or None for {n // 2})")
+    if cfg.unmodulated_layers > n:
+        raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
+    check_local_layers(cfg, eng.rotary)
+    if spec.stage is Stage.HEADS:
+        source = parse_source(cfg.relevance)
+        if source.heads and eng.head_set is None:
+            eng.heads  # raises the engine's own "no head set" error, with what to do
+        if source.reranker is not None:  # an unknown spec or a missing package fails here, before any model work
+            get_reranker(source.reranker)
+        if cfg.term_ratio is not None:  # the query-term filter's BM25, before pass 1
+            BM25Reranker()
+    if cfg.remap == "reorder" and reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
+        if eng.rotary.layered:
+            raise ValueError(REORDER_LAYERED_ERROR)
+        reorder_mask_kind(eng.model)
+    return cfg
+
+
+def plain_chat_call(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, window: int, max_new_tokens: int) -> PreparedCall:
+    """A plain chat call (``method="plain"``: standard RoPE, no context marked) over
+    ``[{"role": ..., "content": ...}]``: the model's chat template where it has one, special-token
+    strings in the messages tokenized as plain text; ``PromptError`` / ``ContextTooLongError``
+    before any model work."""
+    if isinstance(messages, (str, bytes, Mapping)) or not hasattr(messages, "__iter__"):
+        raise PromptError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, got {type(messages).__name__}")
+    msgs = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+            raise PromptError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
+        if not isinstance(m["content"], str):
+            raise PromptError(f"message {i} content must be a string, got {type(m['content']).__name__}")
+        msgs.append(dict(role=str(m["role"]), content=m["content"]))
+    if not msgs or not any(has_visible_text(m["content"]) for m in msgs):
+        raise PromptError("messages are empty: pass at least one message with text")
+    contents = [m["content"] for m in msgs]
+    check_input_size(tokenizer, window, contents, max_new_tokens)
+    if getattr(tokenizer, "chat_template", None):
+        text, spans = render_chat(tokenizer, msgs)
+        if spans is None:
+            specials = [t.content for i, t in tokenizer.added_tokens_decoder.items() if int(i) in special_token_ids(tokenizer)]
+            if any(sp in c for c in contents for sp in specials):
+                raise PromptError(
+                    "the model's chat template changes the message text, so the special-token strings in it "
+                    f"(e.g. {specials[0]!r}) cannot be kept as plain text; remove them from the messages"
+                )
+            spans = []
+        ids, _ = encode_prompt(tokenizer, text, spans, add_special_tokens=False)
+    else:
+        text, spans = "", []
+        for c in contents:
+            spans.append((len(text), len(text) + len(c)))
+            text += c + "\n\n"
+        ids, _ = encode_prompt(tokenizer, text, spans, add_special_tokens=True)
+    ids = torch.tensor([ids], dtype=torch.long)
+    check_fits(window, ids.shape[1], max_new_tokens, shorten="the messages")
+    return PreparedCall(None, "plain", None, [], Timings(), None, {}, input_ids=ids)
+
+
+def check_evidence(evidence: Any) -> list[str] | None:
+    """Oracle evidence as a list of strings; a single string is one evidence item."""
+    if evidence is None:
+        return None
+    if isinstance(evidence, str):
+        return [evidence]
+    if isinstance(evidence, (bytes, Mapping)) or not hasattr(evidence, "__iter__"):
+        raise TypeError(f"evidence must be a string or a list of strings (exact substrings of the context), got {type(evidence).__name__}")
+    items = list(evidence)
+    for i, ev in enumerate(items):
+        if not isinstance(ev, str):
+            raise TypeError(f"evidence item {i} is {type(ev).__name__}, expected str (an exact substring of the context)")
+    return items
+
+
+def edit_context_stage(spec: MethodSpec, context: Any, question: str, *, reranker: Any, k: int, options: Any, tokenizer: Any
+                       ) -> tuple[Any, Any, float, dict[str, Any]]:
+    """The context a method reads, edited by its reranker (``EDIT``) or compressor (``COMPRESS``):
+    ``(context, edit, seconds, details)``; other stages get the context back unchanged."""
+    if spec.stage is Stage.EDIT:
+        t = time.perf_counter()
+        edit = edit_context(context, question, mode=spec.name, reranker=reranker if reranker is not None else DEFAULT_RERANKER, k=k,
+                            count_tokens=lambda s: count_plain(tokenizer, s))
+        return edit.text, edit, time.perf_counter() - t, {}
+    if spec.stage is Stage.COMPRESS:
+        from .baselines.llmlingua import compress_context  # optional: the compressor's own packages
+
+        t = time.perf_counter()
+        edit = compress_context(context, options)
+        return edit.documents, edit, time.perf_counter() - t, dict(original_tokens=edit.original_tokens, compressed_tokens=edit.compressed_tokens)
+    return context, None, 0.0, {}
+
+
+def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: str, cfg: QGPMConfig, *, capacity: int, timings: Timings,
+                  edit: Any, details: dict[str, Any], evidence: Sequence[str] | None, options: Any) -> PreparedCall:
+    """The prepared call of ``spec``'s stage over the built ``prompt``."""
+    if spec.stage is Stage.HEADS:
+        return _prepare_heads(eng, prompt, question, cfg, capacity, timings, edit, details)
+    if spec.stage is Stage.EVIDENCE:
+        if not evidence:
+            raise ValueError(f"method={spec.name!r} needs evidence=[exact substrings of the context]")
+        t = time.perf_counter()
+        units, rel = oracle_units(prompt.token_sentence, evidence_tokens(prompt, evidence))
+        mr, relevance, plan_details = plan_call(eng, prompt, rel, cfg, capacity, units=units)
+        timings.plan_s = time.perf_counter() - t
+        details.update(plan_details)
+        return PreparedCall(prompt, spec.name, mr.plan, relevance, timings, edit, details, z=rel, config=cfg, units=units)
+    plan = None
+    if spec.stage is Stage.ATTENTION:  # positions change inside attention (qgpm.baselines)
+        t = time.perf_counter()
+        plan, info = build_baseline_plan(spec.name, options, n_tokens=prompt.num_tokens, rotary=eng.rotary, n_layers=eng.n_layers)
+        timings.plan_s = time.perf_counter() - t
+        details.update(info)
+    return PreparedCall(prompt, spec.name, plan, [], timings, edit, details, config=cfg)
+
+
+def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfig, capacity: int, timings: Timings, edit: Any,
+                   details: dict[str, Any]) -> PreparedCall:
+    """A ``qgpm`` call: relevance from ``cfg.relevance`` (pass 1 and / or a reranker), then the plan."""
+    view: dict[str, Any] = {}
+
+    def plan_from(z: torch.Tensor) -> MapResult:
+        view["mr"], view["relevance"], view["details"] = plan_call(eng, prompt, z, cfg, capacity, note=False)
+        return view["mr"]
+
+    heads = eng.head_set.top(cfg.max_heads).heads if parse_source(cfg.relevance).heads and eng.head_set is not None else []
+    # a pass 1 at another precision is not the model's prefill: never reused
+    precision = eng.pass1_precision(cfg, prompt.context_tokens) if heads else None
+    found = qgpm_relevance(eng.model, prompt, question, cfg, heads, plan_from, n_layers=eng.n_layers, precision=precision,
+                           reuse_prefill=precision is None and bool(heads) and eng.prefill_reuse_on())
+    timings.pass1_s, timings.plan_s = found.pass1_s, found.plan_s
+    note_flat(found.mr, cfg)
+    details.update(found.details)
+    details.update(layers_run=found.layers_run, heads=found.heads, **view["details"], pass1_continued=found.prefill is not None)
+    if found.source != "heads":
+        details["relevance_source"] = found.source
+    return PreparedCall(prompt, "qgpm", found.mr.plan, view["relevance"], timings, edit, details, z=found.z, config=cfg, prefill=found.prefill)
+
+
+def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, capacity: int, *, units: torch.Tensor | None = None,
+              note: bool = True) -> tuple[MapResult, list[SentenceRelevance], dict[str, Any]]:
+    """Relevance -> scores -> positions for a qgpm call (``z`` per sentence) or an oracle call
+    (``z`` per evidence unit, ``units`` mapping tokens to them): the plan, its sentence view and
+    its ``details`` entries. ``note``: log the fallback rules that fired (:func:`note_flat`)."""
+    if units is None:
+        mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, capacity=capacity,
+                        unit_lexical=_unit_lexical(prompt, cfg))
+    else:
+        mr = build_plan(units, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, dense=True, capacity=capacity)
+    if note:
+        note_flat(mr, cfg)
+    details: dict[str, Any] = dict(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, s_low=mr.s_low)
+    if units is None:
+        details.update(flat_relevance=mr.flat, decisive_relevance=mr.decisive, solo_relevance=mr.solo)
+        if cfg.term_ratio is not None:  # how many top-K sentences the query-term filter dropped
+            details["term_dropped"] = len(mr.term_dropped)
+    relevance = sentence_relevance(prompt, mr, z if units is None else None, units)
+    return mr, relevance, details
+
+
+def replan(eng: ModelView, call: PreparedCall, config: QGPMConfig) -> PreparedCall:
+    """``call`` (qgpm or oracle, checked by the engine) with its plan rebuilt under ``config`` from its stored relevance."""
+    t = time.perf_counter()
+    prompt = call.prompt
+    capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
+    mr, relevance, plan_details = plan_call(eng, prompt, call.z, config, capacity, units=call.units if method_spec(call.method).evidence else None)
+    timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
+    details = dict(call.details)
+    details.pop("term_dropped", None)
+    details.update(plan_details)
+    details.update(flat_relevance=mr.flat, decisive_relevance=mr.decisive, solo_relevance=mr.solo)
+    return PreparedCall(prompt, call.method, mr.plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units,
+                        prefill=call.prefill)
+
+
+def note_flat(mr: MapResult, config: QGPMConfig) -> None:
+    """Log the three rules that make a call keep vanilla positions: the confidence rule
+    (``config.min_top_z``), the dominance rule (``config.decisive_margin``) and the
+    short-context rule (``config.keep_length``)."""
+    if mr.flat:
+        logger.warning(
+            "qgpm: the head relevance is flat (top sentence z below min_top_z=%s), so this call keeps vanilla "
+            "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None) to always modulate.",
+            config.min_top_z,
+        )
+    elif mr.decisive:
+        logger.warning(
+            "qgpm: one sentence already stands out (top z exceeds the next by at least decisive_margin=%s), so this "
+            "call keeps vanilla positions; result.details['decisive_relevance'] is True. Set decisive_margin=None in "
+            "QGPMConfig to modulate such calls too.",
+            config.decisive_margin,
+        )
+    elif config.keep_length > 0 and mr.s_low >= 1.0:
+        logger.warning(
+            "qgpm: the context is no longer than keep_length=%s tokens, so this call keeps vanilla positions "
+            "(result.details['s_low'] is 1.0). Set keep_length=0 in QGPMConfig to modulate short contexts too.",
+            config.keep_length,
+        )
+
+
+def _unit_lexical(prompt: Prompt, config: QGPMConfig) -> torch.Tensor | None:
+    """BM25 score of each context sentence for the question (the context's sentences are the
+    corpus), for the query-term filter (``config.term_ratio``); ``None`` when it is off."""
+    if config.term_ratio is None:
+        return None
+    question = prompt.question_text or ""
+    texts = [s.text for s in prompt.sentences]
+    if not texts or not question.strip():
+        return torch.zeros(len(texts), dtype=torch.float64)
+    return torch.tensor(BM25Reranker().score(question, texts), dtype=torch.float64)
+
+
+def evidence_tokens(prompt: Prompt, evidence: Sequence[str]) -> torch.Tensor:
+    """A mask of the context tokens inside any occurrence of an evidence string (``ValueError``
+    for evidence that is empty or not an exact substring of the context)."""
+    marks = torch.zeros(prompt.num_tokens, dtype=torch.bool)
+    for ev in evidence:
+        if not isinstance(ev, str) or not ev.strip():
+            raise ValueError("evidence strings must be non-empty")
+        ev = ev.strip()
+        start = prompt.context_text.find(ev)
+        if start < 0:
+            raise ValueError(f"evidence {ev[:60]!r} is not an exact substring of the context")
+        while start >= 0:
+            for j in prompt.char_span_tokens(start, start + len(ev)):
+                if prompt.token_sentence[j] >= 0:
+                    marks[j] = True
+            start = prompt.context_text.find(ev, start + 1)
+    return marks
+
+
+def sentence_relevance(prompt: Prompt, mr: MapResult, z: torch.Tensor | None, token_unit: torch.Tensor | None = None) -> list[SentenceRelevance]:
+    """Sentence-level view of a plan.
+
+    Map scores are the max over the sentence's tokens. Ranks: QGPM's own sentence
+    ranks; for Oracle, sentences holding evidence first (text order within ties).
+    """
+    ts = prompt.token_sentence
+    broad_t, sharp_t = mr.token_scores
+    if z is not None:
+        ranks = [int(r) for r in mr.ranks]
+    else:
+        best_unit_rank = []
+        for s in prompt.sentences:
+            units = token_unit[ts == s.index]
+            units = units[units >= 0]
+            best_unit_rank.append(int(mr.ranks[units].min()) if units.numel() else 1 << 30)
+        order = sorted(range(len(prompt.sentences)), key=lambda i: (best_unit_rank[i], i))
+        ranks = [0] * len(order)
+        for r, i in enumerate(order):
+            ranks[i] = r
+    out = []
+    for s in prompt.sentences:
+        mask = ts == s.index
+        b = float(broad_t[mask].max()) if mask.any() else 1.0
+        sh = float(sharp_t[mask].max()) if mask.any() else 1.0
+        zi = None if z is None else float(z[s.index])
+        out.append(SentenceRelevance(s.index, s.text, s.start, s.end, s.doc, ranks[s.index], b, sh, zi))
+    return out

@@ -1,0 +1,51 @@
+"""Streaming: the answer text piece by piece, under the same stop rules as a whole answer.
+
+:func:`stream_text` turns a generator's raw pieces (:class:`~qgpm.generation.PieceStream`)
+into the pieces a caller sees: nothing past a stop string (the generation is cancelled there),
+text that could still become a stop string held back, no leading or trailing whitespace, and
+the final pieces made equal to the finished answer (:func:`~qgpm.decoding.finish_text`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from .decoding import Decoding, cut_at_stop, finish_text
+from .generation import Generated, PieceStream
+
+__all__ = ["stream_text"]
+
+
+def stream_text(pieces: PieceStream, decoding: Decoding, done: Callable[[Generated], None]) -> Iterator[str]:
+    """Yield the visible answer pieces of ``pieces``; when it ends, call ``done(generated)``. The
+    pieces add up to the finished answer (:func:`~qgpm.decoding.finish_text`). Closing this
+    generator cancels ``pieces``."""
+    stop = decoding.stop
+    emitted = ""
+    full = ""
+    hold = max((len(s) for s in stop), default=1) - 1
+    it = iter(pieces)
+    try:
+        for piece in it:
+            full += piece
+            visible, stopped = cut_at_stop(full, stop)
+            if stopped:
+                pieces.cancel()
+            else:
+                visible = visible[: len(visible) - hold] if hold > 0 else visible
+            visible = visible.strip()  # trailing whitespace waits for what follows
+            if len(visible) > len(emitted) and visible.startswith(emitted):
+                yield visible[len(emitted) :]
+                emitted = visible
+        generated = pieces.generated
+        if generated is None:
+            raise RuntimeError("the generator's stream ended without its result")
+        text, _ = finish_text(generated.text, len(generated.token_ids), decoding)
+        if text.startswith(emitted) and len(text) > len(emitted):
+            yield text[len(emitted) :]
+        done(generated)
+    finally:
+        pieces.cancel()
+        close = getattr(it, "close", None)
+        if close is not None:  # ends the generator's own work (a worker thread, an HTTP response)
+            close()
