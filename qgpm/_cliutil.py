@@ -11,10 +11,14 @@ import os
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
-__all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP"]
+__all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP", "VLLM_URL_HELP", "VLLM_MODEL_HELP"]
 
 DEVICE_HELP = "cpu | cuda | cuda:N | auto (default auto: the first GPU if torch sees one, else the CPU; under accelerate launch, cuda = each process's own GPU)"
 DTYPE_HELP = "float32 | bfloat16 | float16 | auto (default auto: the checkpoint's dtype)"
+VLLM_URL_HELP = ("run pass 2 and decoding on a vLLM server at this address (e.g. http://127.0.0.1:8000, started with "
+                 "scripts/vllm_server.sh); pass 1 stays here. Methods whose plan needs per-plane positions (remap stride / move, "
+                 "STRING, Ms-PoE, Self-Extend) are refused")
+VLLM_MODEL_HELP = "the served model's name on the --vllm-url server (default: the only model it serves)"
 HEADS_HELP = ("head set for pass 1: stored (default: the set stored for this model, found by its fingerprint) | "
               "a head-set JSON file | 'layer:head,...' e.g. 14:3,15:6 | calibrate (calibrate now, not stored)")
 RERANKER_HELP = "reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> | cross-encoder:<model> (default: qgpm.defaults.DEFAULT_RERANKER, minilm)"

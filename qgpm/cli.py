@@ -30,13 +30,16 @@ from ._cliutil import (
     DTYPE_HELP,
     HEADS_HELP,
     RERANKER_HELP,
+    VLLM_MODEL_HELP,
+    VLLM_URL_HELP,
     QGPMArgumentParser,
     UsageError,
     methods_arg,
     run_command,
     split_config_args,
 )
-from .defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
+from .defaults import DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
+from .methods import Stage, method_spec
 from .sources import parse_source
 
 __all__ = ["main", "sample_document", "default_example", "build_parser"]
@@ -144,7 +147,7 @@ def _print_why(method: str, result, top: int) -> None:
             print(f"  ({term_note(d['term_dropped'])})")
     if result.edit is not None:
         print(f"\n{method} kept chunks {result.edit.kept} of {len(result.edit.chunks)}")
-    if method in BASELINE_METHODS:
+    if method_spec(method).options:
         print(f"\n{method} settings: " + ", ".join(f"{k}={v}" for k, v in result.details.items()))
 
 
@@ -169,10 +172,11 @@ def _ask(args: argparse.Namespace) -> int:
     for flag, path in (("--html", args.html), ("--plot", args.plot)):
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UsageError(f"{flag} {path}: the folder {os.path.dirname(os.path.abspath(path))} does not exist")
-    if args.plot and not any(m in ("qgpm", "oracle") for m in methods):
+    specs = [method_spec(m) for m in methods]
+    if args.plot and not any(s.plan for s in specs):
         raise UsageError("--plot draws sentence relevance, so --methods must include qgpm or oracle")
     evidence = list(args.evidence or [])
-    if "oracle" in methods:
+    if any(s.evidence for s in specs):
         if not evidence and bundled:
             evidence = [questions[args.example]["evidence"]]
         if not evidence:
@@ -196,8 +200,16 @@ def _ask(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     config_file, overrides = split_config_args(args.config)
     check_config_args(config_file, overrides)  # bad fields or values fail here, before the model loads
-    if "qgpm" in methods:
+    if any(s.stage is Stage.HEADS for s in specs):
         _check_heads_before_loading(args, heads)
+    generator = None
+    if args.vllm_url:
+        from .serving import VLLMServer
+
+        try:
+            generator = VLLMServer(args.vllm_url, model=args.vllm_model)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
 
     from . import QGPM
     from .loading import resolve_device
@@ -205,7 +217,7 @@ def _ask(args: argparse.Namespace) -> int:
     device_map = resolve_device(args.device)
     if not args.quiet:
         print(f"loading {args.model or 'the embedded ' + DEFAULT_MODEL_NAME} on {device_map} ...", file=sys.stderr)
-    engine = QGPM.from_pretrained(args.model, device_map=device_map, dtype=None if dtype == "auto" else dtype, heads=heads)
+    engine = QGPM.from_pretrained(args.model, device_map=device_map, dtype=None if dtype == "auto" else dtype, heads=heads, generator=generator)
     config = load_config(config_file, overrides, base=engine.config)
     quiet = args.quiet
     if not quiet:
@@ -213,11 +225,11 @@ def _ask(args: argparse.Namespace) -> int:
         if bundled:
             print(f"(bundled example; expected answer: {questions[args.example]['answer']})")
     results = []
-    for method in methods:
+    for method, spec in zip(methods, specs):
         kw = dict(method=method, max_new_tokens=args.max_new_tokens, config=config)
-        if method in ("topk", "reorder"):
+        if spec.reranker:
             kw.update(reranker=args.reranker, k=args.k)
-        if method == "oracle":
+        if spec.evidence:
             kw["evidence"] = evidence
         if method in options:
             kw["options"] = options[method]
@@ -230,7 +242,7 @@ def _ask(args: argparse.Namespace) -> int:
     if not quiet:
         for method, result in results:
             _print_why(method, result, args.top)
-    shown = next((r for m, r in results if m == "qgpm"), None) or next((r for _, r in results if r.relevance), results[-1][1])
+    shown = next((r for (_, r), sp in zip(results, specs) if sp.stage is Stage.HEADS), None) or next((r for _, r in results if r.relevance), results[-1][1])
     if args.html:
         with open(args.html, "w", encoding="utf-8") as f:
             f.write(shown.to_html())
@@ -273,6 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     g.add_argument("--heads", default=None, help=HEADS_HELP)
     g.add_argument("--config", action="append", default=None, metavar="FILE|FIELD=VALUE", help=CONFIG_HELP)
+    g.add_argument("--vllm-url", default=None, metavar="URL", help=VLLM_URL_HELP)
+    g.add_argument("--vllm-model", default=None, metavar="NAME", help=VLLM_MODEL_HELP)
     ask.add_argument("--reranker", default=DEFAULT_RERANKER, help=RERANKER_HELP)
     ask.add_argument("--k", type=int, default=DEFAULT_K, help=f"chunks kept by topk (default {DEFAULT_K})")
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")

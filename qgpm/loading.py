@@ -48,6 +48,7 @@ __all__ = [
     "load_model",
     "load_model_and_tokenizer",
     "gguf_cache_dir",
+    "model_folder",
     "parse_dtype",
     "resolve_device",
     "model_load_kwargs",
@@ -203,6 +204,18 @@ def _build_gguf_entry(source: ModelSource, gguf: Path, folder: Path, key: str) -
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def model_folder(source: ModelSource) -> Path:
+    """A folder in the Hugging Face layout (config, safetensors, tokenizer) holding ``source``,
+    for a server that loads models from folders (vLLM): the GGUF cache entry for a GGUF source
+    (built on first use), else the source's own folder. ``FileNotFoundError`` when there is none
+    (an HF id not downloaded: pass its local folder)."""
+    path, extra = _load_path(source)
+    if extra or not Path(path).is_dir():
+        raise FileNotFoundError(f"{source.name or source.path} has no local folder in the Hugging Face layout to serve from "
+                                f"({path}): pass a local model folder, or leave QGPM_GGUF_CACHE on for a GGUF file")
+    return Path(path)
 
 
 def _load_path(source: ModelSource) -> tuple[str, dict[str, Any]]:

@@ -30,6 +30,8 @@ from qgpm._cliutil import (
     DTYPE_HELP,
     HEADS_HELP,
     RERANKER_HELP,
+    VLLM_MODEL_HELP,
+    VLLM_URL_HELP,
     QGPMArgumentParser,
     csv_list,
     methods_arg,
@@ -83,6 +85,8 @@ def _model_args(p: argparse.ArgumentParser, heads: bool = True, answers: bool = 
     g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     g.add_argument("--attn-implementation", default=None, help="eager | sdpa | flash_attention_2 (default: transformers' choice)")
     if answers:
+        g.add_argument("--vllm-url", default=None, metavar="URL", help=VLLM_URL_HELP)
+        g.add_argument("--vllm-model", default=None, metavar="NAME", help=VLLM_MODEL_HELP)
         g.add_argument("--no-reuse-prefill", dest="reuse_prefill", action="store_false",
                        help="QGPM calls always stop pass 1 at the deepest head's layer and prefill the whole prompt in pass 2 "
                             "(QGPM(reuse_prefill=False); rows made before the reuse existed were computed so)")
@@ -201,6 +205,10 @@ def _engine(args, config=None, heads=None):
         kw["attn_implementation"] = args.attn_implementation
     if not getattr(args, "reuse_prefill", True):
         kw["reuse_prefill"] = False
+    if getattr(args, "vllm_url", None):
+        from qgpm.serving import VLLMServer
+
+        kw["generator"] = VLLMServer(args.vllm_url, model=args.vllm_model)
     return load_engine(args.model, device=args.device, dtype=args.dtype, heads=heads if heads is not None else getattr(args, "heads", None),
                        config=config, state=partial_state(), **kw)
 

@@ -62,6 +62,7 @@ import torch
 
 from qgpm.baselines import BASELINE_METHODS, resolve_options
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
+from qgpm.methods import Stage, method_spec
 from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
 from qgpm.eval.rows import ROWS_FILE, append_row, merge_rows, norm_depth, rank_file, rank_files, read_rows, row_key, update_manifest
@@ -178,18 +179,22 @@ def method_fingerprint(
         "haystack": None if haystack is None else str(getattr(haystack, "__name__", haystack)),
     }
     cfg = config or engine.config
-    if method in ("qgpm", "oracle"):
+    spec = method_spec(method)
+    if spec.config:
         fp["config"] = _config_dict(cfg)
-    if method == "qgpm":
+    if spec.stage is Stage.HEADS:
         fp["heads"] = [list(h) for h in engine.heads]
         low = engine.pass1_precision(cfg)
         if low is not None:  # what "auto" became on this hardware; absent at the model's dtype (earlier rows keep their hashes)
             fp["pass1_precision"] = str(low).removeprefix("torch.")
-    if method in ("topk", "reorder"):
+    if spec.reranker:
         fp["reranker"] = _reranker_name(reranker)
         fp["k"] = int(k)
-    if method in BASELINE_METHODS:
+    if spec.options:
         fp["options"] = resolve_options(method, _options_for(method, options)).to_dict()
+    generator = getattr(getattr(engine, "generator", None), "name", "transformers")
+    if generator != "transformers":  # absent for this process's own generator (earlier rows keep their hashes)
+        fp["generator"] = generator
     return fp
 
 
@@ -262,12 +267,12 @@ def prepare_kwargs(sample: EvalSample, method: str, *, config=None, reranker: An
         template=sample.template,
         answer_prefix=sample.answer_prefix,
         max_new_tokens=sample.max_new_tokens,
-        evidence=sample.evidence if method == "oracle" else None,
+        evidence=sample.evidence if method_spec(method).evidence else None,
         config=config,
     )
-    if method in ("topk", "reorder"):
+    if method_spec(method).reranker:
         kw.update(reranker=reranker, k=k)
-    if method in BASELINE_METHODS:
+    if method_spec(method).options:
         kw["options"] = _options_for(method, options)
     return kw
 
@@ -317,13 +322,14 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
             "wall_s": round(time.perf_counter() - t0, 4),
         },
     }
-    if method == "qgpm":
+    spec = method_spec(method)
+    if spec.stage is Stage.HEADS:
         out["top_sentences"] = [s.text for s in res.top_sentences(3)]
         out["evidence_rank"] = _evidence_rank(call, sample)
         out["num_sentences"] = len(res.relevance)
         out["top_z"] = [None if s.z is None else round(float(s.z), 3) for s in res.top_sentences(3)]
         out["prefill_reused"] = int(res.details.get("prefill_reused", 0))  # prompt tokens pass 1's continued prefill saved
-    if method in ("qgpm", "oracle"):
+    if spec.config:
         out["anchor_length"] = call.details.get("anchor_length")
         out["s_low"] = call.details.get("s_low")
         out["flat_relevance"] = bool(call.details.get("flat_relevance", False))
@@ -332,9 +338,9 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
             out["solo_relevance"] = True
         if "term_dropped" in call.details:
             out["term_dropped"] = int(call.details["term_dropped"])
-    if method in BASELINE_METHODS:
+    if spec.options:
         out["baseline"] = dict(call.details)  # e.g. STRING's S and W for this prompt
-    if method in ("topk", "reorder") and res.edit is not None:
+    if spec.reranker and res.edit is not None:
         out["chunks"] = len(getattr(res.edit, "chunks", []) or [])
         out["kept_chunks"] = len(getattr(res.edit, "kept", []) or [])
         out["evidence_kept"] = all(ev.strip() in res.edit.text for ev in sample.evidence)
@@ -702,7 +708,8 @@ def run_eval(
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "model": engine.name, "dtype": engine_dtype(engine), "device": str(engine.device),
-            "heads": [list(h) for h in engine.heads] if "qgpm" in methods else None,
+            "heads": [list(h) for h in engine.heads] if any(method_spec(m).stage is Stage.HEADS for m in methods) else None,
+            "generator": getattr(getattr(engine, "generator", None), "name", "transformers"),
             "config": _config_dict(cfg), "config_provenance": getattr(cfg, "provenance", None),
             "tasks": list(tasks), "lengths": [int(x) for x in lengths], "depths": depths, "n": n, "split": split,
             "methods": methods, "config_hashes": hashes, "reranker": _reranker_name(reranker), "k": k,

@@ -61,6 +61,8 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
 
 from qgpm.chat_prompt import ChatParts, message_text, read_chat
+from qgpm.methods import Stage, method_spec
+from qgpm.serving import VLLMServer
 from qgpm.sources import parse_source
 
 from .._common import check_generate_kwargs, check_heads, check_model_args, device_map_for, is_loaded_model
@@ -127,15 +129,19 @@ def _kwargs_key(model_kwargs: dict[str, Any] | None) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in (model_kwargs or {}).items()))
 
 
-def _get_engine(model: Any, heads: Any, model_kwargs: dict[str, Any] | None = None) -> Any:
-    """One ``QGPM`` engine per (model, heads, model_kwargs) per process (the weights are cached by qgpm)."""
-    key = (_model_key(model), _heads_key(heads), _kwargs_key(model_kwargs))
+def _get_engine(model: Any, heads: Any, model_kwargs: dict[str, Any] | None = None, vllm_url: str | None = None,
+                vllm_model: str | None = None) -> Any:
+    """One ``QGPM`` engine per (model, heads, model_kwargs, vLLM server) per process (the weights are cached by qgpm)."""
+    key = (_model_key(model), _heads_key(heads), _kwargs_key(model_kwargs), vllm_url, vllm_model)
     with _ENGINES_LOCK:
         engine = _ENGINES.get(key)
         if engine is None:
             from qgpm import QGPM
 
-            engine = QGPM.from_pretrained(None if key[0] == DEFAULT_MODEL else key[0], heads=heads, **(model_kwargs or {}))
+            generator = None
+            if vllm_url is not None:
+                generator = VLLMServer(vllm_url, model=vllm_model)
+            engine = QGPM.from_pretrained(None if key[0] == DEFAULT_MODEL else key[0], heads=heads, generator=generator, **(model_kwargs or {}))
             _ENGINES[key] = engine
         return engine
 
@@ -268,6 +274,12 @@ class QGPMChatModel(BaseChatModel):
         "'minilm' or 'bm25', or 'heads+<reranker>'; qgpm.QGPMConfig.relevance); None = the engine's setting. Needs "
         "method='qgpm' on the model; a call that passes another method= does not rank sentences and uses none.",
     )
+    vllm_url: str | None = Field(
+        default=None,
+        description="Run pass 2 and decoding on a vLLM server at this address (qgpm.serving.VLLMServer, e.g. "
+        "'http://127.0.0.1:8000'); pass 1 stays in this process. Methods whose plan needs per-plane positions are refused.",
+    )
+    vllm_model: str | None = Field(default=None, description="The served model's name on the vllm_url server (default: the only one).")
     explain_k: int = Field(default=5, ge=0, description="Top sentences reported in response_metadata['qgpm'].")
     explain_html: bool = Field(
         default=False,
@@ -297,9 +309,7 @@ class QGPMChatModel(BaseChatModel):
     @field_validator("method")
     @classmethod
     def _check_method(cls, v: str) -> str:
-        if v not in METHODS:
-            raise ValueError(f"unknown method {v!r}; choose one of {', '.join(METHODS)}")
-        return v
+        return method_spec(v).name
 
     @field_validator("relevance")
     @classmethod
@@ -312,14 +322,18 @@ class QGPMChatModel(BaseChatModel):
     def _check(self) -> "QGPMChatModel":
         owner = "QGPMChatModel"
         if self.engine is not None:
-            given = [n for n in ("model", "tokenizer", "heads", "model_kwargs") if getattr(self, n) is not None]
+            given = [n for n in ("model", "tokenizer", "heads", "model_kwargs", "vllm_url") if getattr(self, n) is not None]
             if given:
                 raise ValueError(f"pass either engine= or {'/'.join(given)}=, not both (the engine is already loaded)")
         else:
             self._load_kwargs = check_model_args(owner, self.model, self.tokenizer, self.model_kwargs)
             check_heads(self.heads, owner)
         check_generate_kwargs(self.generate_kwargs, owner, _GENERATE_FIELDS)
-        if self.relevance is not None and self.method != "qgpm":
+        if self.vllm_model is not None and self.vllm_url is None:
+            raise ValueError("vllm_model= names the model on the vllm_url= server: pass vllm_url= too")
+        if self.vllm_url is not None:
+            VLLMServer(self.vllm_url, model=self.vllm_model).close()  # a malformed address fails here, before any model work
+        if self.relevance is not None and method_spec(self.method).stage is not Stage.HEADS:
             raise ValueError(f"relevance={self.relevance!r} sets how method='qgpm' ranks sentences; method={self.method!r} takes none")
         if self.options is not None and getattr(self.options, "method", None) != self.method:
             raise ValueError(
@@ -419,10 +433,16 @@ class QGPMChatModel(BaseChatModel):
             if is_loaded_model(self.model):
                 from qgpm import QGPM
 
-                self._engine = QGPM(self.model, self.tokenizer, heads=self.heads)
+                self._engine = QGPM(self.model, self.tokenizer, heads=self.heads, generator=self._generator())
             else:
-                self._engine = _get_engine(self.model, self.heads, self._load_kwargs)
+                self._engine = _get_engine(self.model, self.heads, self._load_kwargs, self.vllm_url, self.vllm_model)
         return self._engine
+
+    def _generator(self) -> Any:
+        """The vLLM generator of ``vllm_url`` (``None``: generation in this process)."""
+        if self.vllm_url is None:
+            return None
+        return VLLMServer(self.vllm_url, model=self.vllm_model)
 
     def _own_model_key(self) -> str | None:
         if self.engine is not None:
@@ -492,8 +512,7 @@ class QGPMChatModel(BaseChatModel):
         call: dict[str, Any] = {}
         if req.mode == "context":
             method = kwargs.get("method", self.method)
-            if method not in METHODS:
-                raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+            spec = method_spec(method)
             call = dict(
                 method=method,
                 system=kwargs.get("system") or req.system or self.system,
@@ -502,16 +521,16 @@ class QGPMChatModel(BaseChatModel):
                 answer_prefix=kwargs.get("answer_prefix", self.answer_prefix),
                 config=kwargs.get("qgpm_config", self.qgpm_config),
             )
-            if method == "oracle":
+            if spec.evidence:
                 call["evidence"] = kwargs.get("evidence")
             elif kwargs.get("evidence") is not None:
                 raise ValueError("evidence= is only used with method='oracle'")
-            if method in ("topk", "reorder"):
+            if spec.reranker:
                 call.update(reranker=kwargs.get("reranker", self.reranker), k=int(kwargs.get("k", self.k)))
-            if kwargs.get("relevance") is not None and method != "qgpm":
+            if kwargs.get("relevance") is not None and spec.stage is not Stage.HEADS:
                 raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
             relevance = kwargs.get("relevance", self.relevance)
-            if relevance is not None and method == "qgpm":
+            if relevance is not None and spec.stage is Stage.HEADS:
                 parse_source(relevance)
                 call["config"] = (call["config"] or engine.config).with_(relevance=relevance)
             # the model's options belong to its own method; a call's options= go to the engine, which

@@ -46,6 +46,7 @@ Every finished call's :class:`qgpm.QGPMResult` is
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from typing import Any, AsyncGenerator, Generator, Optional, Sequence
@@ -72,14 +73,18 @@ from llama_index.core.types import TokenAsyncGen, TokenGen
 
 from qgpm import QGPM, QGPMResult
 from qgpm.baselines import resolve_options
+from qgpm.methods import Stage, method_spec
+from qgpm.serving import VLLMServer
 from qgpm.sources import parse_source
 from qgpm.tokens import encode_plain
-from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_RERANKER, METHODS
+from qgpm.defaults import DEFAULT_K, DEFAULT_METHOD, DEFAULT_RERANKER, METHODS
 
 from .._common import check_generate_kwargs, check_heads, check_model_args, is_loaded_model
 
 from . import _tracing
 from ._tracing import QGPMTrace, split_context
+
+logger = logging.getLogger("qgpm")
 
 __all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION", "set_tokenizer"]
 
@@ -191,7 +196,11 @@ class QGPMLLM(LLM):
         reranker, k: For ``topk`` / ``reorder`` (a :func:`qgpm.rerank.get_reranker` spec).
         evidence: For ``oracle``: exact substrings of the context to treat as evidence
             (those absent from a call's context are ignored; with none present that call
-            runs ``vanilla``).
+            runs ``vanilla``, with a warning).
+        vllm_url: Run pass 2 and decoding on a vLLM server at this address
+            (:class:`qgpm.serving.VLLMServer`); pass 1 stays in this process. Methods whose
+            plan needs per-plane positions are refused. ``vllm_model``: the served model's
+            name (default: the only one).
         context_keys, question_keys: Template variables read as context / question.
         set_global_tokenizer: Count tokens with the model's tokenizer in LlamaIndex
             (see :func:`set_tokenizer`; an already chosen tokenizer is kept).
@@ -224,6 +233,8 @@ class QGPMLLM(LLM):
         "'bm25', or 'heads+<reranker>'); None = the engine's setting (QGPMConfig.relevance).",
     )
     evidence: Optional[list[str]] = Field(default=None, description="Evidence for method='oracle'.")
+    vllm_url: Optional[str] = Field(default=None, description="Generate on a vLLM server at this address (qgpm.serving.VLLMServer).")
+    vllm_model: Optional[str] = Field(default=None, description="The served model's name on the vllm_url server (default: the only one).")
     context_keys: tuple[str, ...] = Field(default=("context_str", "context_msg"))
     question_keys: tuple[str, ...] = Field(default=("query_str",))
 
@@ -248,14 +259,13 @@ class QGPMLLM(LLM):
             allowed = sorted(set(type(self).model_fields) | {"engine", "model", "tokenizer", "heads", "device_map", "set_global_tokenizer"})
             raise TypeError(f"{owner} got unexpected arguments {unknown}; allowed: {', '.join(allowed)}")
         method = kwargs.get("method", DEFAULT_METHOD)
-        if method not in METHODS:
-            raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-        if method == "oracle" and not kwargs.get("evidence"):
-            raise ValueError("method='oracle' needs evidence=[exact substrings of the context]")
+        spec = method_spec(method)
+        if spec.evidence and not kwargs.get("evidence"):
+            raise ValueError(f"method={method!r} needs evidence=[exact substrings of the context]")
         resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
         if kwargs.get("relevance") is not None:
             parse_source(kwargs["relevance"])
-            if method != "qgpm":
+            if spec.stage is not Stage.HEADS:
                 raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
         if isinstance(model, (str, os.PathLike)):
             if kwargs.get("model_name") is not None:
@@ -271,23 +281,27 @@ class QGPMLLM(LLM):
         check_generate_kwargs(kwargs.get("generate_kwargs"), owner, _GENERATE_FIELDS)
         if engine is not None:
             given = [n for n, v in (("model", model), ("model_name", kwargs.get("model_name")), ("tokenizer", tokenizer),
-                                    ("heads", heads), ("model_kwargs", model_kwargs or None)) if v is not None]
+                                    ("heads", heads), ("model_kwargs", model_kwargs or None), ("vllm_url", kwargs.get("vllm_url")))
+                     if v is not None]
             if given:
                 raise ValueError(f"pass either engine= or {'/'.join(given)}=, not both (the engine is already loaded)")
             load_kwargs = {}
         else:
             load_kwargs = check_model_args(owner, model, tokenizer, model_kwargs)
             check_heads(heads, owner)
+        if kwargs.get("vllm_model") is not None and kwargs.get("vllm_url") is None:
+            raise ValueError("vllm_model= names the model on the vllm_url= server: pass vllm_url= too")
+        generator = VLLMServer(kwargs["vllm_url"], model=kwargs.get("vllm_model")) if kwargs.get("vllm_url") is not None else None
         super().__init__(**kwargs)
         if engine is None:
             if is_loaded_model(model):
-                engine = QGPM(model, tokenizer, heads=heads)
+                engine = QGPM(model, tokenizer, heads=heads, generator=generator)
             else:
-                engine = QGPM.from_pretrained(self.model_name, heads=heads, **load_kwargs)
+                engine = QGPM.from_pretrained(self.model_name, heads=heads, generator=generator, **load_kwargs)
         window = engine.max_length
         if self.context_window is not None and window and self.context_window > window:
             raise ValueError(f"context_window={self.context_window} is larger than the model window ({window} tokens)")
-        if method == "qgpm":
+        if spec.stage is Stage.HEADS:
             engine.heads  # raise HeadSetMissingError now rather than at the first query
         self._engine = engine
         self._lock = threading.Lock()
@@ -417,18 +431,21 @@ class QGPMLLM(LLM):
         else:
             kw["instruction"] = self.instruction
         method = self.method
-        if method in ("topk", "reorder"):
+        spec = method_spec(method)
+        if spec.reranker:
             kw.update(reranker=self.reranker, k=self.k)
-        elif method in BASELINE_METHODS:
+        elif spec.options:
             kw["options"] = self.options
-        elif method == "oracle":
+        elif spec.evidence:
             joined = "\n\n".join(context) if isinstance(context, list) else context
             present = [e for e in self.evidence or [] if e.strip() and e.strip() in joined]
             if present:
                 kw["evidence"] = present
-            else:
+            else:  # e.g. a refine step over a chunk without the evidence
+                logger.warning("qgpm: none of the oracle's evidence is in this context, so this call answers with method='vanilla' "
+                               "(standard positions)")
                 method = "vanilla"
-        if method == "qgpm" and self.relevance is not None:
+        if spec.stage is Stage.HEADS and self.relevance is not None:
             kw["config"] = self._engine.config.with_(relevance=self.relevance)
         kw["method"] = method
         return context, question, kw

@@ -1,0 +1,307 @@
+"""Generation on a vLLM server: pass 2 and decoding over HTTP, pass 1 in this process.
+
+    from qgpm import QGPM
+    from qgpm.serving import VLLMServer
+    engine = QGPM.from_pretrained(generator=VLLMServer("http://127.0.0.1:8000"))
+    engine.answer(context, question)          # pass 1 here, the answer from the server
+
+Every call whose pass 2 is one plain forward over some token order runs there: ``vanilla``,
+``topk``, ``reorder``, ``llmlingua-2``, plain chat, and ``qgpm`` / ``oracle`` under
+``remap="reorder"`` with one map (the prompt fed in slot order,
+:meth:`~qgpm.rope.PositionPlan.feed_order`), including every call that falls back to vanilla
+positions. The server gets token ids (``/v1/completions`` with a list of ids as ``prompt``),
+so the text the model reads is exactly the engine's. A plan that needs per-plane positions or
+per-layer masks (``remap="stride"`` / ``"move"``, two maps, STRING / Ms-PoE / Self-Extend)
+raises :class:`RemoteGenerationUnsupported` before pass 1 (``docs/serving.md`` says what
+running those inside vLLM would take).
+
+The server is vLLM's OpenAI-compatible one (``scripts/vllm_server.sh``), serving the same
+model: :meth:`VLLMServer.attach` checks its tokenizer against the engine's when the engine is
+built. Faults raise a :class:`ServingError` subclass within the timeouts, and the engine stays
+usable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Iterator
+
+import httpx
+
+from .config import QGPMConfig
+from .decoding import Decoding
+from .generation import Generated, pass2_inputs, pass2_kind
+from .limits import ContextTooLongError
+from .methods import MethodSpec, Stage
+from .plan import reorder_needs_masks
+from .results import PreparedCall
+from .rope import PositionPlan
+
+logger = logging.getLogger("qgpm")
+
+__all__ = ["VLLMServer", "ServingError", "ServerUnreachableError", "ServerTimeoutError", "ServerResponseError", "ServerStreamError",
+           "ServedModelMismatchError", "RemoteGenerationUnsupported"]
+
+# a probe whose token ids tell two tokenizers apart (words, digits, punctuation, a special-token string as text)
+_TOKENIZER_PROBE = "Tide gauge 4471 calibrated by Ms. O'Neill, 2019-03-07; café <|im_end|> naïve  spacing\n\tend."
+# decoding arguments beyond Decoding's own (transformers' generate() names) -> the server's names for them
+_PASSED_EXTRAS = {"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty", "min_new_tokens": "min_tokens"}
+
+
+class ServingError(ConnectionError):
+    """A call to the generation server failed; the message says what to do. The engine is unchanged."""
+
+
+class ServerUnreachableError(ServingError):
+    """Nothing answers at the server's address."""
+
+
+class ServerTimeoutError(ServingError):
+    """The server did not answer within the timeout."""
+
+
+class ServerResponseError(ServingError):
+    """The server answered with an HTTP error or with something that is not a completion."""
+
+
+class ServerStreamError(ServingError):
+    """The server's answer stopped before it was complete (the server died or closed the connection)."""
+
+
+class ServedModelMismatchError(ServingError):
+    """The server serves another model than the engine's (another name, tokenizer or window)."""
+
+
+class RemoteGenerationUnsupported(ValueError):
+    """This method or setting needs per-plane positions or masks, which the server cannot apply."""
+
+
+class VLLMServer:
+    """A vLLM OpenAI-compatible server as the engine's generator (:class:`qgpm.generation.Generator`).
+
+    ``base_url``: the server, e.g. ``"http://127.0.0.1:8000"`` (``/v1`` is added);
+    ``model``: the served model name (default: the only one the server lists);
+    ``timeout``: seconds to wait for each answer chunk (a long prompt's prefill comes first);
+    ``connect_timeout``: seconds to wait for a connection; ``api_key``: sent as a bearer token
+    (the server's ``--api-key``); ``max_connections``: calls in flight at once.
+    One instance is shared by every thread of the engine; :meth:`close` releases its connections.
+    """
+
+    name = "vllm"
+
+    def __init__(self, base_url: str, *, model: str | None = None, timeout: float = 120.0, connect_timeout: float = 5.0,
+                 api_key: str | None = None, max_connections: int = 64) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be the server's http(s) address, e.g. 'http://127.0.0.1:8000', got {base_url!r}")
+        for label, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{label} must be a positive number of seconds, got {value!r}")
+        if model is not None and (not isinstance(model, str) or not model):
+            raise ValueError(f"model must be the served model's name, got {model!r}")
+        root = base_url.rstrip("/")
+        self.base_url = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.model = model
+        self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+                                    limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+        self.max_model_len: int | None = None
+        self._n_layers: int | None = None
+        self._tokenizer: Any = None
+
+    def __repr__(self) -> str:
+        return f"VLLMServer({self.base_url!r}, model={self.model!r})"
+
+    # ------------------------------------------------------------------ setup
+    def attach(self, engine: Any) -> None:
+        """Check that the server serves ``engine``'s model: the model name (when given, else the
+        only one listed), the tokenizer (a probe text must give the same token ids) and a
+        window at least as long as the engine allows. Raises :class:`ServedModelMismatchError`."""
+        listed = self._request("GET", "/v1/models").get("data") or []
+        names = [m.get("id") for m in listed]
+        if self.model is None:
+            if len(names) != 1:
+                raise ServedModelMismatchError(f"the server at {self.base_url} serves {names or 'no models'}: pass model=<name> to VLLMServer")
+            self.model = names[0]
+        elif self.model not in names:
+            raise ServedModelMismatchError(f"the server at {self.base_url} does not serve {self.model!r} (it serves {names}): "
+                                           "pass one of those as model=, or start the server with this model")
+        entry = listed[names.index(self.model)]
+        want = engine.tokenizer(_TOKENIZER_PROBE, add_special_tokens=False).input_ids
+        got = self._request("POST", "/tokenize", json={"model": self.model, "prompt": _TOKENIZER_PROBE, "add_special_tokens": False}).get("tokens")
+        if got != want:
+            raise ServedModelMismatchError(f"the server's model {self.model!r} tokenizes text differently from the engine's {engine.name!r}: "
+                                           "it serves another model. Serve the engine's model folder (scripts/vllm_server.sh, "
+                                           "qgpm.loading.model_folder) or build the engine from the served model.")
+        self.max_model_len = entry.get("max_model_len")
+        self._n_layers = engine.n_layers
+        self._tokenizer = engine.tokenizer
+
+    def close(self) -> None:
+        """Close the connections (the server keeps running)."""
+        self._client.close()
+
+    # ------------------------------------------------------------------ the Generator protocol
+    def check(self, spec: MethodSpec | None, config: QGPMConfig) -> None:
+        """Raise :class:`RemoteGenerationUnsupported` for a method whose pass 2 the server cannot run
+        under ``config`` (checked before pass 1), saying which setting to change."""
+        if self._tokenizer is None:
+            raise ServingError("this VLLMServer is not attached to an engine: pass it as QGPM(..., generator=) or engine.use_generator()")
+        if spec is None or spec.plain_forward:
+            return
+        if spec.stage is Stage.ATTENTION:
+            raise RemoteGenerationUnsupported(f"method={spec.name!r} changes positions inside attention, which a vLLM server cannot "
+                                              "apply: run it in process (engine.use_generator(None)) or pick another method")
+        if config.remap != "reorder":
+            raise RemoteGenerationUnsupported(
+                f"method={spec.name!r} with remap={config.remap!r} needs per-plane rotary positions, which a vLLM server cannot apply: "
+                "set remap='reorder' with one map (split_layer=0, unmodulated_layers=0), or run in process (engine.use_generator(None))")
+        if reorder_needs_masks(config, self._n_layers or 0):
+            raise RemoteGenerationUnsupported(
+                f"method={spec.name!r} with remap='reorder' and split_layer={config.split_layer}, unmodulated_layers="
+                f"{config.unmodulated_layers} needs per-layer attention masks, which a vLLM server cannot apply: set split_layer=0 "
+                "and unmodulated_layers=0 (one map on every layer), or run in process (engine.use_generator(None))")
+
+    def generate(self, call: PreparedCall, decoding: Decoding, *, score: list[int] | None = None) -> Generated:
+        if score is not None:
+            raise RemoteGenerationUnsupported("score= runs in process: the engine computes it with its own model")
+        stream = self.stream(call, decoding)
+        for _ in stream:
+            pass
+        if stream.generated is None:
+            raise ServerStreamError(f"the vLLM server at {self.base_url} ended the answer without finishing it")
+        return stream.generated
+
+    def stream(self, call: PreparedCall, decoding: Decoding) -> "_ServerStream":
+        return _ServerStream(self, self._payload(call, decoding), call)
+
+    # ------------------------------------------------------------------ HTTP
+    def _payload(self, call: PreparedCall, decoding: Decoding) -> dict[str, Any]:
+        ids, plan = pass2_inputs(call, "cpu")
+        if plan is not None:
+            raise RemoteGenerationUnsupported(f"this {call.method} call's plan needs per-plane positions or masks (no slot order feeds it); "
+                                              "set remap='reorder' with one map, or run in process (engine.use_generator(None))")
+        n = int(ids.shape[1])
+        if self.max_model_len and n + decoding.max_new_tokens > self.max_model_len:
+            raise ContextTooLongError(f"the prompt is {n} tokens and max_new_tokens is {decoding.max_new_tokens}: more than the server's "
+                                      f"window of {self.max_model_len} tokens (its --max-model-len). Shorten the context, lower "
+                                      "max_new_tokens, or start the server with a longer --max-model-len.")
+        unknown = sorted(k for k in decoding.extra if k not in _PASSED_EXTRAS)
+        if unknown:
+            raise TypeError(f"{', '.join(unknown)}: not decoding settings a vLLM server takes (it takes {', '.join(_PASSED_EXTRAS)}); "
+                            "run in process for transformers' generate() arguments")
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": ids[0].tolist(), "max_tokens": decoding.max_new_tokens, "temperature": float(decoding.temperature),
+            "top_p": float(decoding.top_p), "stop": list(decoding.stop), "stream": True, "return_token_ids": True, "skip_special_tokens": True,
+        }
+        if decoding.seed is not None:
+            body["seed"] = int(decoding.seed) - (1 << 64 if decoding.seed >= 1 << 63 else 0)  # the server takes a signed 64-bit seed
+        body.update({_PASSED_EXTRAS[k]: v for k, v in decoding.extra.items()})
+        return body
+
+    def _fault(self, exc: Exception, what: str) -> ServingError:
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            return ServerUnreachableError(f"no vLLM server answers at {self.base_url} ({exc}): start it (scripts/vllm_server.sh --port P) "
+                                          "or fix base_url")
+        if isinstance(exc, httpx.TimeoutException):
+            return ServerTimeoutError(f"the vLLM server at {self.base_url} did not answer {what} within {self.timeout:g} s: it may be "
+                                      "overloaded or stuck; raise timeout= on VLLMServer or check the server")
+        if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
+            return ServerStreamError(f"the vLLM server at {self.base_url} closed the connection during {what} ({exc}): it may have "
+                                     "stopped; check it and retry")
+        return ServerResponseError(f"the request to the vLLM server at {self.base_url} failed during {what}: {exc}")
+
+    def _request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        try:
+            r = self._client.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise self._fault(exc, path) from exc
+        if r.status_code >= 400:
+            raise ServerResponseError(f"the vLLM server answered {path} with HTTP {r.status_code}: {_error_text(r.text)}")
+        try:
+            return r.json()
+        except ValueError as exc:
+            raise ServerResponseError(f"the vLLM server's answer to {path} is not JSON: {r.text[:200]!r}") from exc
+
+
+class _ServerStream:
+    """One streamed completion: yields text pieces decoded with the engine's tokenizer from the
+    token ids the server returns (so the text equals a local decode); ``generated`` at the end."""
+
+    def __init__(self, server: VLLMServer, body: dict[str, Any], call: PreparedCall) -> None:
+        self.server, self.body, self.call = server, body, call
+        self.generated: Generated | None = None
+        self._response: httpx.Response | None = None
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        self._cancelled = True
+
+    def __iter__(self) -> Iterator[str]:
+        srv, tok = self.server, self.server._tokenizer
+        ids: list[int] = []
+        text, first, finish = "", None, None
+        t0 = time.perf_counter()
+        try:
+            with srv._client.stream("POST", "/v1/completions", json=self.body) as r:
+                self._response = r
+                if r.status_code >= 400:
+                    r.read()
+                    raise ServerResponseError(f"the vLLM server answered /v1/completions with HTTP {r.status_code}: {_error_text(r.text)}")
+                for line in r.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    choice = _choice(data)
+                    new = choice.get("token_ids") or []
+                    if new and first is None:
+                        first = time.perf_counter()
+                    ids.extend(new)
+                    finish = choice.get("finish_reason") or finish
+                    now = tok.decode(ids, skip_special_tokens=True)
+                    if now.startswith(text) and len(now) > len(text) and not now.endswith("\ufffd"):
+                        piece, text = now[len(text):], now
+                        yield piece
+                    if self._cancelled:
+                        break
+        except httpx.HTTPError as exc:
+            raise srv._fault(exc, "the answer") from exc
+        if finish is None and not self._cancelled:
+            raise ServerStreamError(f"the vLLM server at {srv.base_url} ended the answer without finishing it (after {len(ids)} tokens): "
+                                    "it may have stopped; check it and retry")
+        details: dict[str, Any] = {"generator": srv.name}
+        if isinstance(self.call.plan, PositionPlan):
+            details["pass2"] = pass2_kind(self.call.plan, None)  # fed as a plain forward: "standard" or "slot order"
+        self.generated = Generated(tok.decode(ids, skip_special_tokens=True), ids, t0, first, time.perf_counter(), 0, details)
+
+
+def _choice(data: str) -> dict[str, Any]:
+    try:
+        event = json.loads(data)
+        return event["choices"][0]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        if isinstance(event := _loads(data), dict) and "error" in event:
+            raise ServerResponseError(f"the vLLM server reported an error mid-answer: {_error_text(data)}") from exc
+        raise ServerResponseError(f"the vLLM server sent an event that is not a completion chunk: {data[:200]!r}") from exc
+
+
+def _loads(data: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _error_text(body: str) -> str:
+    """The server's error message from an error body (OpenAI's ``{"error": {"message": ...}}``), else the body's start."""
+    parsed = _loads(body)
+    if isinstance(parsed, dict):
+        err = parsed.get("error", parsed)
+        msg = err.get("message") if isinstance(err, dict) else err
+        if msg:
+            return str(msg)[:500]
+    return body[:500]
