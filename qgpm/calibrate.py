@@ -24,7 +24,7 @@ from .prompt import DEFAULT_TEMPLATE, Prompt, PromptSpec, build_prompt
 from .pass1 import sentence_heads_logits
 from .shaping import fuse_heads
 
-__all__ = ["HeadScores", "score_heads", "calibrate_heads", "check_depth_options", "fused_mrr", "sample_head_logits", "evidence_sentences"]
+__all__ = ["HeadScores", "score_heads", "calibrate_heads", "flat_relevance_threshold", "separating_cut", "check_depth_options", "fused_mrr", "sample_head_logits", "evidence_sentences"]
 
 
 @dataclass
@@ -224,6 +224,8 @@ def calibrate_heads(
         draws = [fused_mrr(per_sample, rng.sample(range(len(every)), top)) for _ in range(random_draws)]
         random_mrr = sum(draws) / len(draws)
         meta["random_draws"] = random_draws
+    # the flat-relevance threshold in this model's z units, from every sample whose evidence is known
+    meta["confidence"] = flat_relevance_threshold(engine, [*samples, *(holdout or [])], chosen)
     mrr = [float(scores.mrr[l, h]) for l, h in chosen]
     return HeadSet(
         model=engine.name,
@@ -238,3 +240,46 @@ def calibrate_heads(
         fingerprint=fp.to_dict() if (fp := getattr(engine, "fingerprint", None)) is not None else {},
     )
 
+
+def flat_relevance_threshold(engine, samples: Sequence[Any], heads: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """The confidence rule's threshold (``QGPMConfig.min_top_z``) in this model's own z units.
+
+    For each sample: the fused relevance ``z`` (Eq. 5) of the ``heads``, its top value, and
+    whether the top sentence holds the evidence. The threshold is the cut on the top z that best
+    separates the samples whose evidence the heads ranked first from those whose evidence they
+    missed (the largest share found above plus share missed below, Youden's J; the midpoint
+    between the two top z values it falls between). A call whose top z is below it is one the
+    heads are as unsure of as the misses, so it keeps vanilla positions. Returns the threshold
+    (``None`` when the heads ranked every sample's evidence first or missed all of them: no cut
+    separates anything) with the top z values behind it, for the head set's ``meta``.
+    """
+    found: list[float] = []
+    missed: list[float] = []
+    for sample in samples:
+        prompt = _sample_prompt(engine, sample)
+        z = fuse_heads(_all_sentence_logits(engine, prompt, list(heads)))
+        gold = set(evidence_sentences(prompt, sample.evidence))
+        (found if int(torch.argmax(z)) in gold else missed).append(float(z.max()))
+    out: dict[str, Any] = {"min_top_z": None, "samples": len(found) + len(missed), "found_top_z": sorted(round(v, 3) for v in found),
+                           "missed_top_z": sorted(round(v, 3) for v in missed)}
+    cut = separating_cut(found, missed)
+    if cut is not None:
+        out.update(min_top_z=round(cut[0], 3), youden_j=round(cut[1], 3))
+    return out
+
+
+def separating_cut(found: Sequence[float], missed: Sequence[float]) -> tuple[float, float] | None:
+    """The cut ``t`` that best separates ``found`` (should be ``>= t``) from ``missed`` (``< t``):
+    the largest Youden's J = share of ``found`` at or above + share of ``missed`` below - 1, at the
+    midpoint between two neighbouring values (the lowest such cut on ties). ``(t, J)``, or ``None``
+    when either list is empty."""
+    if not found or not missed:
+        return None
+    values = sorted(set(found) | set(missed))
+    best: tuple[float, float] | None = None
+    for lo, hi in zip(values, values[1:]):
+        t = (lo + hi) / 2
+        j = sum(v >= t for v in found) / len(found) + sum(v < t for v in missed) / len(missed) - 1
+        if best is None or j > best[1]:
+            best = (t, j)
+    return best

@@ -18,7 +18,10 @@ from .defaults import DEFAULT_MODEL_NAME
 from .shaping import MapParams
 from .sources import parse_source
 
-__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "load_config", "coerce_value"]
+__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "RECIPE", "CALIBRATED", "load_config", "coerce_value"]
+
+CALIBRATED = "calibrated"
+"""``QGPMConfig.min_top_z`` value: the threshold stored with the model's head set."""
 
 MIN_SENTENCE_CHARS = 20
 """Smallest ``max_sentence_chars`` the sentence splitter accepts."""
@@ -78,7 +81,12 @@ class QGPMConfig:
     min_top_z:
         Confidence rule (``None`` = off): when the top sentence's fused relevance z
         (Eq. 5) is below this, the call keeps vanilla positions (every score 1) and the
-        engine logs a warning; ``result.details["flat_relevance"]`` says so.
+        engine logs a warning; ``result.details["flat_relevance"]`` says so. z is in each
+        model's own units, so a number fits one model. ``"calibrated"`` (the generic
+        recipe's): the threshold stored with the model's head set, derived when the heads
+        were calibrated (:func:`qgpm.calibrate.flat_relevance_threshold`; a head set without
+        one, or a relevance source other than the heads, has no threshold: the rule is off,
+        with a warning).
     decisive_margin:
         Dominance rule (``None`` = off), in z units: when the top sentence's fused z
         (Eq. 5) exceeds the second sentence's by at least this much, one sentence already
@@ -236,7 +244,7 @@ class QGPMConfig:
     local_window: float = 0.0
     keep_length: float = 0.0
     unmodulated_layers: int = 0
-    min_top_z: float | None = None
+    min_top_z: float | str | None = None
     decisive_margin: float | None = None
     z_window: float | None = None
     solo_margin: float | None = None
@@ -293,8 +301,12 @@ class QGPMConfig:
             raise ValueError(f"local_window must be >= 0 tokens (0 = off), got {self.local_window}")
         if not self.keep_length >= 0:
             raise ValueError(f"keep_length must be >= 0 tokens (0 = off), got {self.keep_length}")
-        if self.min_top_z is not None and not math.isfinite(self.min_top_z):
-            raise ValueError(f"min_top_z must be a finite z-score or None, got {self.min_top_z}")
+        if isinstance(self.min_top_z, str):
+            if self.min_top_z != CALIBRATED:
+                raise ValueError(f"min_top_z must be a finite z-score, {CALIBRATED!r} (the head set's threshold) or None, got {self.min_top_z!r}")
+        elif self.min_top_z is not None and (isinstance(self.min_top_z, bool) or not isinstance(self.min_top_z, numbers.Real)
+                                             or not math.isfinite(self.min_top_z)):
+            raise ValueError(f"min_top_z must be a finite z-score, {CALIBRATED!r} (the head set's threshold) or None, got {self.min_top_z!r}")
         for name in _Z_MARGIN_FIELDS:
             _check_z_margin(name, getattr(self, name))
         if self.lead_tokens < 0:
@@ -353,8 +365,15 @@ class QGPMConfig:
         return asdict(self)
 
     @classmethod
+    def paper(cls) -> "QGPMConfig":
+        """The paper's method and settings (App. C): ``remap="stride"`` (Eq. 7-8), two maps
+        (``K_b`` 8 below the middle layer, ``K_s`` 2 above), no rules of ours. The same as
+        ``QGPMConfig()``; a model without a preset gets :data:`RECIPE` instead."""
+        return cls(provenance="the paper's settings (App. C): remap stride, two maps")
+
+    @classmethod
     def for_model(cls, model: Any) -> "QGPMConfig":
-        """The preset for a model, else the generic defaults.
+        """The preset for a model, else :data:`RECIPE` (the measured recipe).
 
         ``model``: a :class:`~qgpm.fingerprint.ModelFingerprint`, a fingerprint key, or
         a readable preset name (case-insensitive, e.g. ``"SmolLM2-135M-Instruct"``). The
@@ -368,7 +387,7 @@ class QGPMConfig:
             return PRESETS[key]
         by_name = {n.lower(): k for k, n in PRESET_NAMES.items()}
         k = by_name.get(key.strip().lower())
-        return PRESETS[k] if k is not None else cls()
+        return PRESETS[k] if k is not None else RECIPE
 
 
 SMOLLM2_KEY = "96f8dcdd689f9245"
@@ -449,6 +468,26 @@ PRESETS: dict[str, QGPMConfig] = {
     ),
 }
 
+
+RECIPE = QGPMConfig(
+    k_sharp=4.0,
+    s_low=0.45,
+    anchor_ratio=2.0,
+    min_top_z=CALIBRATED,
+    keep_length=1024.0,
+    remap="reorder",
+    split_layer=0,
+    term_ratio=0.6,
+    split_run_ons=True,
+    pass1_dtype="auto",
+    provenance="the measured recipe (docs/tuning/recipe.md): the SmolLM2 preset's reorder with one map, K_s 4, term_ratio 0.6, "
+    "keep_length 1024, split_run_ons and pass1_dtype auto, with the confidence threshold calibrated for the model's own heads",
+)
+"""What a model without its own preset gets (:meth:`QGPMConfig.for_model`): the settings that won
+on SmolLM2 (``remap="reorder"`` with one map, ``K_s`` 4, the query-term filter, short contexts
+kept as they are), with the flat-relevance threshold taken from the model's head set
+(``min_top_z="calibrated"``) instead of SmolLM2's z units. The paper's method is
+:meth:`QGPMConfig.paper`."""
 
 def coerce_value(text: str) -> Any:
     """A command-line ``FIELD=VALUE`` value as Python: ``none``/``null`` -> None,

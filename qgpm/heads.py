@@ -90,6 +90,13 @@ class HeadSet:
             raise ValueError("a head set lists a head twice")
 
     @property
+    def min_top_z(self) -> float | None:
+        """The flat-relevance threshold in this model's z units, stored when the set was calibrated
+        (``meta["confidence"]``, :func:`qgpm.calibrate.flat_relevance_threshold`); ``None`` if none."""
+        value = (self.meta.get("confidence") or {}).get("min_top_z")
+        return None if value is None else float(value)
+
+    @property
     def deepest_layer(self) -> int:
         return max(l for l, _ in self.heads)
 

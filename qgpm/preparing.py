@@ -10,6 +10,7 @@ another config with the same plan code as the first preparation (:func:`plan_cal
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any, Protocol, Sequence
 import torch
 
 from .baselines import build_baseline_plan
-from .config import QGPMConfig
+from .config import CALIBRATED, QGPMConfig
 from .defaults import DEFAULT_K, DEFAULT_RERANKER
 from .editing import edit_context
 from .heads import HeadSet
@@ -232,7 +233,7 @@ def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfi
     found = qgpm_relevance(eng.model, prompt, question, cfg, heads, plan_from, n_layers=eng.n_layers, precision=precision,
                            reuse_prefill=precision is None and bool(heads) and eng.prefill_reuse_on())
     timings.pass1_s, timings.plan_s = found.pass1_s, found.plan_s
-    note_flat(found.mr, cfg)
+    note_flat(found.mr, confidence_config(eng, cfg))
     details.update(found.details)
     details.update(layers_run=found.layers_run, heads=found.heads, **view["details"], pass1_continued=found.prefill is not None)
     if found.source != "heads":
@@ -240,11 +241,33 @@ def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfi
     return PreparedCall(prompt, "qgpm", found.mr.plan, view["relevance"], timings, edit, details, z=found.z, config=cfg, prefill=found.prefill)
 
 
+def confidence_config(eng: ModelView, cfg: QGPMConfig) -> QGPMConfig:
+    """``cfg`` with ``min_top_z="calibrated"`` replaced by the threshold of the engine's head set
+    for the heads' relevance; ``None`` (the rule off, logged once per reason) where the head set
+    stores none or the relevance comes from a reranker (another z scale)."""
+    if cfg.min_top_z != CALIBRATED:
+        return cfg
+    source = parse_source(cfg.relevance)
+    value = eng.head_set.min_top_z if eng.head_set is not None and source.spec == "heads" else None
+    if value is None:
+        why = (f"relevance={source.spec!r} gives z on another scale than the heads' calibrated one" if source.spec != "heads"
+               else "the model's head set stores no calibrated threshold (recalibrate it: qgpm calibrate)")
+        _note_once(f"qgpm: min_top_z='calibrated' has no threshold here ({why}), so the flat-relevance rule is off for these calls; "
+                   "set min_top_z to a number to use it")
+    return cfg.with_(min_top_z=value)
+
+
+@functools.lru_cache(maxsize=64)
+def _note_once(message: str) -> None:
+    logger.warning(message)
+
+
 def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, capacity: int, *, units: torch.Tensor | None = None,
               note: bool = True) -> tuple[MapResult, list[SentenceRelevance], dict[str, Any]]:
     """Relevance -> scores -> positions for a qgpm call (``z`` per sentence) or an oracle call
     (``z`` per evidence unit, ``units`` mapping tokens to them): the plan, its sentence view and
     its ``details`` entries. ``note``: log the fallback rules that fired (:func:`note_flat`)."""
+    cfg = confidence_config(eng, cfg)
     if units is None:
         mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, capacity=capacity,
                         unit_lexical=_unit_lexical(prompt, cfg))

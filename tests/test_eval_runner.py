@@ -582,6 +582,7 @@ def test_cli_calibrate_scores_from_reuses_stored_scores_and_shallow_bound_sets_t
     assert hs.meta["per_head_mrr"] == HeadSet.load(first).meta["per_head_mrr"] and hs.samples == 2
     assert hs.meta["scores_from"]["path"] == str(first) and "layers < 1" in hs.method
     assert "kept the shallow set" in capsys.readouterr().out
+    assert hs.meta["confidence"]["samples"] == 2  # the flat-relevance threshold, from the held-out samples (scores were reused)
 
 
 def test_calibrate_heads_rejects_samples_beside_stored_scores(tiny_dir):

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from qgpm import QGPM
+from qgpm import QGPM, QGPMConfig
 
 from qgpm_testing import tiny_model
 
@@ -21,7 +21,7 @@ QUESTION = "Who calibrated the tide gauge <now>?"
 
 @pytest.fixture(scope="module")
 def engine(tokenizer):
-    return QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=[(1, 0), (2, 1)])
+    return QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=[(1, 0), (2, 1)], config=QGPMConfig.paper())  # the strides shade
 
 
 def test_html_is_escaped_self_contained_and_complete(engine):

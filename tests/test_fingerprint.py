@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qgpm import QGPM, HeadSet, QGPMConfig
-from qgpm.config import PRESET_NAMES, PRESETS, SMOLLM2_KEY
+from qgpm.config import PRESET_NAMES, PRESETS, RECIPE, SMOLLM2_KEY
 from qgpm.fingerprint import ModelFingerprint, model_fingerprint
 from qgpm.heads import (
     HeadSetMismatchError,
@@ -149,7 +149,8 @@ def test_presets_are_keyed_by_fingerprint():
     assert PRESET_NAMES[SMOLLM2_KEY] == "SmolLM2-135M-Instruct"
     assert QGPMConfig.for_model(SMOLLM2_KEY) is PRESETS[SMOLLM2_KEY]
     assert QGPMConfig.for_model("smollm2-135m-instruct") is PRESETS[SMOLLM2_KEY]  # readable name still works
-    assert QGPMConfig.for_model("0000000000000000") == QGPMConfig()
+    assert QGPMConfig.for_model("0000000000000000") is RECIPE  # a model without a preset gets the measured recipe
+    assert QGPMConfig.paper() == QGPMConfig() and QGPMConfig.paper().remap == "stride"  # the paper's method, one call away
     fp = ModelFingerprint(key=SMOLLM2_KEY, name="x", arch={}, tokenizer="")
     assert QGPMConfig.for_model(fp) is PRESETS[SMOLLM2_KEY]
 

@@ -354,6 +354,7 @@ def test_term_filter_without_bm25s_fails_before_pass_1(monkeypatch, tokenizer):
     with pytest.raises(ImportError, match="bm25s"):
         engine.answer(" ".join(f"Sentence {i} is here." for i in range(8)), "Which sentence?", config=QGPMConfig(term_ratio=0.6), max_new_tokens=2)
     assert calls == []
-    engine.answer(" ".join(f"Sentence {i} is here." for i in range(8)), "Which sentence?", max_new_tokens=2)  # without the filter it runs
+    engine.answer(" ".join(f"Sentence {i} is here." for i in range(8)), "Which sentence?", config=QGPMConfig.paper(),
+                  max_new_tokens=2)  # without the filter it runs
     assert calls
     hook.remove()

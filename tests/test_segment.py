@@ -103,7 +103,7 @@ def test_engine_units_follow_the_setting_and_replan_refuses_to_change_it(tiny):
     filler = " ".join(f"The stall number {w} sold fresh bread and cheese all day long." for w in ("one", "two", "three", "four", "five"))
     ctx = filler + " It was woven into the story One of the special magic numbers for jazzy-model is: 9834562."
     question = "What is the special magic number for jazzy-model?"
-    cfg = tiny.config.with_(k_sharp=2.0, remap="reorder", split_layer=0, min_top_z=None, decisive_margin=None)
+    cfg = tiny.config.with_(k_sharp=2.0, remap="reorder", split_layer=0, min_top_z=None, decisive_margin=None, split_run_ons=False)
     plain = tiny.prepare(ctx, question, method="qgpm", config=cfg)
     cut = tiny.prepare(ctx, question, method="qgpm", config=cfg.with_(split_run_ons=True))
     assert len(cut.prompt.sentences) == len(plain.prompt.sentences) + 1

@@ -61,6 +61,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import torch
 
 from qgpm.baselines import BASELINE_METHODS, resolve_options
+from qgpm.config import CALIBRATED
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.methods import Stage, method_spec
 from qgpm.heads import parse_heads as _parse_heads
@@ -184,6 +185,8 @@ def method_fingerprint(
         fp["config"] = _config_dict(cfg)
     if spec.stage is Stage.HEADS:
         fp["heads"] = [list(h) for h in engine.heads]
+        if cfg.min_top_z == CALIBRATED:  # the threshold it stands for on this engine's head set
+            fp["calibrated_min_top_z"] = engine.head_set.min_top_z if engine.head_set is not None else None
         low = engine.pass1_precision(cfg)
         if low is not None:  # what "auto" became on this hardware; absent at the model's dtype (earlier rows keep their hashes)
             fp["pass1_precision"] = str(low).removeprefix("torch.")

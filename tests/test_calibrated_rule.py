@@ -1,0 +1,82 @@
+"""The recipe a model without a preset gets, and its confidence rule in the model's own z units."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from qgpm import QGPM, HeadSet, QGPMConfig
+from qgpm.calibrate import separating_cut
+from qgpm.config import CALIBRATED, PRESETS, RECIPE, SMOLLM2_KEY
+
+from qgpm_testing import tiny_model
+
+CONTEXT = " ".join(f"Sentence {i} tells that the stall number {i} sold bread and cheese all day long." for i in range(60))
+QUESTION = "What did stall number 7 sell?"
+MOVING = dict(keep_length=0.0, term_ratio=None)  # a short context that the recipe would otherwise keep as it is
+
+
+def engine_with(tokenizer, confidence: dict | None) -> QGPM:
+    meta = {"confidence": confidence} if confidence is not None else {}
+    model = tiny_model("llama", len(tokenizer))
+    return QGPM(model, tokenizer, heads=HeadSet("tiny", [(1, 0), (2, 1)], meta=meta))
+
+
+def test_the_recipe_is_what_a_model_without_a_preset_gets(tokenizer):
+    engine = engine_with(tokenizer, None)
+    assert engine.config is RECIPE and RECIPE.remap == "reorder" and RECIPE.split_layer == 0 and RECIPE.min_top_z == CALIBRATED
+    smollm2 = PRESETS[SMOLLM2_KEY]  # the recipe is the SmolLM2 preset but for the threshold, which is in SmolLM2's z units there
+    assert RECIPE.with_(min_top_z=smollm2.min_top_z, provenance=smollm2.provenance) == smollm2
+    assert QGPMConfig.paper().remap == "stride" and QGPMConfig(min_top_z=CALIBRATED).min_top_z == CALIBRATED
+    with pytest.raises(ValueError, match="'calibrated'"):
+        QGPMConfig(min_top_z="calibrate")
+    with pytest.raises(ValueError, match="finite z-score"):
+        QGPMConfig(min_top_z=True)
+
+
+def test_the_head_sets_threshold_decides_flat_calls(tokenizer):
+    high = engine_with(tokenizer, {"min_top_z": 1e6})
+    res = high.answer(CONTEXT, QUESTION, config=high.config.with_(**MOVING), max_new_tokens=2)
+    assert res.details["flat_relevance"]
+    low = engine_with(tokenizer, {"min_top_z": -1e6})
+    res = low.answer(CONTEXT, QUESTION, config=low.config.with_(**MOVING), max_new_tokens=2)
+    assert not res.details["flat_relevance"]
+    assert high.head_set.min_top_z == 1e6 and engine_with(tokenizer, None).head_set.min_top_z is None
+
+
+def test_no_threshold_turns_the_rule_off_with_a_warning(tokenizer, caplog):
+    none = engine_with(tokenizer, None)
+    high = engine_with(tokenizer, {"min_top_z": 1e6})
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        res = none.answer(CONTEXT, QUESTION, config=none.config.with_(**MOVING), max_new_tokens=2)
+        bm25 = high.answer(CONTEXT, QUESTION, config=high.config.with_(relevance="bm25", **MOVING), max_new_tokens=2)
+    assert not res.details["flat_relevance"] and not bm25.details["flat_relevance"]
+    notes = [r.getMessage() for r in caplog.records if "min_top_z='calibrated' has no threshold" in r.getMessage()]
+    assert any("stores no calibrated threshold" in n for n in notes) and any("relevance='bm25'" in n for n in notes)
+
+
+def test_the_eval_fingerprint_names_the_calibrated_threshold(tokenizer):
+    from qgpm.eval.runner import config_hash, method_fingerprint
+
+    a, b = engine_with(tokenizer, {"min_top_z": 1.5}), engine_with(tokenizer, {"min_top_z": 2.0})
+    fa, fb = method_fingerprint(a, "qgpm"), method_fingerprint(b, "qgpm")
+    assert fa["calibrated_min_top_z"] == 1.5 and config_hash(fa) != config_hash(fb)
+    assert "calibrated_min_top_z" not in method_fingerprint(a, "qgpm", config=QGPMConfig.paper())
+
+
+def test_separating_cut():
+    assert separating_cut([3.0, 3.5, 4.0], [1.0, 2.0]) == (2.5, 1.0)
+    t, j = separating_cut([1.0, 3.0, 3.5], [1.2, 2.0])  # one found value among the missed ones
+    assert t == 2.5 and j == pytest.approx(2 / 3)
+    assert separating_cut([1.0], []) is None and separating_cut([], [1.0]) is None
+
+
+def test_the_shipped_head_sets_carry_their_thresholds():
+    from qgpm.heads import shipped_head_dir
+
+    for name in ("smollm2-135m-instruct.json", "gemma-3-270m.json"):
+        hs = HeadSet.load(shipped_head_dir() / name)
+        conf = hs.meta["confidence"]
+        assert conf["samples"] == 54 and conf["min_top_z"] == hs.min_top_z
+        assert separating_cut(conf["found_top_z"], conf["missed_top_z"])[0] == pytest.approx(hs.min_top_z, abs=1e-3)
