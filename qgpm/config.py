@@ -145,7 +145,7 @@ class QGPMConfig:
         and the rest of the context keeps its order in the slots before, while the slow
         planes keep the text order (``p' = g * j + (1 - g) * pi(j)``). ``eps`` is unused
         there. What it measured: ``docs/tuning/smollm2_dev_4k.md``.
-        ``"reorder"`` (the SmolLM2 preset's since the sixth session): the same move on every plane, with the causal order
+        ``"reorder"`` (the SmolLM2 preset's): the same move on every plane, with the causal order
         following it too: a token attends only to tokens whose moved slot is not later
         than its own. Each map's pass 2 then computes exactly what the model computes on
         the prompt with those sentences physically moved before the question (Reorder with
@@ -397,61 +397,8 @@ PRESET_NAMES: dict[str, str] = {SMOLLM2_KEY: DEFAULT_MODEL_NAME}
 """Readable model name beside each preset's fingerprint key."""
 
 PRESETS: dict[str, QGPMConfig] = {
-    # 4K dev search (issue 10), docs/tuning/smollm2_dev_4k.md. Oracle coarse stage: opening the
-    # frequency gate to c = 1-4 with s_low 0.3 lifts multi-key NIAH from 29 % to 71-79 % (the
-    # old gate, c = 0.25, had left the near/far planes unmodulated). Fine stage with the heads,
-    # five tasks: K_s 4 keeps MK-1's gain (+44 points, 4 wins / 0 losses) and single-needle
-    # accuracy, K_s 2 does not. min_top_z 2.5: the top sentence's z separated QA (<= 2.1, where
-    # modulation cost answers) from every needle task (>= 3.0), so flat relevance keeps vanilla
-    # positions. keep_length 1024: the open gate broke a plain 400-token needle that vanilla
-    # answers, so contexts up to 1K tokens keep vanilla positions and the strength reaches
-    # s_low 0.3 at ~3.4K context tokens. Fourth session: s_low 0.45 instead of 0.3 (dev, K_s 4:
-    # multi-value's share of values 0.67 instead of 0.47, vanilla 0.53; multi-key 10/18 instead
-    # of 12/18, vanilla 6/18; no dropped digits at either), so no modulated task loses against
-    # vanilla; full strength from ~2.3K context tokens. decisive_margin 1.3: on the dev rows the
-    # top-two z gap is <= 1.13 on every multi-key / multi-value sample (look-alikes compete:
-    # where the remapping gains) and >= 1.45 on every single-needle / NoLiMa sample (one
-    # sentence stands out: where it only cost copying accuracy), so such calls keep vanilla
-    # positions. Sixth session: remap="reorder" (the top sentences' positions and causal order
-    # moved next to the question, every plane and layer) instead of the strides: dev multi-key
-    # 14 of 18 (8 wins / 0 losses; the stride preset 10, vanilla 6; every miss is a sample where
-    # the heads ranked another key first, and no answer drops a digit), multi-value 3 of 9 with
-    # all four values and a share of 0.83 (the stride preset 0 and 0.67, vanilla 0 and 0.53);
-    # single needle, NoLiMa and QA keep vanilla positions through the two rules above, as before.
-    # Seventh session: split_layer 0 (the sharp map's top K_s on every layer instead of K_b 8
-    # below the middle layer): dev multi-key 13 of 18 (two maps 14), multi-value 4 of 9 with
-    # all four values (two maps 3); with one map pass 2 runs as a plain forward over the prompt
-    # in slot order, so it costs a vanilla prefill (4K TTFT ratio 1.78 instead of 2.06) and
-    # vanilla memory (1.05 instead of 4.65), on any attention implementation. The test grid
-    # was rerun with it (docs/results.md, "Seventh session").
-    # Tenth session: term_ratio 0.6 (of the heads' top K_s sentences, only those whose BM25 score
-    # for the question reaches 0.6 of the best one's move; the others keep their place). Dev, rule
-    # written before the rows: multi-key 34 of 36 on essays and 18 of 18 on SQuAD paragraphs
-    # (one map: 29 and 16; every win a sample where a look-alike key was moved), multi-value
-    # unchanged (4 of 9, no value dropped). Test grid at 4K (docs/results.md, "Tenth session"):
-    # multi-key 59 of 60 (one map 48, Reorder 56), QA and NoLiMa no loss, multi-value see there.
-    # Eleventh session: split_run_ons (a sentence opener after a lowercase word starts a unit, so a
-    # needle glued to the haystack's cut last sentence moves without the fragment). It changes the
-    # units of 17 of the 84 dev samples of the look-alike stages (multi-value 8 of 30, all six at
-    # depth 1.0, where QGPM had listed all four values in 0 of 6); on those, rule written before
-    # the rows: multi-value 2 of 8 against 0 (2 wins / 0 losses), multi-key 9 of 9 as before
-    # (docs/tuning/smollm2_dev_4k.md, "Thirty multi-value samples"). The other samples read the same units,
-    # so their answers are unchanged.
-    # Thirteenth session: no dominance rule (decisive_margin None instead of 1.3). It had been
-    # chosen under remap="stride", where moving a lone needle cost copying accuracy; under
-    # reorder a moved needle is copied as on a physically reordered prompt (the test Oracle
-    # answers single needle 30 of 30 against vanilla's 27). Dev, rule written before the rows
-    # (scripts/tune_4k.sh nodecisive): single needle 60 of 60 against 58 (2 wins / 0 losses),
-    # NoLiMa 17 of 30 against 7 (11/1); docs/tuning/smollm2_dev_4k.md, "The dominance rule under
-    # reorder". The rule stays selectable (QGPMConfig.decisive_margin).
-    # Seventeenth session: pass1_dtype "auto" (a bfloat16 pass 1 for this float32 model where the
-    # hardware multiplies bfloat16 natively; the exact pass 1 elsewhere and for contexts within
-    # keep_length). Dev, rule written before the rows (scripts/tune_4k.sh bf16, 126 samples at 4K):
-    # 90 right against 89 for the float32 pass 1, 123 of 125 answers identical; test grids at
-    # 2K / 4K / 8K with it: docs/results.md, "Seventeenth session". On this CPU it roughly halves
-    # pass 1 (4K TTFT ratio ~1.45 against 1.56-1.80 for a moved call), at the price of the
-    # prefill reuse: a call that keeps vanilla positions pays pass 1 plus a prefill.
-    # The earlier 2K preset (K_s 4, s_low 0.6, c 0.25) is docs/tuning/smollm2_dev.md.
+    # Each setting, what it was compared with, on which split and with which numbers:
+    # docs/tuning/smollm2_preset.md.
     SMOLLM2_KEY: QGPMConfig(
         k_sharp=4.0,
         s_low=0.45,
