@@ -90,12 +90,14 @@ def build_vector_store(docs: Sequence[Document] | None = None, embeddings: Any =
     return store
 
 
-def build_chains(retriever: Any, *, max_tokens: int = 32, heads: Any = None, reranker: str = DEFAULT_RERANKER, top_k: int = 3) -> dict[str, Any]:
-    """The four side-by-side retrieval chains (LangChain's standard form). All chat models share one loaded model."""
+def build_chains(retriever: Any, *, max_tokens: int = 32, heads: Any = None, reranker: str = DEFAULT_RERANKER, top_k: int = 3,
+                 vllm_url: str | None = None) -> dict[str, Any]:
+    """The four side-by-side retrieval chains (LangChain's standard form). All chat models share one loaded model;
+    with ``vllm_url`` they generate on that vLLM server (pass 1 stays here)."""
     from langchain_classic.retrievers import ContextualCompressionRetriever
 
-    qgpm_llm = QGPMChatModel(method="qgpm", max_tokens=max_tokens, heads=heads)
-    plain_llm = QGPMChatModel(method="vanilla", max_tokens=max_tokens, heads=heads)
+    qgpm_llm = QGPMChatModel(method="qgpm", max_tokens=max_tokens, heads=heads, vllm_url=vllm_url)
+    plain_llm = QGPMChatModel(method="vanilla", max_tokens=max_tokens, heads=heads, vllm_url=vllm_url)
     topk = ContextualCompressionRetriever(base_compressor=QGPMTopKCompressor(reranker=reranker, k=top_k), base_retriever=retriever)
     reorder = ContextualCompressionRetriever(base_compressor=QGPMReorder(reranker=reranker), base_retriever=retriever)
 
@@ -149,6 +151,7 @@ def main(argv: Sequence[str] | None = None, *, heads: Any = None) -> list[dict]:
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--heads", default=None, help="head-set JSON for QGPM (default: the stored set)")
     ap.add_argument("--json", default=None, help="write the answers to this JSON file")
+    ap.add_argument("--vllm-url", default=None, help="generate on this vLLM server (bash scripts/vllm_server.sh --port 8000)")
     args = ap.parse_args(argv)
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -160,10 +163,11 @@ def main(argv: Sequence[str] | None = None, *, heads: Any = None) -> list[dict]:
     t = time.perf_counter()
     store = build_vector_store()
     retriever = store.as_retriever(search_kwargs={"k": args.k})
-    chains = build_chains(retriever, max_tokens=args.max_tokens, heads=heads if heads is not None else args.heads, reranker=args.reranker, top_k=args.top_k)
+    chains = build_chains(retriever, max_tokens=args.max_tokens, heads=heads if heads is not None else args.heads, reranker=args.reranker, top_k=args.top_k,
+                          vllm_url=args.vllm_url)
     print(f"indexed {len(store.store)} paragraphs in {time.perf_counter() - t:.1f}s; retrieving {args.k} per question")
     t = time.perf_counter()
-    QGPMChatModel(heads=heads if heads is not None else args.heads).get_engine()  # load once, before timing answers
+    QGPMChatModel(heads=heads if heads is not None else args.heads, vllm_url=args.vllm_url).get_engine()  # load once, before timing answers
     print(f"model ready in {time.perf_counter() - t:.1f}s")
     rows = run(questions, chains, methods)
     if args.json:

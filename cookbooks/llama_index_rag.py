@@ -45,6 +45,7 @@ from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
 
 from qgpm import QGPM, HeadSetMissingError  # noqa: E402
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_RERANKER  # noqa: E402
+from qgpm.serving import VLLMServer  # noqa: E402
 from qgpm_integrations.llama_index import (  # noqa: E402
     QGPMLLM,
     QGPMReorderPostprocessor,
@@ -155,6 +156,7 @@ def main(argv: Sequence[str] | None = None, *, engine: QGPM | None = None) -> li
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--heads", default=None, help="head-set JSON for QGPM (default: the stored set)")
     ap.add_argument("--json", default=None, help="write the answers to this JSON file")
+    ap.add_argument("--vllm-url", default=None, help="generate on this vLLM server (bash scripts/vllm_server.sh --port 8000)")
     args = ap.parse_args(argv)
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -164,7 +166,8 @@ def main(argv: Sequence[str] | None = None, *, engine: QGPM | None = None) -> li
     questions = json.loads((DATA / "questions.json").read_text(encoding="utf-8"))[: args.limit]
 
     if engine is None:
-        engine = QGPM.from_pretrained(heads=args.heads)
+        generator = VLLMServer(args.vllm_url) if args.vllm_url else None  # pass 2 on the server, pass 1 here
+        engine = QGPM.from_pretrained(heads=args.heads, generator=generator)
     if "qgpm" in methods and engine.head_set is None:
         raise HeadSetMissingError("no stored head set for this model: pass --heads <head-set.json> or drop qgpm from --methods")
 

@@ -206,8 +206,9 @@ class VLLMServer:
             return ServerUnreachableError(f"no vLLM server answers at {self.base_url} ({exc}): start it (scripts/vllm_server.sh --port P) "
                                           "or fix base_url")
         if isinstance(exc, httpx.TimeoutException):
-            return ServerTimeoutError(f"the vLLM server at {self.base_url} did not answer {what} within {self.timeout:g} s: it may be "
-                                      "overloaded or stuck; raise timeout= on VLLMServer or check the server")
+            return ServerTimeoutError(f"the vLLM server at {self.base_url} sent nothing for {what} within {self.timeout:g} s: it may be "
+                                      "busy with queued calls (each waits for the prefills before it), overloaded or stuck; raise "
+                                      "timeout= on VLLMServer or check the server")
         if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
             return ServerStreamError(f"the vLLM server at {self.base_url} closed the connection during {what} ({exc}): it may have "
                                      "stopped; check it and retry")

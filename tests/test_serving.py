@@ -218,6 +218,26 @@ def test_cli_ask_with_vllm_url_prints_the_in_process_answer(server, tmp_path, ca
     assert "inside attention" in capsys.readouterr().err
 
 
+def test_many_calls_in_flight_answer_as_one_at_a_time(pair):
+    import asyncio
+
+    local, remote = pair
+    reqs = [dict(context=haystack(14 + i, 3 + i), question=QUESTION, method=m, max_new_tokens=10)
+            for i, m in enumerate(("vanilla", "qgpm", "reorder", "qgpm"))]
+    many = remote.answer_many(reqs, max_concurrency=4)
+    assert [r.text for r in many] == [local.answer(**r).text for r in reqs]
+
+    async def gather():
+        return await asyncio.gather(*(remote.aanswer(**r) for r in reqs[:2]))
+
+    assert [r.text for r in asyncio.run(gather())] == [r.text for r in many[:2]]
+    with pytest.raises(TypeError, match="'context' and 'question'"):
+        remote.answer_many([{"context": "x"}])
+    with pytest.raises(ValueError, match="max_concurrency"):
+        remote.answer_many(reqs, max_concurrency=0)
+    assert remote.answer_many([]) == []
+
+
 def test_the_framework_adapters_take_vllm_url(server, smollm):
     pytest.importorskip("langchain_core")
     pytest.importorskip("llama_index.core")
@@ -233,6 +253,9 @@ def test_the_framework_adapters_take_vllm_url(server, smollm):
     there = QGPMChatModel(max_new_tokens=16, vllm_url=url).invoke(msgs)
     assert there.content == here.content and "5183" in there.content
     assert there.response_metadata["qgpm"]["method"] == "qgpm"
+    batch = QGPMChatModel(max_new_tokens=16, vllm_url=url).batch([msgs, msgs[:1] + [HumanMessage("What sold bread?")]],
+                                                                 config={"max_concurrency": 2})
+    assert batch[0].content == here.content
     with pytest.raises(ValueError, match="vllm_url"):
         QGPMChatModel(engine=smollm, vllm_url=url)
     prompt = f"Context:\n{ctx}\n\nQuestion: {QUESTION}\nAnswer:"
