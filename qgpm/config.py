@@ -393,29 +393,6 @@ class QGPMConfig:
 SMOLLM2_KEY = "96f8dcdd689f9245"
 """Fingerprint key (:mod:`qgpm.fingerprint`) of SmolLM2-135M-Instruct (the embedded GGUF)."""
 
-PRESET_NAMES: dict[str, str] = {SMOLLM2_KEY: DEFAULT_MODEL_NAME}
-"""Readable model name beside each preset's fingerprint key."""
-
-PRESETS: dict[str, QGPMConfig] = {
-    # Each setting, what it was compared with, on which split and with which numbers:
-    # docs/tuning/smollm2_preset.md.
-    SMOLLM2_KEY: QGPMConfig(
-        k_sharp=4.0,
-        s_low=0.45,
-        anchor_ratio=2.0,
-        min_top_z=2.5,
-        keep_length=1024.0,
-        remap="reorder",
-        split_layer=0,
-        term_ratio=0.6,
-        split_run_ons=True,
-        pass1_dtype="auto",
-        provenance="4K dev search: remap reorder with one map (split_layer 0), s_low 0.45, K_s 4, min_top_z 2.5, "
-        "keep_length 1024, term_ratio 0.6, split_run_ons, no dominance rule, pass1_dtype auto (docs/tuning/smollm2_dev_4k.md)",
-    ),
-}
-
-
 RECIPE = QGPMConfig(
     k_sharp=4.0,
     s_low=0.45,
@@ -435,6 +412,21 @@ on SmolLM2 (``remap="reorder"`` with one map, ``K_s`` 4, the query-term filter, 
 kept as they are), with the flat-relevance threshold taken from the model's head set
 (``min_top_z="calibrated"``) instead of SmolLM2's z units. The paper's method is
 :meth:`QGPMConfig.paper`."""
+
+PRESET_NAMES: dict[str, str] = {SMOLLM2_KEY: DEFAULT_MODEL_NAME}
+"""Readable model name beside each preset's fingerprint key."""
+
+PRESETS: dict[str, QGPMConfig] = {
+    # Each setting, what it was compared with, on which split and with which numbers:
+    # docs/tuning/smollm2_preset.md.
+    # the recipe, with the confidence threshold chosen in SmolLM2's own z units on its dev split
+    SMOLLM2_KEY: RECIPE.with_(
+        min_top_z=2.5,
+        provenance="4K dev search: remap reorder with one map (split_layer 0), s_low 0.45, K_s 4, min_top_z 2.5, "
+        "keep_length 1024, term_ratio 0.6, split_run_ons, no dominance rule, pass1_dtype auto (docs/tuning/smollm2_dev_4k.md)",
+    ),
+}
+
 
 def coerce_value(text: str) -> Any:
     """A command-line ``FIELD=VALUE`` value as Python: ``none``/``null`` -> None,
