@@ -10,9 +10,9 @@ another config with the same plan code as the first preparation (:func:`plan_cal
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, Protocol, Sequence
@@ -252,14 +252,20 @@ def confidence_config(eng: ModelView, cfg: QGPMConfig) -> QGPMConfig:
     if value is None:
         why = (f"relevance={source.spec!r} gives z on another scale than the heads' calibrated one" if source.spec != "heads"
                else "the model's head set stores no calibrated threshold (recalibrate it: qgpm calibrate)")
-        _note_once(f"qgpm: min_top_z='calibrated' has no threshold here ({why}), so the flat-relevance rule is off for these calls; "
-                   "set min_top_z to a number to use it")
+        _note_once(eng, f"qgpm: min_top_z='calibrated' has no threshold here ({why}), so the flat-relevance rule is off for these "
+                        "calls; set min_top_z to a number to use it")
     return cfg.with_(min_top_z=value)
 
 
-@functools.lru_cache(maxsize=64)
-def _note_once(message: str) -> None:
-    logger.warning(message)
+_NOTED: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def _note_once(eng: ModelView, message: str) -> None:
+    """Log ``message`` once per engine."""
+    seen = _NOTED.setdefault(eng, set())
+    if message not in seen:
+        seen.add(message)
+        logger.warning(message)
 
 
 def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, capacity: int, *, units: torch.Tensor | None = None,

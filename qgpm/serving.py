@@ -83,7 +83,8 @@ class VLLMServer:
 
     ``base_url``: the server, e.g. ``"http://127.0.0.1:8000"`` (``/v1`` is added);
     ``model``: the served model name (default: the only one the server lists);
-    ``timeout``: seconds to wait for each answer chunk (a long prompt's prefill comes first);
+    ``timeout``: seconds to wait for each answer chunk (a long prompt's prefill comes first; calls
+    queued on a busy server wait for the prefills before theirs), read when each request is sent;
     ``connect_timeout``: seconds to wait for a connection; ``api_key``: sent as a bearer token
     (the server's ``--api-key``); ``max_connections``: calls in flight at once.
     One instance is shared by every thread of the engine; :meth:`close` releases its connections.
@@ -105,7 +106,7 @@ class VLLMServer:
         self.model = model
         self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+        self._client = httpx.Client(base_url=self.base_url, headers=headers,
                                     limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
         self.max_model_len: int | None = None
         self._n_layers: int | None = None
@@ -201,6 +202,10 @@ class VLLMServer:
         body.update({_PASSED_EXTRAS[k]: v for k, v in decoding.extra.items()})
         return body
 
+    def _timeouts(self) -> httpx.Timeout:
+        """The timeouts of one request, read when it is sent (``timeout`` / ``connect_timeout`` may be changed)."""
+        return httpx.Timeout(self.timeout, connect=self.connect_timeout)
+
     def _fault(self, exc: Exception, what: str) -> ServingError:
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
             return ServerUnreachableError(f"no vLLM server answers at {self.base_url} ({exc}): start it (scripts/vllm_server.sh --port P) "
@@ -216,7 +221,7 @@ class VLLMServer:
 
     def _request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
         try:
-            r = self._client.request(method, path, **kw)
+            r = self._client.request(method, path, timeout=self._timeouts(), **kw)
         except httpx.HTTPError as exc:
             raise self._fault(exc, path) from exc
         if r.status_code >= 400:
@@ -246,7 +251,7 @@ class _ServerStream:
         text, first, finish = "", None, None
         t0 = time.perf_counter()
         try:
-            with srv._client.stream("POST", "/v1/completions", json=self.body) as r:
+            with srv._client.stream("POST", "/v1/completions", json=self.body, timeout=srv._timeouts()) as r:
                 self._response = r
                 if r.status_code >= 400:
                     r.read()

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import torch
 
-from qgpm import QGPM, QGPMConfig
+from qgpm import QGPM
 from qgpm.decoding import Decoding
 from qgpm.serving import (
     RemoteGenerationUnsupported,
@@ -32,6 +32,8 @@ from qgpm.serving import (
     VLLMServer,
 )
 
+from qgpm_testing import NEEDLE_FILLER as FILLER
+
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
@@ -40,14 +42,6 @@ pytestmark = [
     pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="the vLLM environment is not built (bash scripts/setup_vllm.sh makes .venv-vllm)"),
 ]
 
-FILLER = [
-    "The morning market opened early and the stalls filled with fresh bread.",
-    "Several visitors walked along the river to watch the boats pass by.",
-    "A small band played old songs near the fountain in the square.",
-    "The library extended its opening hours during the winter months.",
-    "Children gathered in the park to fly kites in the strong wind.",
-    "The town council discussed new bicycle lanes for the main street.",
-]
 NEEDLE = "The code for the harbour gate is 5183."
 QUESTION = "What is the code for the harbour gate?"
 # modulates at this length: the plan moves the needle, pass 2 runs in slot order
@@ -190,7 +184,9 @@ def test_faults_get_named_errors_in_bounded_time_and_the_engine_stays_usable(pai
     assert remote.generator.model == local.name  # the failed attaches left the engine's generator as it was
     ctx = haystack(12, 3)
     try:
-        remote.use_generator(VLLMServer(url, timeout=0.001))
+        hurried = VLLMServer(url)
+        remote.use_generator(hurried)
+        hurried.timeout = 0.001  # read when the answer's request is sent
         with pytest.raises(ServerTimeoutError, match="timeout="):
             remote.answer(ctx, QUESTION, method="vanilla", max_new_tokens=8)
         renamed = VLLMServer(url)
