@@ -1,4 +1,4 @@
-"""The package's import rules, read from the source with ``ast`` (issue 15):
+"""The package's import rules, read from the source with ``ast``:
 
 * the pure modules (text -> spans -> scores -> positions -> plan, and the RoPE maths) import
   nothing from ``runtime``, ``engine`` or ``eval``;

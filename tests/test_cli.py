@@ -39,7 +39,7 @@ def test_ask_rejects_unknown_method(capsys):
     assert "unknown method" in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------- issue 12: one CLI
+# ----------------------------------------------------------------------------- one CLI
 
 import argparse
 import os

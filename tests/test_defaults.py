@@ -1,4 +1,4 @@
-"""One source of defaults (issue 12, item 3): every module takes them from qgpm.defaults."""
+"""One source of defaults: every module takes them from qgpm.defaults."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Head sets and presets keyed by the model's fingerprint, not by a file name (issue 12, item 4)."""
+"""Head sets and presets keyed by the model's fingerprint, not by a file name."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The benchmark's pass/fail targets and the diagnosis behind them, from a run's rows.
 
-Targets (issue 3), each per task pooled over lengths and depths, paired by sample:
+Targets, each per task pooled over lengths and depths, paired by sample:
 
 - retrieval (NIAH multi-key, NoLiMa-style): QGPM at least +10 points above vanilla,
   and significantly above vanilla at mid depths (25-75 %, exact McNemar p < 0.05, b > c);

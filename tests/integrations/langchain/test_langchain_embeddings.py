@@ -1,4 +1,4 @@
-"""Embeddings report the model they use (issue 12, item 5)."""
+"""Embeddings report the model they use."""
 
 from __future__ import annotations
 

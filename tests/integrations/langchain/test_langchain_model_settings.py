@@ -1,4 +1,4 @@
-"""QGPMChatModel model settings with HuggingFace's names, and callbacks (issue 12, items 1, 2, 8).
+"""QGPMChatModel model settings with HuggingFace's names, and callbacks.
 
 Tiny random models (fast, no embedded model): the settings must reach the engine,
 unknown or conflicting arguments must raise before anything loads, and LangChain

@@ -1,4 +1,4 @@
-"""LlamaIndex's own HuggingFaceEmbedding on the bundled all-MiniLM-L6-v2, offline (issue 12, item 5)."""
+"""LlamaIndex's own HuggingFaceEmbedding on the bundled all-MiniLM-L6-v2, offline."""
 
 from __future__ import annotations
 

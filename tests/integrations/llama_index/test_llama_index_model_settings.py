@@ -1,4 +1,4 @@
-"""QGPMLLM model settings with HuggingFaceLLM's names, metadata, and streaming events (issue 12, items 1, 2, 8)."""
+"""QGPMLLM model settings with HuggingFaceLLM's names, metadata, and streaming events."""
 
 from __future__ import annotations
 
