@@ -22,6 +22,7 @@ from .callbacks import QGPMTrace
 from .chat_models import NO_CONTEXT_REPLY, QGPM_METHODS, QGPMChatModel, clear_engine_cache
 from .compressors import QGPMReorder, QGPMTopKCompressor, score_documents
 from .embeddings import MiniLMEmbeddings, bundled_embeddings
+from .runnables import qgpm_answer
 from .prompts import (
     CONTEXT_ROLE,
     QGPM_ROLE_KEY,
@@ -37,6 +38,7 @@ from .prompts import (
 
 __all__ = [
     "QGPMChatModel",
+    "qgpm_answer",
     "QGPM_METHODS",
     "NO_CONTEXT_REPLY",
     "clear_engine_cache",
