@@ -11,6 +11,7 @@ plain forward on a vLLM server.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -198,17 +199,25 @@ class TransformersGenerator:
         gen.update(extra)
         return gen
 
+    @contextlib.contextmanager
+    def pass2(self, call: PreparedCall) -> Iterator[tuple[torch.Tensor, Any, Any, int]]:
+        """The one pass-2 setting: ``(ids, installed plan, reused cache, reused tokens)`` with the
+        plan installed on the model (:func:`pass2_inputs`, :func:`~qgpm.runtime.apply_plan`) and
+        pass 1's prefill cut back to what can be reused (:func:`~qgpm.prefill.take_prefill`)."""
+        ids, plan = pass2_inputs(call, self.device)
+        with apply_plan(self.model, plan), torch.inference_mode():
+            cache, reused = take_prefill(call.prefill, call.plan, call.num_tokens, plan)
+            yield ids, plan, cache, reused
+
     def generate(self, call: PreparedCall, decoding: Decoding, *, score: list[int] | None = None) -> Generated:
         """Generate ``call``'s answer; ``score``: token ids whose teacher-forced log-probability is
         computed in the same prefill (``details["score_logprob"]``, ``"score_tokens"``, ``"score_s"``)."""
         streamer = _TimingStreamer()
         gen = self.generate_kwargs(call.input_ids, decoding)
-        ids, plan = pass2_inputs(call, self.device)
         details: dict[str, Any] = {}
         key = cache_kwarg(self.model.forward)  # generate takes the name forward takes
         t0 = time.perf_counter()
-        with apply_plan(self.model, plan), torch.inference_mode():
-            reused_cache, reused = take_prefill(call.prefill, call.plan, call.num_tokens, plan)
+        with self.pass2(call) as (ids, plan, reused_cache, reused):
             if score is not None:
                 details["score_logprob"], cache = score_prefill(self.model, ids, score, reused_cache, reused)
                 details["score_tokens"] = len(score)
@@ -226,9 +235,8 @@ class TransformersGenerator:
 
     def logprob(self, call: PreparedCall, score: list[int]) -> float:
         """``log p(score | prompt)`` under the call's positions (no generation)."""
-        ids, plan = pass2_inputs(call, self.device)
-        with apply_plan(self.model, plan), torch.inference_mode():
-            value, _ = score_prefill(self.model, ids, score, *take_prefill(call.prefill, call.plan, call.num_tokens, plan))
+        with self.pass2(call) as (ids, _, cache, reused):
+            value, _ = score_prefill(self.model, ids, score, cache, reused)
         return value
 
     def stream(self, call: PreparedCall, decoding: Decoding) -> "_ThreadStream":
@@ -266,9 +274,7 @@ class _ThreadStream:
 
         def work() -> None:
             try:
-                ids, plan = pass2_inputs(call, g.device)
-                with apply_plan(g.model, plan), torch.inference_mode():
-                    cache, held["reused"] = take_prefill(call.prefill, call.plan, call.num_tokens, plan)
+                with g.pass2(call) as (ids, plan, cache, held["reused"]):
                     if cache is not None:
                         kw[cache_kwarg(g.model.forward)] = cache
                     held["ids"] = g.model.generate(ids, streamer=timing, stopping_criteria=crit, **kw)

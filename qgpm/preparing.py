@@ -222,9 +222,10 @@ def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfi
                    details: dict[str, Any]) -> PreparedCall:
     """A ``qgpm`` call: relevance from ``cfg.relevance`` (pass 1 and / or a reranker), then the plan."""
     view: dict[str, Any] = {}
+    rules = confidence_config(eng, cfg)  # the thresholds this call's plan applies, resolved once
 
     def plan_from(z: torch.Tensor) -> MapResult:
-        view["mr"], view["relevance"], view["details"] = plan_call(eng, prompt, z, cfg, capacity, note=False)
+        view["mr"], view["relevance"], view["details"] = plan_call(eng, prompt, z, rules, capacity, note=False)
         return view["mr"]
 
     heads = eng.head_set.top(cfg.max_heads).heads if parse_source(cfg.relevance).heads and eng.head_set is not None else []
@@ -233,7 +234,7 @@ def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfi
     found = qgpm_relevance(eng.model, prompt, question, cfg, heads, plan_from, n_layers=eng.n_layers, precision=precision,
                            reuse_prefill=precision is None and bool(heads) and eng.prefill_reuse_on())
     timings.pass1_s, timings.plan_s = found.pass1_s, found.plan_s
-    note_flat(found.mr, confidence_config(eng, cfg))
+    note_flat(found.mr, rules)
     details.update(found.details)
     details.update(layers_run=found.layers_run, heads=found.heads, **view["details"], pass1_continued=found.prefill is not None)
     if found.source != "heads":
