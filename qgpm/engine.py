@@ -199,11 +199,8 @@ class QGPM:
         return self.head_set.top(self.config.max_heads).heads
 
     def use_generator(self, generator: Generator | None) -> None:
-        """Run pass 2 and decoding on ``generator`` (``None``: in this process again).
-
-        A remote generator (:class:`qgpm.serving.VLLMServer`) is checked against this engine
-        first (its model's tokenizer must be this one); pass 1, when a call needs it, stays here.
-        """
+        """Run pass 2 and decoding on ``generator`` (``None``: in this process again). A remote one
+        (:class:`qgpm.serving.VLLMServer`) is checked against this engine first; pass 1 stays here."""
         if generator is None:
             self.generator = self.local
             return
@@ -212,6 +209,9 @@ class QGPM:
         attach = getattr(generator, "attach", None)
         if attach is not None:
             attach(self)
+        if self.reuse_prefill:  # pass 1's KV states stay in this process
+            logger.warning("qgpm: reuse_prefill does not apply with the %s generator: pass 2 prefills the whole prompt there "
+                           "(reuse_prefill=False silences this)", generator.name)
         self.generator = generator
 
     def pass1_precision(self, config: QGPMConfig | None = None, context_tokens: int | None = None) -> torch.dtype | None:

@@ -8,6 +8,7 @@ vLLM environment (``.venv-vllm``, made by ``bash scripts/setup_vllm.sh``) was no
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -99,11 +100,15 @@ def pair(server, smollm):
     return smollm, remote
 
 
-def test_the_server_is_checked_when_attached(pair):
+def test_the_server_is_checked_when_attached(pair, server, caplog):
     local, remote = pair
     srv = remote.generator
     assert srv.model == local.name and srv.max_model_len == 8192
     assert remote.local is not srv and remote.heads == local.heads
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        QGPM.from_pretrained(generator=VLLMServer(server[0]))
+        QGPM.from_pretrained(generator=VLLMServer(server[0]), reuse_prefill=False)
+    assert len([r for r in caplog.records if "reuse_prefill does not apply with the vllm generator" in r.getMessage()]) == 1
 
 
 def test_greedy_answers_and_token_ids_equal_the_in_process_path(pair):
@@ -127,6 +132,10 @@ def test_greedy_answers_and_token_ids_equal_the_in_process_path(pair):
         if method == "qgpm":
             assert b.details["pass2"] == a.details["pass2"] == "slot order"
             assert [s.index for s in b.top_sentences(3)] == [s.index for s in a.top_sentences(3)]
+    # transformers' min_new_tokens is the server's min_tokens: the end of sequence waits as long in both
+    a = local.answer(ctx, QUESTION, method="vanilla", max_new_tokens=40, min_new_tokens=40)
+    b = remote.answer(ctx, QUESTION, method="vanilla", max_new_tokens=40, min_new_tokens=40)
+    assert a.usage.answer_tokens == b.usage.answer_tokens == 40 and a.text == b.text
     msgs = [{"role": "user", "content": "Name three colours of the rainbow."}]
     assert remote.chat(msgs, max_new_tokens=20).text == local.chat(msgs, max_new_tokens=20).text
 
