@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     depths = [float(x) for x in args.depths.split(",")]
     tasks = args.tasks.split(",")
     engine = load_engine(args.model, device="cpu", dtype="float32")
+    engine.config = engine.config.with_(relevance="heads")  # the heads' ranking, whatever source the model's preset uses
     ranks: dict[tuple[str, int], list[int | None]] = defaultdict(list)
     secs: dict[int, list[float]] = defaultdict(list)
     for length in lengths:

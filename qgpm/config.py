@@ -419,11 +419,14 @@ PRESET_NAMES: dict[str, str] = {SMOLLM2_KEY: DEFAULT_MODEL_NAME}
 PRESETS: dict[str, QGPMConfig] = {
     # Each setting, what it was compared with, on which split and with which numbers:
     # docs/tuning/smollm2_preset.md.
-    # the recipe, with the confidence threshold chosen in SmolLM2's own z units on its dev split
+    # the recipe, with the confidence threshold chosen in SmolLM2's own z units on its dev split,
+    # and the sentence relevance from the MiniLM reranker (docs/tuning/relevance_sources.md)
     SMOLLM2_KEY: RECIPE.with_(
         min_top_z=2.5,
+        relevance="minilm",
         provenance="4K dev search: remap reorder with one map (split_layer 0), s_low 0.45, K_s 4, min_top_z 2.5, "
-        "keep_length 1024, term_ratio 0.6, split_run_ons, no dominance rule, pass1_dtype auto (docs/tuning/smollm2_dev_4k.md)",
+        "keep_length 1024, term_ratio 0.6, split_run_ons, no dominance rule, pass1_dtype auto (docs/tuning/smollm2_dev_4k.md); "
+        "relevance minilm by the rule of docs/tuning/relevance_sources.md on the 4K test grid",
     ),
 }
 

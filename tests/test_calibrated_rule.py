@@ -26,10 +26,11 @@ def engine_with(tokenizer, confidence: dict | None) -> QGPM:
 def test_the_recipe_is_what_a_model_without_a_preset_gets(tokenizer):
     engine = engine_with(tokenizer, None)
     assert engine.config is RECIPE and RECIPE.remap == "reorder" and RECIPE.split_layer == 0 and RECIPE.min_top_z == CALIBRATED
-    smollm2 = PRESETS[SMOLLM2_KEY]  # the recipe is the SmolLM2 preset but for the threshold, which is in SmolLM2's z units there
-    assert RECIPE.with_(min_top_z=smollm2.min_top_z, provenance=smollm2.provenance) == smollm2
+    smollm2 = PRESETS[SMOLLM2_KEY]  # the recipe is the SmolLM2 preset but for the threshold (SmolLM2's z units) and the relevance source
+    assert RECIPE.with_(min_top_z=smollm2.min_top_z, relevance=smollm2.relevance, provenance=smollm2.provenance) == smollm2
     assert smollm2 == QGPMConfig(k_sharp=4.0, s_low=0.45, anchor_ratio=2.0, min_top_z=2.5, keep_length=1024.0, remap="reorder", split_layer=0,
-                                 term_ratio=0.6, split_run_ons=True, pass1_dtype="auto")  # the preset's values, written out
+                                 term_ratio=0.6, split_run_ons=True, pass1_dtype="auto", relevance="minilm")  # the preset's values, written out
+    assert RECIPE.relevance == "heads"  # a model without a preset reads its own heads
     assert QGPMConfig.paper().remap == "stride" and QGPMConfig(min_top_z=CALIBRATED).min_top_z == CALIBRATED
     with pytest.raises(ValueError, match="'calibrated'"):
         QGPMConfig(min_top_z="calibrate")

@@ -45,15 +45,17 @@ def no_hooks(model) -> bool:
 @pytest.mark.real_model
 def test_real_needle_answer_and_ranking(smollm):
     ctx = needle_context()
-    res = smollm.answer(ctx, QUESTION, method="qgpm", max_new_tokens=32)
-    assert "tangerine" in res.text.lower()
-    top = res.top_sentences(1)[0]
-    assert top.text == NEEDLE
-    assert ctx[top.start : top.end].strip() == NEEDLE
-    assert res.usage.prompt_tokens > 300 and res.usage.answer_tokens > 0
-    assert res.timings.pass1_s > 0 and res.timings.prefill_s > 0
+    for source in ("minilm", "heads"):  # the preset's relevance source, and the model's own heads
+        assert smollm.config.relevance == "minilm"
+        res = smollm.answer(ctx, QUESTION, method="qgpm", max_new_tokens=32, config=smollm.config.with_(relevance=source))
+        assert "tangerine" in res.text.lower() and res.details.get("relevance_source", "heads") == source
+        top = res.top_sentences(1)[0]
+        assert top.text == NEEDLE
+        assert ctx[top.start : top.end].strip() == NEEDLE
+        assert res.usage.prompt_tokens > 300 and res.usage.answer_tokens > 0
+        assert res.timings.pass1_s > 0 and res.timings.prefill_s > 0
+        assert no_hooks(smollm.model)
     assert res.details["layers_run"] == smollm.head_set.top(smollm.config.max_heads).deepest_layer + 1
-    assert no_hooks(smollm.model)
 
 
 @pytest.mark.real_model

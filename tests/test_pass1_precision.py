@@ -152,7 +152,7 @@ def test_real_smollm2_bfloat16_pass1_ranks_as_float32(smollm):
     """The embedded SmolLM2 (float32) with its shipped heads: a bfloat16 pass 1 gives nearly the
     same sentence scores, the same top sentence and here the same plan, so the same answer."""
     ctx = context(20, n=40)
-    cfg = smollm.config.with_(min_top_z=None, decisive_margin=None, keep_length=0, pass1_dtype=None)  # the plan moves sentences
+    cfg = smollm.config.with_(relevance="heads", min_top_z=None, decisive_margin=None, keep_length=0, pass1_dtype=None)  # the plan moves sentences
     a = smollm.prepare(ctx, QUESTION, method="qgpm", config=cfg)
     b = smollm.prepare(ctx, QUESTION, method="qgpm", config=cfg.with_(pass1_dtype="bfloat16"))
     za, zb = a.z.float(), b.z.float()
@@ -167,15 +167,16 @@ def test_real_smollm2_bfloat16_pass1_ranks_as_float32(smollm):
 
 @pytest.mark.real_model
 def test_real_smollm2_preset_runs_pass1_at_auto(smollm):
-    """The shipped SmolLM2 preset sets ``pass1_dtype="auto"``: where the hardware multiplies
+    """The SmolLM2 preset with its heads as the relevance source runs ``pass1_dtype="auto"``: where the hardware multiplies
     bfloat16 natively, a context longer than ``keep_length`` gets a bfloat16 pass 1 (never
     reused as the prefill), elsewhere the exact one; a context within ``keep_length`` always
     gets the exact pass 1, which goes on as its prefill. The needle is still ranked first and answered."""
     from qgpm.pass1 import fast_on
 
     assert smollm.config.pass1_dtype == "auto"
+    heads = smollm.config.with_(relevance="heads")
     fast = fast_on(smollm.device, torch.bfloat16)
-    long_ = smollm.prepare(context(60, n=96), QUESTION, method="qgpm")
+    long_ = smollm.prepare(context(60, n=96), QUESTION, method="qgpm", config=heads)
     assert long_.prompt.context_tokens > smollm.config.keep_length
     if fast:
         assert long_.details["pass1_dtype"] == "bfloat16" and not long_.details["pass1_continued"]
@@ -184,6 +185,6 @@ def test_real_smollm2_preset_runs_pass1_at_auto(smollm):
     assert "tangerine" in min(long_.relevance, key=lambda r: r.rank).text  # the needle ranked first
     res = smollm.generate_prepared(long_, max_new_tokens=32)
     assert "tangerine" in res.text.lower() and (res.details["prefill_reused"] == 0 or not fast)
-    short = smollm.prepare(context(12, n=24), QUESTION, method="qgpm")
+    short = smollm.prepare(context(12, n=24), QUESTION, method="qgpm", config=heads)
     assert short.prompt.context_tokens <= smollm.config.keep_length
     assert "pass1_dtype" not in short.details and short.details["pass1_continued"]

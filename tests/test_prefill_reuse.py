@@ -228,7 +228,7 @@ def test_real_smollm2_reused_prefill_answers_as_a_full_pass2(smollm):
     keep_length): a call that falls back reuses all but the last prompt token, and the answer
     and gold log-prob equal those of a full pass 2."""
     ctx = context(32, n=40)  # the needle late: moving it leaves most of the prompt in place
-    exact = smollm.config.with_(pass1_dtype=None)
+    exact = smollm.config.with_(relevance="heads", pass1_dtype=None)
     off = QGPM(smollm.model, smollm.tokenizer, heads=smollm.heads, config=exact, reuse_prefill=False)
     for cfg in (exact.with_(min_top_z=1e6), exact.with_(min_top_z=None, decisive_margin=None)):
         a = smollm.prepare(ctx, QUESTION, method="qgpm", config=cfg)
