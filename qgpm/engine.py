@@ -42,13 +42,15 @@ from .heads import HeadSet, HeadSetMissingError, choose_head_set, known_model_na
 from .limits import ContextTooLongError, check_fits, check_input_size
 from .loading import load_model, load_tokenizer, resolve_source
 from .methods import Method, MethodSpec, method_spec
+from .partial import (NoLocalGenerator, check_heads_fit, check_pass1_layers_only, full_layers, full_rotary, is_partial, load_pass1_model,
+                      loaded_layers, weight_bytes_not_loaded)
 from .pass1 import pass1_precision
-from .prefill import prefix_safe
+from .prefill import reuse_applies
 from .preparing import CallOptions, check_config, check_evidence, edit_context_stage, plain_chat_call, prepare_stage, replan as replan_call
 from .prompt import DEFAULT_TEMPLATE, PromptSpec, build_prompt, check_prompt_inputs, check_template
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import rotary_info
-from .runtime import check_supported, decoder_layers
+from .runtime import check_supported
 from .streaming import stream_text
 from .tokens import encode_plain, max_token_chars, plain_backend
 
@@ -93,9 +95,7 @@ class QGPM:
             raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.reuse_prefill = reuse_prefill
+        self.model, self.tokenizer, self.reuse_prefill = model, tokenizer, reuse_prefill
         self._warned_attention: set[str] = set()
         # one-time tokenizer setup for the input checks (so no call pays for it)
         plain_backend(tokenizer)
@@ -108,16 +108,18 @@ class QGPM:
         self._support_error: Exception | None = None
         try:
             check_supported(model)
-            self.rotary = rotary_info(model)
+            self.rotary = full_rotary(model, rotary_info(model))
         except Exception as exc:  # vanilla still works; qgpm/oracle raise this
             self._support_error = exc
             self.rotary = None
-        self.n_layers = len(decoder_layers(model)) if self._support_error is None else getattr(model.config, "num_hidden_layers", 0)
+        self.n_layers = full_layers(model)  # the checkpoint's: plans are built for the model pass 2 runs
+        self.layers_loaded, self.weights_not_loaded = loaded_layers(model), weight_bytes_not_loaded(model)
         self._warned_pass1: set[torch.dtype] = set()
-        self._head_error: Exception | None = None
+        self.local = NoLocalGenerator(self.layers_loaded, self.n_layers) if is_partial(model) else TransformersGenerator(model, tokenizer)
+        check_pass1_layers_only(is_partial(model), generator)
         self.head_set: HeadSet | None = None
+        self._head_error: Exception | None = None
         self.set_heads(heads)
-        self.local = TransformersGenerator(model, tokenizer)
         self.generator: Generator = self.local
         if generator is not None:
             self.use_generator(generator)
@@ -136,6 +138,7 @@ class QGPM:
         attn_implementation: str | None = None,
         reuse_prefill: bool = True,
         generator: Generator | None = None,
+        pass1_layers_only: bool | None = None,
         **model_kwargs: Any,
     ) -> "QGPM":
         """Load a model (cached per process) and its head set.
@@ -144,11 +147,15 @@ class QGPM:
         or a path to a ``.gguf`` file. ``heads``: ``None`` = the stored set for this model;
         ``"calibrate"`` = calibrate now on synthetic samples; a path to a head-set JSON;
         or a list of ``(layer, head)``. ``reuse_prefill``: see :class:`QGPM`. ``generator``: where
-        pass 2 and decoding run (see :meth:`use_generator`; default: this process). Other keyword
+        pass 2 and decoding run (see :meth:`use_generator`; default: this process).
+        ``pass1_layers_only`` (default: ``True`` exactly when ``generator`` is given): load only the
+        decoder layers pass 1 reads (:mod:`qgpm.partial`; ``engine.weights_not_loaded`` says how many
+        bytes that saves); such an engine cannot generate or score in this process. Other keyword
         arguments go to ``AutoModelForCausalLM.from_pretrained``.
         """
         if not isinstance(reuse_prefill, bool):
             raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
+        pass1_layers_only = check_pass1_layers_only(pass1_layers_only, generator)
         source = resolve_source(model, gguf_file)
         if heads == "calibrate":
             from .samples import check_data_packages
@@ -156,10 +163,13 @@ class QGPM:
             check_data_packages()  # a missing data package fails here, before the weights load
         if attn_implementation is not None:
             model_kwargs["attn_implementation"] = attn_implementation
-        mdl = load_model(source, dtype=dtype, device_map=device_map, **model_kwargs)
+        if pass1_layers_only:
+            mdl, heads = load_pass1_model(source, heads, config, dtype=dtype, device_map=device_map, **model_kwargs)
+        else:
+            mdl = load_model(source, dtype=dtype, device_map=device_map, **model_kwargs)
         tok = load_tokenizer(source)
-        engine = cls(mdl, tok, heads=None if heads == "calibrate" else heads, config=config, name=source.name, reuse_prefill=reuse_prefill,
-                     generator=generator)
+        engine = cls(mdl, tok, heads=None if heads == "calibrate" else heads, config=config, name=source.name,
+                     reuse_prefill=reuse_prefill and not pass1_layers_only, generator=generator)
         engine.source = source
         if heads == "calibrate":
             engine.set_heads("calibrate")
@@ -178,6 +188,7 @@ class QGPM:
             from .samples import calibration_samples, check_data_packages
 
             check_data_packages()  # wonderwords (qgpm[eval]) and the benchmark data, checked before any model work
+            self.local.require("head calibration")
             hs = calibrate_heads(self, calibration_samples(self.tokenizer))
         else:
             hs = choose_head_set(heads, self.fingerprint, self.name)
@@ -185,10 +196,7 @@ class QGPM:
                 self.head_set, self._head_error = None, hs
                 return
         if self._support_error is None:
-            n_heads = self.model.config.num_attention_heads
-            bad = [h for h in hs.heads if not (0 <= h[0] < self.n_layers and 0 <= h[1] < n_heads)]
-            if bad:
-                raise ValueError(f"heads {bad} are outside this model ({self.n_layers} layers x {n_heads} heads)")
+            check_heads_fit(hs.heads, self.model)
         self.head_set = hs
 
     @property
@@ -202,6 +210,7 @@ class QGPM:
         """Run pass 2 and decoding on ``generator`` (``None``: in this process again). A remote one
         (:class:`qgpm.serving.VLLMServer`) is checked against this engine first; pass 1 stays here."""
         if generator is None:
+            self.local.require("generation")
             self.generator = self.local
             return
         if not isinstance(generator, Generator):
@@ -223,17 +232,7 @@ class QGPM:
         """Whether pass 1 may go on as the prefill generation starts from (``reuse_prefill``, an
         attention implementation that handles a chunk after a cached prefix, and generation in
         this process); a custom attention implementation is logged once."""
-        if not self.reuse_prefill or self.generator is not self.local:
-            return False
-        if prefix_safe(self.model):
-            return True
-        impl = getattr(self.model.config, "_attn_implementation", None)
-        if impl not in self._warned_attention:
-            self._warned_attention.add(impl)
-            logger.warning("qgpm: reuse_prefill is not applied with attention implementation %r (a chunk after a cached prefix "
-                           "needs its causal mask offset, which only transformers' own implementations are known to apply); "
-                           "pass 2 prefills the whole prompt. Pass reuse_prefill=False to the engine to silence this.", impl)
-        return False
+        return self.reuse_prefill and self.generator is self.local and reuse_applies(self.model, self._warned_attention)
 
     @property
     def max_length(self) -> int:
@@ -320,6 +319,7 @@ class QGPM:
             return self._run(call, dec)
         if not isinstance(score, str):
             raise TypeError(f"score must be a string (the continuation to score), got {type(score).__name__}")
+        self.local.require("score=")
         score_ids = encode_plain(self.tokenizer, score)
         if not score_ids:
             raise ValueError("score is empty: pass the continuation to score, e.g. the gold answer")
@@ -405,6 +405,7 @@ class QGPM:
         """
         if not isinstance(answer, str):
             raise TypeError(f"answer must be a string, got {type(answer).__name__}")
+        self.local.require("answer_logprob")
         call = self.prepare(context, question, **kwargs)
         ans = encode_plain(self.tokenizer, answer)
         if not ans:

@@ -39,6 +39,7 @@ __all__ = [
     "slug",
     "SHAPE_FIELDS",
     "gguf_shape",
+    "FULL_CONFIG_ATTR",
 ]
 
 _ARCH_FIELDS = (
@@ -166,9 +167,15 @@ def slug(name: str) -> str:
     return s or "model"
 
 
+FULL_CONFIG_ATTR = "qgpm_full_config"
+"""Attribute of a model loaded with fewer decoder layers than its checkpoint (:mod:`qgpm.partial`)
+holding the checkpoint's own config: its fingerprint is the whole model's."""
+
+
 def model_fingerprint(model: Any, tokenizer: Any, name: str = "") -> ModelFingerprint:
-    """The :class:`ModelFingerprint` of a loaded model and its tokenizer."""
-    arch = arch_config(model.config)
+    """The :class:`ModelFingerprint` of a loaded model and its tokenizer (of the whole checkpoint
+    for a model loaded with its first layers only)."""
+    arch = arch_config(getattr(model, FULL_CONFIG_ATTR, None) or model.config)
     tok = tokenizer_hash(tokenizer)
     return ModelFingerprint(key=fingerprint_key(arch, tok), name=name, arch=arch, tokenizer=tok, weights=weights_hash(model))
 

@@ -182,6 +182,9 @@ class TransformersGenerator:
     def check(self, spec: MethodSpec | None, config: QGPMConfig) -> None:
         """Every method runs here."""
 
+    def require(self, what: str) -> None:
+        """Everything runs here (:class:`qgpm.partial.NoLocalGenerator` refuses instead)."""
+
     def generate_kwargs(self, input_ids: torch.Tensor, decoding: Decoding) -> dict[str, Any]:
         """``generate()``'s arguments for ``decoding`` (greedy; sampling through :class:`SeededSampler`)."""
         extra = dict(decoding.extra)

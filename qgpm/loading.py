@@ -357,6 +357,14 @@ def model_load_kwargs(model_kwargs: dict[str, Any] | None) -> dict[str, Any]:
     return kw
 
 
+def model_config(source: ModelSource):
+    """The transformers config of ``source`` (the GGUF cache entry's for a GGUF file), without weights."""
+    from transformers import AutoConfig
+
+    path, kw = _load_path(source)
+    return AutoConfig.from_pretrained(path, **kw)
+
+
 def source_fingerprint(source: ModelSource):
     """The :class:`~qgpm.fingerprint.ModelFingerprint` of ``source`` without loading its weights.
 

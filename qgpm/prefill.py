@@ -66,6 +66,20 @@ def prefix_safe(model: torch.nn.Module) -> bool:
     return (getattr(model.config, "_attn_implementation", None) or "eager") in PREFIX_SAFE_ATTENTION
 
 
+def reuse_applies(model: torch.nn.Module, warned: set) -> bool:
+    """Whether a prefill can be reused on ``model`` (:func:`prefix_safe`); an attention
+    implementation that cannot is logged once per ``warned`` set (the engine's)."""
+    if prefix_safe(model):
+        return True
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in warned:
+        warned.add(impl)
+        logger.warning("qgpm: reuse_prefill is not applied with attention implementation %r (a chunk after a cached prefix "
+                       "needs its causal mask offset, which only transformers' own implementations are known to apply); "
+                       "pass 2 prefills the whole prompt. Pass reuse_prefill=False to the engine to silence this.", impl)
+    return False
+
+
 def fresh_cache(model: torch.nn.Module) -> Any:
     """An empty KV cache for ``model``; sliding-window layers (Gemma 3) record their past, so
     that it can be cut back to a prefix (a rewind, a reused prefill)."""

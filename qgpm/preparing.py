@@ -27,6 +27,7 @@ from .heads import HeadSet
 from .limits import check_fits, check_input_size
 from .methods import Method, MethodSpec, Stage, method_spec
 from .pass1 import qgpm_relevance
+from .partial import check_heads_fit
 from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, check_local_layers, oracle_units, reorder_needs_masks
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, has_visible_text, render_chat
 from .rerank import BM25Reranker, get_reranker
@@ -109,8 +110,8 @@ def check_config(eng: ModelView, cfg: Any, spec: MethodSpec) -> QGPMConfig:
     check_local_layers(cfg, eng.rotary)
     if spec.stage is Stage.HEADS:
         source = parse_source(cfg.relevance)
-        if source.heads and eng.head_set is None:
-            eng.heads  # raises the engine's own "no head set" error, with what to do
+        if source.heads:  # no head set: the engine's own error, with what to do; heads in layers not loaded: named
+            check_heads_fit(eng.heads, eng.model, loaded=True)
         if source.reranker is not None:  # an unknown spec or a missing package fails here, before any model work
             get_reranker(source.reranker)
         if cfg.term_ratio is not None:  # the query-term filter's BM25, before pass 1

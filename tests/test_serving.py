@@ -22,6 +22,7 @@ import torch
 
 from qgpm import QGPM
 from qgpm.decoding import Decoding
+from qgpm.partial import LayersNotLoadedError
 from qgpm.serving import (
     RemoteGenerationUnsupported,
     ServedModelMismatchError,
@@ -95,19 +96,28 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pair(server, smollm):
-    """Two engines on the embedded model (one load): in process, and generating on the server."""
+    """Two engines on the embedded model: in process, and generating on the server (with only
+    the decoder layers pass 1 reads, the default with a remote generator)."""
     remote = QGPM.from_pretrained(generator=VLLMServer(server[0]))
     return smollm, remote
+
+
+@pytest.fixture(scope="module")
+def whole_remote(server):
+    """Generating on the server with every layer loaded here (``score=`` and going back in process)."""
+    return QGPM.from_pretrained(generator=VLLMServer(server[0]), pass1_layers_only=False)
 
 
 def test_the_server_is_checked_when_attached(pair, server, caplog):
     local, remote = pair
     srv = remote.generator
     assert srv.model == local.name and srv.max_model_len == 8192
-    assert remote.local is not srv and remote.heads == local.heads
+    assert remote.local is not srv and remote.heads == local.heads and remote.fingerprint == local.fingerprint
+    assert (remote.layers_loaded, remote.n_layers) == (max(layer for layer, _ in local.heads) + 1, local.n_layers) and remote.weights_not_loaded > 0
     with caplog.at_level(logging.WARNING, logger="qgpm"):
-        QGPM.from_pretrained(generator=VLLMServer(server[0]))
-        QGPM.from_pretrained(generator=VLLMServer(server[0]), reuse_prefill=False)
+        QGPM.from_pretrained(generator=VLLMServer(server[0]))  # pass 1's layers only: no prefill to reuse, nothing to warn of
+        QGPM.from_pretrained(generator=VLLMServer(server[0]), pass1_layers_only=False)
+        QGPM.from_pretrained(generator=VLLMServer(server[0]), pass1_layers_only=False, reuse_prefill=False)
     assert len([r for r in caplog.records if "reuse_prefill does not apply with the vllm generator" in r.getMessage()]) == 1
 
 
@@ -140,7 +150,7 @@ def test_greedy_answers_and_token_ids_equal_the_in_process_path(pair):
     assert remote.chat(msgs, max_new_tokens=20).text == local.chat(msgs, max_new_tokens=20).text
 
 
-def test_streaming_and_stop_strings_match(pair):
+def test_streaming_and_stop_strings_match(pair, whole_remote):
     local, remote = pair
     ctx = haystack(24, 5)
     cfg = local.config.with_(**MOVING)
@@ -152,7 +162,10 @@ def test_streaming_and_stop_strings_match(pair):
         assert s.result.finish_reason == a.finish_reason
     # the gold log-prob with a remote generator comes from this process's own prefill
     call = local.prepare(ctx, QUESTION, config=cfg, max_new_tokens=8)
-    scored = remote.generate_prepared(call, max_new_tokens=8, score=" 5183")
+    with pytest.raises(LayersNotLoadedError, match="pass1_layers_only=False"):
+        remote.generate_prepared(call, max_new_tokens=8, score=" 5183")
+    scored = whole_remote.generate_prepared(call, max_new_tokens=8, score=" 5183")
+    assert scored.text == remote.generate_prepared(call, max_new_tokens=8).text
     assert abs(scored.details["score_logprob"] - local.generate_prepared(call, max_new_tokens=8, score=" 5183").details["score_logprob"]) < 1e-4
 
 
@@ -268,9 +281,10 @@ def test_the_framework_adapters_take_vllm_url(server, smollm):
     assert QGPMLLM(vllm_url=url, max_new_tokens=16).complete(prompt).text == li_here
 
 
-def test_a_server_dying_mid_answer_raises_and_the_engine_goes_on(pair, server):
+def test_a_server_dying_mid_answer_raises_and_the_engine_goes_on(pair, whole_remote, server):
     """Last in the module: kills the server."""
-    local, remote = pair
+    local, _ = pair
+    remote = whole_remote
     url, proc = server
     msgs = [{"role": "user", "content": "Write the numbers from 1 to 400 in words, separated by commas."}]
     stream = remote.stream_chat(msgs, max_new_tokens=1500)

@@ -209,6 +209,7 @@ def _engine(args, config=None, heads=None):
         from qgpm.serving import VLLMServer
 
         kw["generator"] = VLLMServer(args.vllm_url, model=args.vllm_model)
+        kw["pass1_layers_only"] = not getattr(args, "logprob", True)  # the gold log-prob is scored here, on every layer
     return load_engine(args.model, device=args.device, dtype=args.dtype, heads=heads if heads is not None else getattr(args, "heads", None),
                        config=config, state=partial_state(), **kw)
 
