@@ -110,12 +110,15 @@ def _check_heads_before_loading(args: argparse.Namespace, heads) -> None:
         )
 
 
-def _print_answer(method: str, result, *, width: int) -> None:
-    """One method's answer with its timing, aligned with the others."""
+def _print_answer(method: str, result, *, width: int, expected: str | None = None) -> None:
+    """One method's answer with its timing, aligned with the others; with ``expected`` (a bundled
+    example), whether the answer holds it."""
     t = result.timings
     stage = "pass 1" if parse_source((result.details or {}).get("relevance_source", "heads")).heads else "ranking"
     timing = f"{t.total_s:.1f} s, first token {t.first_token_s:.1f} s" + (f" ({stage} {t.pass1_s:.1f} s)" if t.pass1_s else "")
     answer = " ".join(result.text.split()) or "(empty answer)"
+    if expected is not None:
+        answer += "   <- has the expected answer" if expected.lower() in result.text.lower() else "   <- not the expected answer"
     print(f"\n{method:<{width}}  {answer}\n{'':<{width}}  [{result.usage.prompt_tokens} prompt tokens, {result.usage.answer_tokens} answer tokens; {timing}]")
 
 
@@ -129,8 +132,10 @@ def _print_why(method: str, result, top: int) -> None:
         d = result.details or {}
         source = d.get("relevance_source")
         ranked = f", ranked by {source}" if source else ""
-        print(f"\n{method} promoted (top {len(rows)} of {len(result.relevance)} sentences{ranked}; score 1 = kept a full stride, "
-              "lower = compressed on the fast rotary planes; depth = where it sits in the context):")
+        print(f"\n{method} promoted (top {len(rows)} of {len(result.relevance)} sentences{ranked}):")
+        print("  z: how far the sentence's relevance to the question stands above the context's average, in standard deviations")
+        print("  score: its weight in the position plan, 1 = a full position step, lower = compressed on the fast rotary planes")
+        print("  depth: where the sentence sits in the context, 0 % = its start")
         print("  rank      z  score  depth  sentence")
         for r in rows:
             z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
@@ -215,6 +220,9 @@ def _ask(args: argparse.Namespace) -> int:
     from .loading import resolve_device
 
     device_map = resolve_device(args.device)
+    from transformers.utils import logging as hf_logging  # its weight-loading progress bars (the model, the reranker)
+
+    hf_logging.enable_progress_bar() if args.verbose else hf_logging.disable_progress_bar()
     if not args.quiet:
         print(f"loading {args.model or 'the embedded ' + DEFAULT_MODEL_NAME} on {device_map} ...", file=sys.stderr)
     engine = QGPM.from_pretrained(args.model, device_map=device_map, dtype=None if dtype == "auto" else dtype, heads=heads, generator=generator)
@@ -224,6 +232,11 @@ def _ask(args: argparse.Namespace) -> int:
         print(f"question: {question}")
         if bundled:
             print(f"(bundled example; expected answer: {questions[args.example]['answer']})")
+        legend = {"vanilla": "the model as it is, the context in its own order and positions",
+                  "qgpm": "the same model, with the positions of the sentences most relevant to the question moved next to it"}
+        for m in methods:
+            if m in legend:
+                print(f"  {m}: {legend[m]}")
     results = []
     for method, spec in zip(methods, specs):
         kw = dict(method=method, max_new_tokens=args.max_new_tokens, config=config)
@@ -238,7 +251,7 @@ def _ask(args: argparse.Namespace) -> int:
         if quiet:
             print(result.text.strip() if len(methods) == 1 else f"{method}\t{' '.join(result.text.split())}", flush=True)
         else:
-            _print_answer(method, result, width=max(len(m) for m in methods))
+            _print_answer(method, result, width=max(len(m) for m in methods), expected=questions[args.example]["answer"] if bundled else None)
     if not quiet:
         for method, result in results:
             _print_why(method, result, args.top)
@@ -294,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
     meta = _sample_meta()  # read once for the default and the range shown in the help
     ask.add_argument("--example", type=int, default=int(meta["default_question"]),
                      help=f"which bundled example question (0-{len(meta['questions']) - 1}, default {int(meta['default_question'])})")
+    ask.add_argument("--verbose", "-v", action="store_true", help="also show the weight-loading progress bars")
     ask.add_argument("--quiet", "-q", action="store_true",
                      help="print only the answer (one line per method, 'METHOD<TAB>answer', when several), for scripts")
     ask.add_argument("--html", metavar="OUT.html", help="write the explanation page of the qgpm answer (self-contained HTML)")

@@ -25,13 +25,22 @@ def test_ask_default_answers_bundled_question_and_shows_ranking(smollm, capsys):
     assert any(q["question"] in l for l in out)
     answers = {l.split()[0]: l.split(None, 1)[1] for l in out if l.startswith(("vanilla ", "qgpm ")) and " promoted (" not in l}
     assert set(answers) == {"vanilla", "qgpm"} and all(a.strip() for a in answers.values())
-    # the requirement: the default bundled question is one the embedded model answers with QGPM
+    # the requirement: the default bundled question is one the embedded model answers with QGPM
     assert q["answer"] in answers["qgpm"], answers["qgpm"]
     # what QGPM adds and this job must show is the ranking: the evidence sentence among the top shown
-    i = next(k for k, l in enumerate(out) if l.startswith("qgpm promoted (top 3 of "))
-    ranked = out[i + 2:i + 5]
+    i = next(k for k, l in enumerate(out) if l.startswith("  rank      z  score  depth"))
+    ranked = out[i + 1:i + 4]
     assert [r.split()[0] for r in ranked] == ["#1", "#2", "#3"]
     assert any(q["evidence"][:60] in r for r in ranked)
+    # the output explains itself: what each method is, which answer holds the expected one, what z and score mean
+    assert any(l.startswith("  vanilla: the model as it is") for l in out) and any(l.startswith("  qgpm: ") for l in out)
+    assert sum("<- has the expected answer" in l or "<- not the expected answer" in l for l in out) == 2
+    assert "<- has the expected answer" in answers["qgpm"]
+    assert any(l.startswith("  z: ") for l in out) and any(l.startswith("  score: ") for l in out)
+    from transformers.utils import logging as hf_logging
+
+    assert not hf_logging.is_progress_bar_enabled()  # the weight-loading bars only with --verbose
+    assert main(["ask", "--verbose", "--quiet", "--max-new-tokens", "2"]) == 0 and hf_logging.is_progress_bar_enabled()
 
 
 def test_ask_rejects_unknown_method(capsys):
