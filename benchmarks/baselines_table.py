@@ -1,4 +1,4 @@
-"""The comparison table of docs/results.md for the query-agnostic RoPE baselines (issue 16),
+"""The comparison table of docs/results.md for the query-agnostic RoPE baselines,
 from the committed test rows: on the samples where STRING, Ms-PoE and Self-Extend ran, every
 method's accuracy with its wins / losses against vanilla, the exact McNemar p over all tasks,
 the mean gold log-prob difference and the mean wall time per answer.

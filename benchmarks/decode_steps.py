@@ -1,4 +1,4 @@
-"""Where QGPM's decode time goes: its own per-step work, or the state a pass 1 leaves (issue 14, item 3).
+"""Where QGPM's decode time goes: its own per-step work, or the state a pass 1 leaves.
 
     python benchmarks/decode_steps.py --lengths 4096,8000 --rounds 6 --out benchmarks/results/decode_steps_cpu_smollm2.md
     # a launch-bound step (Llama-3-8B's depth at 1/16 of its width), the default stride plan with its layer hooks:
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
         f"Command: `python {' '.join(sys.argv)}`",
         "",
         f"{args.rounds} rounds per length (order A B C, then C B A), {args.new_tokens} new tokens per call, evidence at depth "
-        f"{args.evidence_depth:g}. QGPM settings: the engine's (remap={config.remap}, split_layer={config.split_layer}"
+        f"{args.evidence_depth:g}. QGPM settings: the engine's (relevance={config.relevance}, remap={config.remap}, split_layer={config.split_layer}"
         f"{''.join(', --set ' + kv for kv in args.set)}) with the confidence rules off; pass 1 {speed.precision_note(qgpm)}; "
         f"how its pass 2 ran: {', '.join(pass2)}. "
         f"Python {platform.python_version()}, torch {torch.__version__}.",

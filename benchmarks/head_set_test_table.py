@@ -1,6 +1,6 @@
-"""Issue 14, item 2: a new series of the shipped preset (the shallow head set, layers < 18, in
-the fifteenth session; pass 1 at bfloat16, ``pass1_dtype="auto"``, in the seventeenth)
-against the preset as the README counted it before, on a test grid, from the committed rows.
+"""A new series of the shipped preset (the shallow head set, layers < 18, rows of 2026-12-03;
+pass 1 at bfloat16, ``pass1_dtype="auto"``, rows of 2026-12-04) against the preset as the
+README counted it before, on a test grid, from the committed rows.
 
     python benchmarks/head_set_test_table.py
     python benchmarks/head_set_test_table.py --series db023b635d23 --length 4096

@@ -1,4 +1,4 @@
-"""QGPM's peak memory against vanilla, counted at the allocation level (issue 14, item 5).
+"""QGPM's peak memory against vanilla, counted at the allocation level.
 
     python benchmarks/memory_alloc.py --lengths 1024,2048,4096,8000 --evidence-depth 0.5 --out benchmarks/results/memory_alloc_cpu_smollm2.md
 

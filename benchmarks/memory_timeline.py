@@ -1,4 +1,4 @@
-"""Where QGPM's extra peak memory over vanilla falls in a call (issue 14, item 5): the RSS
+"""Where QGPM's extra peak memory over vanilla falls in a call: the RSS
 above the pre-call RSS, sampled every 2 ms through one vanilla call and one QGPM call on the
 same prompt, split by the call's phases (QGPM: pass 1, plan, prefill; both: decode).
 

@@ -26,8 +26,8 @@ sets={'vanilla':rows('benchmarks/results/tune_smollm2_dev_4k/move/move_mk1/tune_
  'oracle move c2':rows('benchmarks/results/tune_smollm2_dev_4k/move/move_mk1/tune_rows.jsonl','oracle'),
  'oracle move all planes':rows('benchmarks/results/tune_smollm2_dev_4k/move/moveall_mk1/tune_rows.jsonl','oracle'),
  'qgpm move c2':rows('benchmarks/results/tune_smollm2_dev_4k/move/move_mk1/tune_rows.jsonl','qgpm'),
- 'oracle reorder (sixth session)':rows('benchmarks/results/tune_smollm2_dev_4k/reorder/reorder_mk1/tune_rows.jsonl','oracle'),
- 'qgpm reorder (sixth session)':rows('benchmarks/results/tune_smollm2_dev_4k/reorder/reorder_mk1/tune_rows.jsonl','qgpm')}
+ 'oracle reorder':rows('benchmarks/results/tune_smollm2_dev_4k/reorder/reorder_mk1/tune_rows.jsonl','oracle'),
+ 'qgpm reorder':rows('benchmarks/results/tune_smollm2_dev_4k/reorder/reorder_mk1/tune_rows.jsonl','qgpm')}
 import collections
 for n,s in sets.items():
     c=collections.Counter(key(r) for r in s.values()); print(f"{n:35s} n={len(s)} {dict(c)}")

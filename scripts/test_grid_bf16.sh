@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Seventeenth session (issue 14, item 2): the shipped SmolLM2 preset with pass1_dtype="auto"
-# (a bfloat16 pass 1 on this CPU's AVX512-BF16; the exact float32 pass 1 for contexts within
-# keep_length) on the test grids the README reports, so that the README describes the default
-# once "auto" is in the preset. Two processes (shards 0 and 1), one thread each:
+# The SmolLM2 preset with pass1_dtype="auto" (a bfloat16 pass 1 on a CPU with AVX512-BF16; the
+# exact float32 pass 1 for contexts within keep_length) on the test grids the README reports.
+# Two processes (shards 0 and 1), one thread each:
 #   bash scripts/test_grid_bf16.sh 0 & bash scripts/test_grid_bf16.sh 1; wait
-# Each folder is resumable. Order: the 4K grid (210 samples: multi-key and multi-value needle
-# contents 0-11, single needle, NoLiMa and QA contents 0-5, depths 0-1), then the 2K grid
-# (5 tasks x 3 contents x 5 depths = 75), then the 8K multi-key samples (18).
+# Output under ${OUT:-runs/test_bf16}; each folder is resumable. Order: the 4K grid (210 samples:
+# multi-key and multi-value needle contents 0-11, single needle, NoLiMa and QA contents 0-5,
+# depths 0-1), then the 2K grid (5 tasks x 3 contents x 5 depths = 75), then the 8K multi-key
+# samples (18). Rows of 2026-12-04: series 921a8e.
 #
-# The decision to make "auto" the default was taken on dev (sixteenth session, stage bf16 of
-# scripts/tune_4k.sh: 90 against 89 right, 123 of 125 answers identical). Rule for these test
-# rows, written before them: the preset keeps pass1_dtype="auto" unless, over the 210 paired
-# samples of the 4K grid, it is right in at least 3 fewer samples than the float32 pass 1
-# (the committed rows of the same preset as the README counts them: series a23b32, else
-# dc58f6, else 7cefc6, else vanilla's answer, as benchmarks/head_set_test_table.py pairs them).
-# The rows are reported as they come either way.
+# "auto" was chosen on dev (stage bf16 of scripts/tune_4k.sh: 90 against 89 right, 123 of 125
+# answers identical). Rule for these test rows, written before them (committed 2026-12-04,
+# a9917d3): the preset keeps pass1_dtype="auto" unless, over the 210 paired samples of the 4K
+# grid, it is right in at least 3 fewer samples than the float32 pass 1 (the committed rows of
+# the same preset as the README counts them: series a23b32, else dc58f6, else 7cefc6, else
+# vanilla's answer, as benchmarks/head_set_test_table.py pairs them). The rows are reported as
+# they come either way.
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false

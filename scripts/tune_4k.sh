@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The 4K dev-split search of docs/tuning/smollm2_dev_4k.md (issue 10), as it was run:
-# two processes (shards 0 and 1), one thread each, one folder per config and shard.
-#   bash scripts/tune_4k.sh coarse 0 & bash scripts/tune_4k.sh coarse 1; wait
-#   bash scripts/tune_4k.sh fine 0 & bash scripts/tune_4k.sh fine 1; wait
+# The 4K dev-split search of docs/tuning/smollm2_dev_4k.md: one stage per call, as the rows under
+# benchmarks/results/tune_smollm2_dev_4k/<stage> were made. Two processes (shards 0 and 1), one
+# thread each, one folder per config and shard under ${OUT:-runs/tune4k}:
+#   bash scripts/tune_4k.sh STAGE 0 & bash scripts/tune_4k.sh STAGE 1; wait
+# e.g. STAGE = coarse, then fine (the usage line at the end lists every stage; each stage's
+# comment says what it compares and, where it had one, the rule written before its rows).
 # Each shard folder is resumable. Vanilla answers are shared between folders by copying
 # their rows in (greedy decoding and one thread make them identical when recomputed).
 # Tables: python benchmarks/tune_map.py runs/tune4k/coarse/*.s0 runs/tune4k/coarse/*.s1
@@ -17,7 +19,7 @@ OUT=${OUT:-runs/tune4k}
 PY=${PY:-.venv/bin/python}
 BASE="$PY -m qgpm.eval.cli tune --model smollm2 --device cpu --dtype float32 --lengths 4096 --depths 0.25,0.5,0.75 --max-new-tokens 48 --objective guarded --no-progress --shard $i/2"
 seed() { mkdir -p "$1"; cat "$OUT"/*/*.s*/tune_rows.jsonl 2>/dev/null | grep '"method": "vanilla"' | sort -u >> "$1/tune_rows.jsonl"; }
-# Session 8's stages: one grid ($1 = stage name, $2 = grid) on multi-value (the zwin stage's 9
+# The lead and solo stages: one grid ($1 = stage name, $2 = grid) on multi-value (the zwin stage's 9
 # samples), multi-key on essays (12 contents; the first 6 are the earlier stages' samples) and
 # multi-key on the SQuAD haystack (6 contents); the preset's rows of earlier stages copied in.
 lookalike_stage() {
@@ -32,7 +34,7 @@ lookalike_stage() {
   $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
 }
 
-# Session 9's stages: one grid ($1 = stage name, $2 = grid) on the solo stage's samples
+# The ends, lead32 and term stages: one grid ($1 = stage name, $2 = grid) on the solo stage's samples
 # (multi-value, multi-key on essays, multi-key on SQuAD), its committed vanilla and preset rows
 # copied in so that only the new setting runs.
 seeded_stage() {
@@ -48,8 +50,8 @@ seeded_stage() {
   d=$OUT/$1/$1_mk1_squad.s$i; $BASE --n 6 --tasks niah_multikey_1 --haystack squad $L --out "$d" > "$d.log" 2>&1
 }
 
-# Session 10's stages: one grid ($1 = stage name, $2 = grid) on top of the preset with
-# term_ratio 0.6, on the term stage's samples, its committed vanilla, seventh-session preset
+# The textorder stage: one grid ($1 = stage name, $2 = grid) on top of the preset with
+# term_ratio 0.6, on the term stage's samples, its committed vanilla, one-map preset (864337)
 # and term_ratio rows copied in so that only the new setting runs.
 term_seeded_stage() {
   R=benchmarks/results/tune_smollm2_dev_4k/term
@@ -74,9 +76,9 @@ if [ "$stage" = coarse ]; then
   run band64_c2_s03 2 0.3 64
   run c1_s03 1 0.3 0
   run c4_s03 4 0.3 0
-  run c05_s03 0.5 0.3 0          # not reached in the first session
-  run c2_s02 2 0.2 0             # not reached in the first session
-  run c2_s045 2 0.45 0           # not reached in the first session
+  run c05_s03 0.5 0.3 0          # not run (no committed rows)
+  run c2_s02 2 0.2 0             # not run (no committed rows)
+  run c2_s045 2 0.45 0           # not run (no committed rows)
 elif [ "$stage" = fine ]; then
   # QGPM (heads) at the coarse stage's best Oracle point, K_s 4 and 2, on all five tasks, 3 needle contents;
   # the Oracle under the same shaping on the three tasks the coarse stage did not cover.
@@ -86,7 +88,7 @@ elif [ "$stage" = fine ]; then
   d=$OUT/fine/oracle_c2_s03.s$i; seed "$d"
   $BASE $F --tasks niah_multivalue,nolima_direct,niah_single_2 --methods oracle --grid 'k_sharp=4' --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = sharp ]; then
-  # Session 3 (docs/tuning/smollm2_dev_4k.md "Sharp map and lower layers"): the test grid's
+  # docs/tuning/smollm2_dev_4k.md, "Sharp map, hard cuts and lower layers": the test grid's
   # multi-key losses are look-alike keys kept at full stride by K_s 4, and its single-needle
   # losses are copying failures. 2 x 2: K_s 1 vs 4, and the first 8 layers vanilla or not,
   # on top of the shipped preset; MK-1 and single needle, 6 needle contents x 3 depths.
@@ -100,7 +102,7 @@ elif [ "$stage" = hard ]; then
   d=$OUT/hard/qgpm_hard.s$i; seed "$d"
   $BASE --n 6 --tasks niah_multikey_1,niah_single_2 --methods qgpm --set k_sharp=1 --set t_sharp=0 --set t_broad=0 --grid 'k_broad=2.0,8.0' --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = mild ]; then
-  # Session 4: K_s 1 loses MK-1 answers to dropped last digits even where its top sentence is
+  # K_s 1 loses MK-1 answers to dropped last digits even where its top sentence is
   # the queried key. Is the strength (s_low 0.3) the cause? K_s 1, 2, 4 x s_low 0.3, 0.45 on
   # MK-1, 6 contents x 3 depths; the sharp stage's rows (K_s 1 and 4 at 0.3) are copied in.
   # (The grid's int 4 hashes differently from the preset's 4.0, so K_s 4 at 0.3 ran again:
@@ -109,26 +111,26 @@ elif [ "$stage" = mild ]; then
   cat "$OUT"/sharp/*.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
   $BASE --n 6 --tasks niah_multikey_1 --methods qgpm --grid 'k_sharp=1,2,4;s_low=0.3,0.45' --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = mildmv ]; then
-  # Session 4: s_low 0.45 matched s_low 0.3 on MK-1 at K_s 2 and 4 with fewer dropped digits.
+  # s_low 0.45 matched s_low 0.3 on MK-1 at K_s 2 and 4 with fewer dropped digits.
   # Multi-value is the other task the rules leave modulated (its top-two z gap is <= 0.52):
   # K_s 2 and 4 at s_low 0.45 there (K_s 4 at 0.3: the fine stage's rows), 3 contents x 3 depths.
   d=$OUT/mildmv/qgpm_mv.s$i; seed "$d"
   $BASE --n 3 --tasks niah_multivalue --methods qgpm --set k_sharp=4.0 --set s_low=0.45 --grid 'k_sharp=2.0,4.0' --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = move ]; then
-  # Session 5: Reorder (relevant chunks physically last) beats the Oracle's compression on MK-1
+  # Reorder (relevant chunks physically last) beats the Oracle's compression on MK-1
   # (test: 96.7 vs 83.3). remap="move": no compression; on the modulated planes the relevant
   # sentences take the last context slots (the top one next to the question), slow planes
   # keep text order. QGPM and Oracle under the shipped preset, MK-1, 6 contents x 3 depths.
   d=$OUT/move/move_mk1.s$i; seed "$d"
   $BASE --n 6 --tasks niah_multikey_1 --methods qgpm,oracle --set remap=move --grid 'remap=move' --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = moveall ]; then
-  # Session 5: the Oracle under remap="move" lost to vanilla (4 vs 6 of 18). Is it the slow
+  # The Oracle under remap="move" lost to vanilla (4 vs 6 of 18). Is it the slow
   # planes (text order kept there) or the causal order Reorder changes? The gate fully open
   # (c = 1000: every plane reads the moved order), Oracle only, same 18 samples; one process.
   d=$OUT/move/moveall_mk1.s$i; seed "$d"
   $BASE --n 6 --tasks niah_multikey_1 --methods oracle --set remap=move --set anchor_ratio=1000.0 --grid 'remap=move' --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = reorder ]; then
-  # Session 6: the all-plane move found the queried key in 17 of 18 but dropped digits; it also
+  # The all-plane move found the queried key in 17 of 18 but dropped digits; it also
   # let context after the evidence attend to it. remap="reorder" adds the causal order of the
   # moved slots, which makes pass 2 Reorder's own computation with the model's heads (QGPM) or
   # the labels (Oracle) as the reranker. Same 18 MK-1 samples; then QGPM with one order for
@@ -138,11 +140,11 @@ elif [ "$stage" = reorder ]; then
   d=$OUT/reorder/reorder_split0_mk1.s$i; seed "$d"
   $BASE --n 6 --tasks niah_multikey_1 --methods qgpm --set remap=reorder --grid 'split_layer=0' --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = reordermv ]; then
-  # Multi-value under remap="reorder" (the fourth session's 9 samples: 3 contents x 3 depths).
+  # Multi-value under remap="reorder" (the mildmv stage's 9 samples: 3 contents x 3 depths).
   d=$OUT/reorder/reorder_mv.s$i; seed "$d"
   $BASE --n 3 --tasks niah_multivalue --methods qgpm --set remap=reorder --grid "${GRID:-remap=reorder}" --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = zwin ]; then
-  # Session 7: 13 of the test grid's 60 multi-key answers were wrong, 8 of them with the queried
+  # 13 of the test grid's 60 multi-key answers were wrong, 8 of them with the queried
   # key ranked first: K_s 4 moves all four needles (the three look-alikes too) next to the
   # question, while the Oracle moves the evidence alone and is right 17 of 17. Dev pass 1
   # (benchmarks/results/tune_smollm2_dev_4k/zgap): where the key is ranked first its z exceeds
@@ -157,7 +159,7 @@ elif [ "$stage" = zwin ]; then
   cat "$OUT"/reorder/reorder_split0_mk1.s$i/tune_rows.jsonl 2>/dev/null | grep '"method": "qgpm"' >> "$d/tune_rows.jsonl"
   $BASE --n 6 --tasks niah_multikey_1 --methods qgpm --set split_layer=0 --grid 'z_window=0.3,0.5' --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = lead ]; then
-  # Session 8: 6 of the test grid's 12 multi-key misses under the one-map preset copy the
+  # 6 of the test grid's 12 multi-key misses under the one-map preset copy the
   # look-alike key that K_s 4 moved right before the queried one, which the heads ranked first
   # (the Oracle moves the evidence alone: 26 of 26). Reorder (93.3 %) moves 128-token chunks,
   # so its moved needles sit apart by their own text. lead_tokens=128 (Reorder's chunk length,
@@ -168,7 +170,7 @@ elif [ "$stage" = lead ]; then
   # copied in), then multi-key on the SQuAD haystack (6 contents, new samples).
   lookalike_stage lead lead_tokens=0,128
 elif [ "$stage" = solo ]; then
-  # Session 8: lead_tokens=128 cost multi-value 3 of its 4 all-four answers on the lead stage's 9
+  # lead_tokens=128 cost multi-value 3 of its 4 all-four answers on the lead stage's 9
   # samples (stage stopped there). The zgap rows separate the two cases by the top-two z gap
   # alone: where the heads rank the queried key first its z exceeds the second sentence's by
   # 0.54-1.13 (10 samples); misranked multi-key samples and the multi-value samples have gaps of
@@ -179,7 +181,7 @@ elif [ "$stage" = solo ]; then
   # Same samples and order as the lead stage; the preset's rows are copied in. No gold log-prob.
   lookalike_stage solo solo_margin=0.4
 elif [ "$stage" = ends ]; then
-  # Session 9: the look-alike copying again (6 of the 12 test multi-key misses: the model copies
+  # The look-alike copying again (6 of the 12 test multi-key misses: the model copies
   # the look-alike ranked second, moved right before the queried key). Reorder (93.3 %) sorts
   # chunks; LangChain's LongContextReorder would put the second best first in the context.
   # placement=ends (new, off) does that with the moved sentences: best next to the question,
@@ -189,13 +191,14 @@ elif [ "$stage" = ends ]; then
   # multi-value loses at most 1 of its 4 all-four answers (9 samples).
   seeded_stage ends placement=ends
 elif [ "$stage" = lead32 ]; then
-  # Session 9: the ends stage fixed the dev look-alike sample but lost multi-value (0 of 9 with all
-  # four: the values must sit together), and lead_tokens=128 (session 8) lost it too (1 of 9).
+  # The ends stage fixed the dev look-alike sample but lost multi-value (0 of 9 with all
+  # four: the values must sit together), and lead_tokens=128 (lead stage) lost it too (1 of 9).
+  # (No committed rows.)
   # lead_tokens=32 (about one filler sentence between moved sentences) is the smallest
   # separation; the same rule and samples as the ends stage.
   seeded_stage lead32 lead_tokens=32
 elif [ "$stage" = term ]; then
-  # Session 9: keeping look-alikes apart costs multi-value (lead, ends), and the heads' z does not
+  # Keeping look-alikes apart costs multi-value (lead, ends), and the heads' z does not
   # tell a look-alike from another value of the queried key (solo). The question's own words do:
   # a look-alike carries the task's common words but not the queried key, several values all
   # carry it. term_ratio=0.6 (the one value tried: BM25 of a look-alike needle is about 0.4 of
@@ -203,7 +206,7 @@ elif [ "$stage" = term ]; then
   # score among them. Same rule and samples as the ends stage.
   seeded_stage term term_ratio=0.6
 elif [ "$stage" = textorder ]; then
-  # Session 10: the Oracle lists all four multi-value values in 16 of 30 test samples, QGPM
+  # The Oracle lists all four multi-value values in 16 of 30 test samples, QGPM
   # (preset, with or without term_ratio) in 10, and in every test multi-value call the term
   # filter dropped nothing, so both move the same four sentences (the values); what differs
   # is their order before the question: the Oracle keeps the context's order, QGPM puts the
@@ -212,7 +215,7 @@ elif [ "$stage" = textorder ]; then
   # the term_ratio preset).
   term_seeded_stage textorder moved_order=text
 elif [ "$stage" = textorder30 ]; then
-  # Session 11: the textorder stage stopped after 8 dev samples (1 win / 3 losses), while on
+  # The textorder stage stopped after 8 dev samples (1 win / 3 losses), while on
   # test the Oracle's context order beats QGPM's rank order 7 to 1 on the same moved
   # sentences. 8 samples cannot tell these apart: the same grid on 30 dev multi-value samples
   # (6 needle contents x depths 0, 0.25, 0.5, 0.75, 1, as the test grid; the first 8 of them
@@ -224,7 +227,7 @@ elif [ "$stage" = textorder30 ]; then
   $BASE --n 6 --depths 0,0.25,0.5,0.75,1 --tasks niah_multivalue --methods qgpm --no-logprob \
     --grid moved_order=text --set remap=reorder --out "$d" > "$d.log" 2>&1
 elif [ "$stage" = runon ]; then
-  # Session 11: at depth 1.0 QGPM lists all four multi-value values in 0 of 6 dev and 0 of 6
+  # At depth 1.0 QGPM lists all four multi-value values in 0 of 6 dev and 0 of 6
   # test samples (other depths 8 of 24 and 10 of 24); every one of them holds a needle glued to
   # the haystack's cut last sentence ("... woven into the story One of the special magic
   # numbers ..."), which QGPM then moves as one unit with the fragment. split_run_ons=true
@@ -241,7 +244,7 @@ elif [ "$stage" = runon ]; then
   $E --tasks niah_multikey_1 --depths 0.25,0.5,0.75 --n 12 --only $R/ids_dev_mk1.jsonl --out $OUT/runon/mk1 > $OUT/runon/mk1.s$i.log 2>&1
   $E --tasks niah_multikey_1 --haystack squad --depths 0.25,0.5,0.75 --n 6 --only $R/ids_dev_mk1_squad.jsonl --out $OUT/runon/mk1_squad > $OUT/runon/mk1_squad.s$i.log 2>&1
 elif [ "$stage" = textorder60 ]; then
-  # Session 12: the context's order (moved_order=text) tied rank order on 30 dev multi-value
+  # The context's order (moved_order=text) tied rank order on 30 dev multi-value
   # samples (8 vs 8, 4/4), and with it QGPM's answers equal the Oracle's on every unglued
   # sample; on 12 test contents the Oracle leads QGPM 27 to 17 (content p 0.047). Dev contents
   # 6-11 (30 more samples, benchmarks/results/ids_mv_dev_6_11.jsonl) decide, with the preset
@@ -261,7 +264,7 @@ elif [ "$stage" = textorder60 ]; then
   $E --n 6 --only $R/run_on/ids_dev_mv.jsonl --methods qgpm --set moved_order=text --out $OUT/textorder60/text_runon > $OUT/textorder60/text_runon.s$i.log 2>&1
   $E --n 12 --only $R/ids_mv_dev_6_11.jsonl --methods oracle --set split_layer=none --set term_ratio=none --set split_run_ons=false --out $OUT/textorder60/oracle > $OUT/textorder60/oracle.s$i.log 2>&1
 elif [ "$stage" = textorder120 ]; then
-  # Session 13: on 60 dev multi-value samples (contents 0-11) moved_order=text listed all four
+  # On 60 dev multi-value samples (contents 0-11) moved_order=text listed all four
   # values in 17 against rank order's 18 (9/10), the Oracle in 17; on 12 test contents the
   # Oracle (which computes what text order computes on unglued samples) leads QGPM 27 to 17.
   # The splits disagree, so 60 more dev samples (contents 12-23) decide, in two blocks of six
@@ -278,7 +281,7 @@ elif [ "$stage" = textorder120 ]; then
     $E --only $R/ids_mv_dev_$b.jsonl --methods qgpm --set moved_order=text --out $OUT/textorder120/text > $OUT/textorder120/text_$b.s$i.log 2>&1
   done
 elif [ "$stage" = nodecisive ]; then
-  # Session 13: the dominance rule (decisive_margin 1.3) was chosen in the fourth session under
+  # The dominance rule (decisive_margin 1.3) was chosen on 2026-12-01 (e18fc98) under
   # remap=stride, where moving a lone needle cost copying accuracy. Under reorder the test
   # split's Oracle answers single needle 30 of 30 against vanilla's 27 (3/0), while the preset
   # keeps vanilla positions in all 30 (0 % of the Oracle's gain recovered); on NoLiMa the Oracle
@@ -293,7 +296,7 @@ elif [ "$stage" = nodecisive ]; then
   $E --tasks niah_single_2 --n 12 --out $OUT/nodecisive/single > $OUT/nodecisive/single.s$i.log 2>&1
   $E --tasks nolima_direct --n 6 --out $OUT/nodecisive/nolima > $OUT/nodecisive/nolima.s$i.log 2>&1
 elif [ "$stage" = shallow ]; then
-  # Session 14 (issue 14, item 2): the shallow head set (every head in layers < 18; deepest 17,
+  # A cheaper pass 1: the shallow head set (every head in layers < 18; deepest 17,
   # pass-1 share 0.60 against the shipped set's 0.80; held-out fused MRR 0.891 against 0.872,
   # benchmarks/results/shallow_heads.md) under the shipped preset (a23b32: reorder, one map,
   # term filter, no dominance rule), on dev samples whose shipped-set answers under the same
@@ -310,7 +313,7 @@ elif [ "$stage" = shallow ]; then
   $E --tasks niah_multivalue $D --n 12 --only benchmarks/results/ids_mv_dev_6_11.jsonl --out $OUT/shallow/mv > $OUT/shallow/mv.s$i.log 2>&1
   $E --tasks niah_multikey_1 --depths 0.25,0.5,0.75 --n 12 --out $OUT/shallow/mk1 > $OUT/shallow/mk1.s$i.log 2>&1
 elif [ "$stage" = bf16 ]; then
-  # Session 16 (issue 14, item 2): pass 1 at bfloat16 (QGPMConfig.pass1_dtype="bfloat16": autocast,
+  # A cheaper pass 1: pass 1 at bfloat16 (QGPMConfig.pass1_dtype="bfloat16": autocast,
   # about half of a float32 pass 1's time on this CPU's AVX512-BF16) with the shipped head set
   # and preset, on the shallow stage's 126 dev samples, whose float32-pass-1 answers are
   # committed. Rule, written before the rows: make a bfloat16 pass 1 the default for float32

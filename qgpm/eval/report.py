@@ -8,7 +8,7 @@ run's settings), so it can be rerun at any time, e.g. after a resumed run.
 Files written in ``out_dir``: ``report.md`` (tables: task x length x method accuracy with
 Wilson 95 % CI; all tasks pooled; paired differences vs vanilla with bootstrap CI and
 exact McNemar p; per-depth accuracy and paired tables; gold log-prob; QGPM/Top-K
-diagnostics; the issue's targets and the head-signal vs remapping diagnosis
+diagnostics; the benchmark's targets and the head-signal vs remapping diagnosis
 (:mod:`qgpm.eval.targets`); timings), ``stats.json`` (the same numbers) and ``plots/depth_<task>_<length>.png``.
 """
 

@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def lc_engine():
-    """The one QGPM engine all chat models of this session share (built through the adapter's cache)."""
+    """The one QGPM engine all chat models of this test session share (built through the adapter's cache)."""
     from qgpm_integrations.langchain.chat_models import _get_engine
 
     return _get_engine(None, lc_heads())

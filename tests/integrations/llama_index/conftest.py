@@ -92,7 +92,7 @@ def offline():
 
 @pytest.fixture
 def tiktoken_calls():
-    """Every call of the tiktoken trap in this session (should stay empty)."""
+    """Every call of the tiktoken trap in this test session (should stay empty)."""
     return TIKTOKEN_CALLS
 
 

@@ -1,4 +1,4 @@
-# dev-split pass-1 diagnostic (issue 10, eighth session): the 8 shipped heads against the 4 best
+# dev-split pass-1 diagnostic: the 8 shipped heads against the 4 best
 # (max_heads=4, deepest layer 18) on all five tasks: where the evidence ranks, the top-three z,
 # and which calls the preset's rules (min_top_z, decisive_margin, solo_margin 0.4) would send
 # to vanilla positions or to one sentence. Pass 1 only, no answers.

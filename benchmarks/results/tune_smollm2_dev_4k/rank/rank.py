@@ -1,4 +1,4 @@
-# dev-split pass-1 diagnostic (issue 10): where the heads rank the queried key's needle under pass-1 settings
+# dev-split pass-1 diagnostic: where the heads rank the queried key's needle under pass-1 settings
 import json, sys, torch
 torch.set_num_threads(1)
 from qgpm.eval.runner import load_engine, work_items, make_sample, prepare_kwargs

@@ -1,4 +1,4 @@
-# dev-split pass-1 check (issue 10, eighth session): where the heads rank the queried key in the
+# dev-split pass-1 check: where the heads rank the queried key in the
 # three new essay multi-key misses of the preset in the solo stage (12 contents x 3 depths).
 #   python rank_misses.py
 import json, sys, torch

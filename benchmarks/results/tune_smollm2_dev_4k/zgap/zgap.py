@@ -1,4 +1,4 @@
-# dev-split pass-1 analysis: z of evidence vs look-alike needles (issue 10 diagnosis)
+# dev-split pass-1 analysis: z of evidence vs look-alike needles
 import json, sys, torch
 torch.set_num_threads(1)
 from qgpm.eval.runner import load_engine, work_items, make_sample, prepare_kwargs
