@@ -6,9 +6,11 @@ Framework-free (imports neither LangChain nor LlamaIndex).
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Mapping
 
-__all__ = ["check_generate_kwargs", "check_heads", "device_map_for", "is_loaded_model", "check_model_args"]
+__all__ = ["check_generate_kwargs", "check_heads", "device_map_for", "is_loaded_model", "check_model_args", "shared_engine",
+           "clear_engine_cache", "heads_key", "kwargs_key", "model_key"]
 
 # model.generate arguments the adapters set themselves, and engine.answer arguments that
 # would be taken for something else if they came in generate_kwargs.
@@ -111,3 +113,58 @@ def device_map_for(device: Any) -> Any:
     if isinstance(device, str):
         return resolve_device(device)
     raise TypeError(f"device must be an int (CUDA index, -1 = CPU) or a string such as 'cuda', got {type(device).__name__}")
+
+
+# --------------------------------------------------------------------------- one engine per model, for both adapters
+
+_ENGINES: dict[tuple, Any] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def heads_key(heads: Any) -> Any:
+    """A hashable stand-in for a ``heads=`` argument."""
+    if heads is None or isinstance(heads, (str, os.PathLike)):
+        return None if heads is None else str(heads)
+    try:
+        return tuple(tuple(int(x) for x in h) for h in heads)
+    except TypeError:
+        return ("object", id(heads))
+
+
+def model_key(model: Any) -> str:
+    """The cache key of a model argument (the embedded default under one name)."""
+    from qgpm.defaults import DEFAULT_MODEL, is_default_model
+
+    return DEFAULT_MODEL if is_default_model(model) else str(model)
+
+
+def kwargs_key(model_kwargs: Mapping[str, Any] | None) -> tuple:
+    """A hashable stand-in for ``model_kwargs``."""
+    return tuple(sorted((k, repr(v)) for k, v in (model_kwargs or {}).items()))
+
+
+def shared_engine(model: Any, heads: Any, model_kwargs: Mapping[str, Any] | None = None, vllm_url: str | None = None,
+                  vllm_model: str | None = None) -> Any:
+    """One ``QGPM`` engine per (model, heads, model_kwargs, vLLM server) per process, shared by
+    every chat model and LLM that names the same ones (the weights are cached by qgpm itself)."""
+    from qgpm import QGPM
+    from qgpm.defaults import DEFAULT_MODEL
+
+    key = (model_key(model), heads_key(heads), kwargs_key(model_kwargs), vllm_url, vllm_model)
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            generator = None
+            if vllm_url is not None:
+                from qgpm.serving import VLLMServer
+
+                generator = VLLMServer(vllm_url, model=vllm_model)
+            engine = QGPM.from_pretrained(None if key[0] == DEFAULT_MODEL else key[0], heads=heads, generator=generator, **dict(model_kwargs or {}))
+            _ENGINES[key] = engine
+        return engine
+
+
+def clear_engine_cache() -> None:
+    """Forget the engines built by the adapters (the model weights stay cached by qgpm)."""
+    with _ENGINES_LOCK:
+        _ENGINES.clear()

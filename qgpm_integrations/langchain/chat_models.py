@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from typing import Any, AsyncIterator, Iterator, Literal, Sequence
 
@@ -49,7 +48,6 @@ from langchain_core.messages import (
     BaseMessage,
     ChatMessage,
     FunctionMessage,
-    HumanMessage,
     SystemMessage,
     ToolMessage,
 )
@@ -58,14 +56,25 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables.config import run_in_executor
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
+from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
 
 from qgpm.chat_prompt import ChatParts, message_text, read_chat
 from qgpm.methods import Stage, method_spec
 from qgpm.serving import VLLMServer
 from qgpm.sources import parse_source
 
-from .._common import check_generate_kwargs, check_heads, check_model_args, device_map_for, is_loaded_model
+from .._common import (
+    check_generate_kwargs,
+    check_heads,
+    check_model_args,
+    clear_engine_cache,
+    device_map_for,
+    heads_key,
+    is_loaded_model,
+    kwargs_key,
+    model_key,
+    shared_engine,
+)
 from .prompts import document_texts
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
@@ -106,50 +115,9 @@ _GENERATE_FIELDS = {
     "seed": "seed", "stop": "stop", "max_time": "timeout",
 }
 
-# --------------------------------------------------------------------------- engine cache
+# --------------------------------------------------------------------------- engine cache (shared: qgpm_integrations._common)
 
-_ENGINES: dict[tuple, Any] = {}
-_ENGINES_LOCK = threading.Lock()
-
-
-def _heads_key(heads: Any) -> Any:
-    if heads is None or isinstance(heads, (str, os.PathLike)):
-        return None if heads is None else str(heads)
-    try:
-        return tuple(tuple(int(x) for x in h) for h in heads)
-    except TypeError:
-        return ("object", id(heads))
-
-
-def _model_key(model: Any) -> str:
-    return DEFAULT_MODEL if is_default_model(model) else str(model)
-
-
-def _kwargs_key(model_kwargs: dict[str, Any] | None) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in (model_kwargs or {}).items()))
-
-
-def _get_engine(model: Any, heads: Any, model_kwargs: dict[str, Any] | None = None, vllm_url: str | None = None,
-                vllm_model: str | None = None) -> Any:
-    """One ``QGPM`` engine per (model, heads, model_kwargs, vLLM server) per process (the weights are cached by qgpm)."""
-    key = (_model_key(model), _heads_key(heads), _kwargs_key(model_kwargs), vllm_url, vllm_model)
-    with _ENGINES_LOCK:
-        engine = _ENGINES.get(key)
-        if engine is None:
-            from qgpm import QGPM
-
-            generator = None
-            if vllm_url is not None:
-                generator = VLLMServer(vllm_url, model=vllm_model)
-            engine = QGPM.from_pretrained(None if key[0] == DEFAULT_MODEL else key[0], heads=heads, generator=generator, **(model_kwargs or {}))
-            _ENGINES[key] = engine
-        return engine
-
-
-def clear_engine_cache() -> None:
-    """Forget the engines built by chat models (the model weights stay cached by qgpm)."""
-    with _ENGINES_LOCK:
-        _ENGINES.clear()
+_heads_key, _kwargs_key, _model_key, _get_engine = heads_key, kwargs_key, model_key, shared_engine
 
 
 # --------------------------------------------------------------------------- messages
