@@ -30,7 +30,8 @@ from .pass1 import qgpm_relevance
 from .partial import check_heads_fit
 from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, check_local_layers, oracle_units, reorder_needs_masks
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, has_visible_text, render_chat
-from .rerank import BM25Reranker, get_reranker
+from .lexical import bm25_scores, require_bm25
+from .rerank import get_reranker
 from .runtime import reorder_mask_kind
 from .sources import parse_source
 from .results import PreparedCall, SentenceRelevance, Timings
@@ -115,7 +116,7 @@ def check_config(eng: ModelView, cfg: Any, spec: MethodSpec) -> QGPMConfig:
         if source.reranker is not None:  # an unknown spec or a missing package fails here, before any model work
             get_reranker(source.reranker)
         if cfg.term_ratio is not None:  # the query-term filter's BM25, before pass 1
-            BM25Reranker()
+            require_bm25("QGPMConfig.term_ratio (the query-term filter)")
     if cfg.remap == "reorder" and reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
         if eng.rotary.layered:
             raise ValueError(REORDER_LAYERED_ERROR)
@@ -341,7 +342,7 @@ def _unit_lexical(prompt: Prompt, config: QGPMConfig) -> torch.Tensor | None:
     texts = [s.text for s in prompt.sentences]
     if not texts or not question.strip():
         return torch.zeros(len(texts), dtype=torch.float64)
-    return torch.tensor(BM25Reranker().score(question, texts), dtype=torch.float64)
+    return torch.tensor(bm25_scores(question, texts), dtype=torch.float64)
 
 
 def evidence_tokens(prompt: Prompt, evidence: Sequence[str]) -> torch.Tensor:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from .defaults import DEFAULT_MODEL_NAME, DEFAULT_RERANKER, is_default_model
+from .lexical import bm25_scores, require_bm25
 
 __all__ = [
     "Reranker",
@@ -49,8 +50,7 @@ __all__ = [
     "bundled_minilm_path",
 ]
 
-_INSTALL_HINT = "Install the reranker extras with `pip install qgpm[rerank]`."
-_BM25S_HINT = "It is one of qgpm's own dependencies: reinstall qgpm (`pip install -e .`) or run `pip install 'bm25s>=0.2,<0.4'`."
+_INSTALL_HINT = "It is one of qgpm's own dependencies: reinstall qgpm (`pip install -e .`) or run `pip install 'sentence-transformers>=5,<7'`."
 
 QWEN3_RERANKER_SYSTEM = (
     "Judge whether the Document meets the requirements based on the Query and the "
@@ -127,22 +127,6 @@ def _require(module: str, what: str, hint: str = _INSTALL_HINT) -> Any:
         raise ImportError(f"{what} needs the package '{module}'. {hint}") from exc
 
 
-def _quiet_bm25s(module: Any) -> None:
-    """``bm25s`` sets its own logger to DEBUG on import, so an application that configures
-    logging at INFO prints "Building index from IDs" on every QGPM call that uses the term
-    filter. The first time a BM25Reranker is made, a DEBUG level on that logger is put back
-    to NOTSET (the root's level applies); any other level, and any level set later, is kept."""
-    import logging
-
-    log = logging.getLogger(getattr(module, "__name__", "bm25s"))
-    global _BM25S_QUIETED
-    if not _BM25S_QUIETED:
-        if log.level == logging.DEBUG:
-            log.setLevel(logging.NOTSET)
-        _BM25S_QUIETED = True
-
-
-_BM25S_QUIETED = False
 
 
 # --------------------------------------------------------------------------- LLM judge
@@ -510,7 +494,8 @@ class EmbeddingReranker:
 
 
 class BM25Reranker:
-    """Okapi BM25 (Lucene variant) through ``bm25s``, indexing the given passages.
+    """Okapi BM25 (Lucene variant) over the given passages: :func:`qgpm.lexical.bm25_scores`,
+    the scorer the query-term filter uses too.
 
     The passages of each :meth:`score` call form the corpus (IDF is computed over them).
     Tokenization is ``bm25s``'s: lowercase, words of two or more word characters,
@@ -529,7 +514,7 @@ class BM25Reranker:
     name = "bm25"
 
     def __init__(self, *, k1: float = 1.5, b: float = 0.75, stopwords: str | list[str] | None = "en") -> None:
-        _quiet_bm25s(_require("bm25s", "BM25Reranker (and QGPMConfig.term_ratio)", _BM25S_HINT))
+        require_bm25("BM25Reranker")
         self.k1 = float(k1)
         self.b = float(b)
         self.stopwords = stopwords
@@ -537,20 +522,7 @@ class BM25Reranker:
     def score(self, query: str, passages: Sequence[str]) -> list[float]:
         """BM25 score of each passage for ``query``."""
         passages = _check_inputs(query, passages)
-        if not passages:
-            return []
-        import bm25s
-
-        tokenizer = bm25s.tokenization.Tokenizer(lower=True, stopwords=self.stopwords or [])
-        corpus_ids = tokenizer.tokenize(passages, update_vocab=True, return_as="ids", show_progress=False)
-        vocab = tokenizer.get_vocab_dict()
-        query_tokens = tokenizer.tokenize([query], update_vocab=False, return_as="string", show_progress=False)[0]
-        query_ids = [vocab[t] for t in query_tokens if t and t in vocab]
-        if not query_ids:
-            return [0.0] * len(passages)
-        retriever = bm25s.BM25(k1=self.k1, b=self.b)
-        retriever.index((corpus_ids, vocab), show_progress=False)
-        return _finite(retriever.get_scores(query_ids).tolist(), self.name)
+        return _finite(bm25_scores(query, passages, k1=self.k1, b=self.b, stopwords=self.stopwords), self.name)
 
 
 # --------------------------------------------------------------------------- factory

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import socket
+import types
 
 import pytest
 
@@ -164,8 +165,8 @@ def test_get_reranker_rejects_other_types():
 @pytest.mark.parametrize(
     "module, factory, hint",
     [("bm25s", BM25Reranker, r"one of qgpm's own dependencies.*pip install 'bm25s"),  # core: the preset's term filter needs it
-     ("sentence_transformers", EmbeddingReranker, r"pip install qgpm\[rerank\]"),
-     ("sentence_transformers", lambda: CrossEncoderReranker("x"), r"pip install qgpm\[rerank\]")],
+     ("sentence_transformers", EmbeddingReranker, r"one of qgpm's own dependencies.*sentence-transformers"),
+     ("sentence_transformers", lambda: CrossEncoderReranker("x"), r"one of qgpm's own dependencies.*sentence-transformers")],
 )
 def test_missing_dependencies_point_to_install_hint(monkeypatch, module, factory, hint):
     import sys
@@ -358,3 +359,27 @@ def test_term_filter_without_bm25s_fails_before_pass_1(monkeypatch, tokenizer):
                   max_new_tokens=2)  # without the filter it runs
     assert calls
     hook.remove()
+
+
+def test_the_query_term_filter_and_the_bm25_reranker_share_one_scorer(monkeypatch):
+    """qgpm.lexical.bm25_scores is the one BM25: the reranker and the plan's term filter both call it."""
+    import qgpm.lexical
+    import qgpm.preparing
+    import qgpm.rerank
+    from qgpm.config import QGPMConfig
+
+    calls = []
+    real = qgpm.lexical.bm25_scores
+
+    def spy(query, passages, **kw):
+        calls.append(len(passages))
+        return real(query, passages, **kw)
+
+    monkeypatch.setattr(qgpm.rerank, "bm25_scores", spy)
+    monkeypatch.setattr(qgpm.preparing, "bm25_scores", spy)
+    passages = ["the blue door password is tangerine", "bread is baked daily", "the market opens early"]
+    assert BM25Reranker().score("password for the blue door", passages) == real("password for the blue door", passages)
+    prompt = types.SimpleNamespace(question_text="password for the blue door", sentences=[types.SimpleNamespace(text=p) for p in passages])
+    lexical = qgpm.preparing._unit_lexical(prompt, QGPMConfig(term_ratio=0.6))
+    assert lexical.tolist() == real("password for the blue door", passages) and calls == [3, 3]
+    assert lexical.argmax().item() == 0

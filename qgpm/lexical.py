@@ -1,0 +1,58 @@
+"""Lexical relevance: Okapi BM25, the one scorer behind the query-term filter
+(``QGPMConfig.term_ratio``, :func:`qgpm.plan.term_filter`) and :class:`qgpm.rerank.BM25Reranker`.
+
+BM25 (Lucene variant) through ``bm25s``: the passages of each call form the corpus (IDF is
+computed over them); tokens are lowercase words of two or more word characters, English
+stopwords removed, no stemming. A passage that shares no (non-stopword) term with the query
+scores exactly ``0.0``; a query with no such term gives all zeros.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+__all__ = ["bm25_scores", "require_bm25", "BM25S_HINT"]
+
+BM25S_HINT = "It is one of qgpm's own dependencies: reinstall qgpm (`pip install -e .`) or run `pip install 'bm25s>=0.2,<0.4'`."
+
+_QUIETED = False
+
+
+def require_bm25(what: str) -> Any:
+    """The ``bm25s`` module, or ``ImportError`` saying that ``what`` needs it and how to install it.
+
+    ``bm25s`` sets its own logger to DEBUG on import, so an application that logs at INFO would
+    print "Building index from IDs" on every call; the first time, a DEBUG level on that logger
+    is put back to NOTSET (the root's level applies). Any other level, and any set later, is kept."""
+    global _QUIETED
+    try:
+        import bm25s
+    except ImportError as exc:
+        raise ImportError(f"{what} needs the package 'bm25s'. {BM25S_HINT}") from exc
+    if not _QUIETED:
+        log = logging.getLogger(bm25s.__name__)
+        if log.level == logging.DEBUG:
+            log.setLevel(logging.NOTSET)
+        _QUIETED = True
+    return bm25s
+
+
+def bm25_scores(query: str, passages: Sequence[str], *, k1: float = 1.5, b: float = 0.75,
+                stopwords: str | list[str] | None = "en") -> list[float]:
+    """BM25 score of each of ``passages`` for ``query`` (``k1``: term-frequency saturation,
+    ``b``: length normalization, ``stopwords``: a ``bm25s`` stopword list name or list,
+    ``None`` keeps every word)."""
+    bm25s = require_bm25("BM25 scoring")
+    if not passages:
+        return []
+    tokenizer = bm25s.tokenization.Tokenizer(lower=True, stopwords=stopwords or [])
+    corpus_ids = tokenizer.tokenize(list(passages), update_vocab=True, return_as="ids", show_progress=False)
+    vocab = tokenizer.get_vocab_dict()
+    query_tokens = tokenizer.tokenize([query], update_vocab=False, return_as="string", show_progress=False)[0]
+    query_ids = [vocab[t] for t in query_tokens if t and t in vocab]
+    if not query_ids:
+        return [0.0] * len(passages)
+    retriever = bm25s.BM25(k1=k1, b=b)
+    retriever.index((corpus_ids, vocab), show_progress=False)
+    return [float(v) for v in retriever.get_scores(query_ids).tolist()]
