@@ -97,11 +97,11 @@ class _ProfileDecode:
 
 def hook_time(engine: QGPM, context: str, new_tokens: int) -> dict:
     """One QGPM call with its decode steps under cProfile: the time spent in the plan's layer
-    hooks (:func:`qgpm.runtime.apply_plan`'s ``hook``, with what it calls) per decode step (ms,
+    hooks (:func:`qgpm.hooks.position_hooks`' ``hook``, with what it calls) per decode step (ms,
     cProfile's own overhead included, so an upper bound), and how many hook calls a step makes."""
     from transformers import LogitsProcessorList
 
-    import qgpm.runtime
+    import qgpm.hooks
 
     profiler = cProfile.Profile()
     try:
@@ -109,7 +109,7 @@ def hook_time(engine: QGPM, context: str, new_tokens: int) -> dict:
                       logits_processor=LogitsProcessorList([_ProfileDecode(profiler)]))
     finally:
         profiler.disable()
-    where = qgpm.runtime.__file__
+    where = qgpm.hooks.__file__
     cum, calls = 0.0, 0
     for (filename, _line, name), (_cc, ncalls, _tt, ct, _callers) in pstats.Stats(profiler).stats.items():
         if name == "hook" and filename == where:
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
         lines += [
             "",
             "**Hook time per decode step** (one more QGPM call per length, its decode steps under cProfile: the cumulative "
-            "time of the plan's layer hooks, `qgpm.runtime.apply_plan`, over the forwards after the first token; cProfile's "
+            "time of the plan's layer hooks, `qgpm.hooks.position_hooks`, over the forwards after the first token; cProfile's "
             "own overhead included, so an upper bound; 0 where pass 2 runs without a plan).",
             "",
             "| prompt tokens | hook calls per step | hook time per step (ms) | share of the qgpm step |",

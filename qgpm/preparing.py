@@ -32,7 +32,7 @@ from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, check_local_laye
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, has_visible_text, render_chat
 from .lexical import bm25_scores, require_bm25
 from .rerank import get_reranker
-from .runtime import reorder_mask_kind
+from .hooks import reorder_mask_kind
 from .sources import parse_source
 from .results import PreparedCall, SentenceRelevance, Timings
 from .tokens import count_plain, encode_prompt, special_token_ids

@@ -1,6 +1,6 @@
 """RoPE in one place: the model's rotary frequencies, rotation tables and position plans.
 
-Pure torch, no transformers and no hooks (those are in :mod:`qgpm.runtime`).
+Pure torch, no transformers; the layer hooks that install a plan are in :mod:`qgpm.hooks`.
 
 - :func:`head_geometry` / :func:`rotary_info`: a model's head layout and its own rotary
   frequencies ``w_m`` (``rotary_emb.inv_freq``, scaling folded in) as :class:`RotaryInfo`.
@@ -15,10 +15,12 @@ Pure torch, no transformers and no hooks (those are in :mod:`qgpm.runtime`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ContextManager
 
 import torch
 
+from .hooks import position_hooks
+from .layers import UnsupportedModelError
 from .positions import positions_at
 
 __all__ = [
@@ -34,8 +36,6 @@ __all__ = [
 ]
 
 
-class UnsupportedModelError(ValueError):
-    """The model family or its RoPE variant is not supported by QGPM."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ class PositionPlan:
     The plan does not change once built (:func:`qgpm.plan.build_plan` takes the capacity);
     it only caches the cos/sin tables it has computed, per map, device and dtype, so every
     layer and decode step reuses them. What one installation needs per forward is kept by
-    :func:`qgpm.runtime.apply_plan`'s hooks, not by the plan.
+    the hooks of :meth:`installed` (:mod:`qgpm.hooks`), not by the plan.
     """
 
     positions: list[torch.Tensor]
@@ -205,6 +205,11 @@ class PositionPlan:
     table_rotary: tuple[RotaryInfo, ...] = ()
     orders: tuple[torch.Tensor, ...] = ()
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def installed(self, model: torch.nn.Module) -> ContextManager[None]:
+        """This plan's layer hooks on ``model`` for the length of a block (:func:`qgpm.hooks.position_hooks`;
+        :func:`qgpm.runtime.apply_plan` enters it under the model lock)."""
+        return position_hooks(model, self)
 
     def rotary_of(self, map_index: int) -> RotaryInfo:
         """The one-kind rotary embedding the tables of ``positions[map_index]`` rotate with."""
@@ -268,7 +273,7 @@ class PositionPlan:
         any attention implementation); generated tokens come after every slot either way.
         ``None`` when there is no reorder, when layers read different orders, or when some
         layers keep standard positions (``layer_map`` entry ``None``): those plans need
-        :func:`qgpm.runtime.apply_plan`'s per-layer masks. Layered plans (one table set
+        the per-layer masks of :func:`qgpm.hooks.position_hooks`. Layered plans (one table set
         per rotary kind, Gemma 3) qualify too: each layer applies its own rotary to the
         standard positions of the slot order, and sliding windows apply over that order.
         """

@@ -1,19 +1,12 @@
-"""Applying a position plan to a HuggingFace model for one call (pass 2 and decoding).
+"""Running a model under a plan for one call (pass 2 and decoding), and what QGPM supports.
 
-Llama-style decoders compute ``position_embeddings = (cos, sin)`` once and hand them to
-every decoder layer as a keyword argument. :func:`apply_plan` registers a forward
-pre-hook on each decoder layer that swaps in the cos/sin of that layer's map (broad below
-the split layer, sharp from it on), indexed by the ``position_ids`` of the tokens in the
-current forward (prefill, a decode step, or a teacher-forced continuation). Each layer's
-KV cache therefore stays in its map's coordinates, and decoding continues in unit steps
-from each map's last prompt position.
-
-On a model with several rotary kinds (Gemma 3) only layers of a modulated kind get a hook;
-the sliding-window layers keep the model's own cos/sin and positions (``layer_map`` None).
-
-The hooks live only inside the ``with`` block and are removed in ``finally``: after any
-call, including one that raised, the model is exactly the unpatched model. A per-model
-re-entrant lock serializes calls, so two threads never mix their plans.
+:func:`apply_plan` takes the model's lock and enters the plan's own ``installed`` context: a
+QGPM position plan installs its layer hooks (:mod:`qgpm.hooks`), a RoPE baseline its attention
+function (:mod:`qgpm.baselines`). This module knows neither: it reads the
+:class:`InstallablePlan` protocol both implement. Whatever is installed lives only inside the
+``with`` block and is removed in ``finally``: after any call, including one that raised, the
+model is exactly the unpatched model. A per-model re-entrant lock serializes calls, so two
+threads never mix their plans.
 """
 
 from __future__ import annotations
@@ -21,20 +14,18 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import ContextManager, Iterator, Protocol, Sequence
+from typing import ContextManager, Iterator, Protocol
 
 import torch
 
-# RotaryInfo, rotary_info, PositionPlan and UnsupportedModelError live in qgpm.rope; they are
-# re-exported here for code that imports them from qgpm.runtime.
-from .rope import PositionPlan, RotaryInfo, UnsupportedModelError, rotary_info
-
+from .layers import UnsupportedModelError, decoder_layers
+from .rope import RotaryInfo, rotary_info
 
 
 class InstallablePlan(Protocol):
-    """A plan that installs itself on a model for the length of a block (the RoPE baselines'
-    attention plans, :class:`qgpm.baselines.BaselinePlan`); :func:`apply_plan` enters it under
-    the model lock."""
+    """A plan that installs itself on a model for the length of a block: QGPM's position plans
+    (:class:`qgpm.rope.PositionPlan`) and the RoPE baselines' attention plans
+    (:class:`qgpm.baselines.BaselinePlan`); :func:`apply_plan` enters it under the model lock."""
 
     def installed(self, model: torch.nn.Module) -> ContextManager[None]: ...
 
@@ -46,10 +37,8 @@ __all__ = [
     "check_supported",
     "decoder_layers",
     "model_lock",
-    "PositionPlan",
     "apply_plan",
     "InstallablePlan",
-    "reorder_mask_kind",
 ]
 
 SUPPORTED_FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text")
@@ -80,14 +69,6 @@ def model_lock(model: torch.nn.Module) -> threading.RLock:
         return lock
 
 
-def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
-    base = getattr(model, "base_model", model)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise UnsupportedModelError(f"{type(model).__name__} has no decoder layer list at model.base_model.layers")
-    return layers
-
-
 def check_supported(model: torch.nn.Module) -> None:
     """Raise :class:`UnsupportedModelError` naming the family unless QGPM supports it."""
     family = getattr(model.config, "model_type", type(model).__name__)
@@ -109,115 +90,16 @@ def check_supported(model: torch.nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def apply_plan(model: torch.nn.Module, plan: PositionPlan | InstallablePlan | None) -> Iterator[None]:
-    """Within the block, every forward of ``model`` uses ``plan``'s positions.
-
-    ``plan=None`` only takes the model lock (vanilla behaviour). Hooks are removed on
-    exit, whatever happened inside. Any other plan (:class:`InstallablePlan`: a RoPE
-    baseline's attention plan) installs itself through its ``installed`` context instead,
-    under the same lock.
-    """
-    lock = model_lock(model)
-    with lock:
+def apply_plan(model: torch.nn.Module, plan: InstallablePlan | None) -> Iterator[None]:
+    """Within the block, every forward of ``model`` runs under ``plan``, installed through its
+    own ``installed`` context (a position plan's layer hooks, a RoPE baseline's attention
+    function) under the model lock. ``plan=None`` only takes the lock (vanilla behaviour).
+    Whatever happens inside, the model is unpatched on exit."""
+    with model_lock(model):
         if plan is None:
             yield
             return
-        if not isinstance(plan, PositionPlan):
-            with plan.installed(model):
-                yield
-            return
-        layers = decoder_layers(model)
-        if len(plan.layer_map) != len(layers):
-            raise ValueError(f"plan has {len(plan.layer_map)} layer entries, model has {len(layers)} layers")
-        mask_kind = reorder_mask_kind(model) if plan.orders else None
-        handles = []
-        need = [0]  # this installation's own state: how far the tables must reach in the current forward
-        gathered: dict = {}  # (map, device, dtype) -> this forward's cos/sin rows, shared by the layers of one map
-
-        def make_hook(map_index: int, first: bool):
-            def hook(module, args, kwargs):
-                pid = kwargs.get("position_ids")
-                if pid is None:
-                    raise RuntimeError(
-                        "QGPM needs position_ids in decoder-layer calls; this transformers version does not pass them"
-                    )
-                hs = args[0] if args else kwargs["hidden_states"]
-                if pid.ndim == 1:
-                    pid = pid.unsqueeze(0)
-                if first:  # one host sync per forward: how far the tables must reach
-                    need[0] = int(pid.max()) + 1
-                    gathered.clear()
-                key = (map_index, hs.device, hs.dtype)
-                rows = gathered.get(key)
-                if rows is None:  # one gather per map and forward, not one per layer
-                    rows = gathered[key] = plan.tables(map_index, pid, hs.device, hs.dtype, need=need[0])
-                kwargs["position_embeddings"] = rows
-                if plan.orders:  # remap="reorder": the causal order follows the moved slots
-                    mkey = ("mask", map_index, hs.device)
-                    if mkey not in gathered:
-                        gathered[mkey] = _reordered_mask(plan, map_index, pid, kwargs.get("attention_mask"), hs, mask_kind)
-                    if gathered[mkey] is not None:
-                        kwargs["attention_mask"] = gathered[mkey]
-                return args, kwargs
-
-            return hook
-
-        first_hooked = next((i for i, m in enumerate(plan.layer_map) if m is not None), None)
-        try:
-            for i, (layer, map_index) in enumerate(zip(layers, plan.layer_map)):
-                if map_index is None:
-                    continue
-                handles.append(layer.register_forward_pre_hook(make_hook(map_index, i == first_hooked), with_kwargs=True))
+        with plan.installed(model):
             yield
-        finally:
-            for h in handles:
-                h.remove()
 
 
-def reorder_mask_kind(model: torch.nn.Module) -> str:
-    """How this model's attention reads the custom causal mask of ``remap="reorder"``:
-    ``"bool"`` (sdpa) or ``"additive"`` (eager). Raises ``ValueError`` for an attention
-    implementation that takes no such mask; the engine calls it before pass 1."""
-    impl = getattr(model.config, "_attn_implementation", None) or "eager"
-    if impl == "sdpa":
-        return "bool"
-    if impl == "eager":
-        return "additive"
-    raise ValueError(
-        f"remap='reorder' sets its own causal mask, which the '{impl}' attention implementation does not take; "
-        "load the model with attn_implementation='sdpa' (default) or 'eager', set one map on every layer "
-        "(split_layer=0 and unmodulated_layers=0: pass 2 then runs the prompt in slot order through the model's own attention), "
-        "or use remap='stride'"
-    )
-
-
-def _reordered_mask(plan: PositionPlan, map_index: int, pid: torch.Tensor, given: torch.Tensor | None,
-                    hs: torch.Tensor, kind: str | None) -> torch.Tensor | None:
-    """The layer's attention mask under the plan's causal order, combined with the model's own
-    mask ``given`` (padding, sliding window) where it passed one; ``None`` = keep ``given``."""
-    if pid.shape[0] != 1:
-        raise ValueError(f"remap='reorder' runs one sequence per call, got a batch of {pid.shape[0]}")
-    num_keys = int(given.shape[-1]) if isinstance(given, torch.Tensor) else int(pid.max()) + 1
-    order = plan.causal_mask(map_index, pid, num_keys, hs.device)
-    if order is None:
-        return None
-    if isinstance(given, torch.Tensor):
-        # The model's mask is the text-order causal mask; the reorder replaces it. Anything
-        # else in it (padding, a sliding window shorter than the prompt) has no meaning in the
-        # moved order, so it is refused instead of being dropped.
-        allowed = given if given.dtype == torch.bool else given > torch.finfo(given.dtype).min / 2
-        q = pid.reshape(-1, 1).to(given.device)
-        text_causal = torch.arange(num_keys, device=given.device).reshape(1, -1) <= q
-        if allowed.shape[-2:] != text_causal.shape or not bool((allowed == text_causal).all()):
-            raise ValueError(
-                "remap='reorder' replaces the causal mask, but this forward's mask also masks other tokens "
-                "(padding, or a sliding window shorter than the prompt); run one unpadded sequence on a model "
-                "without a sliding window, or use remap='stride'"
-            )
-        if given.dtype == torch.bool:
-            return order
-        return torch.where(order, torch.zeros((), dtype=given.dtype, device=given.device), torch.finfo(given.dtype).min)
-    if kind == "bool":
-        return order
-    zero = torch.zeros((), dtype=hs.dtype, device=hs.device)
-    return torch.where(order, zero, torch.finfo(hs.dtype).min)

@@ -234,3 +234,21 @@ def test_methods_are_asked_through_their_specs_not_compared_by_name():
                 bad.append(f"{rel}:{i}: {line.strip()}")
     assert not bad, "ask qgpm.methods.method_spec(name) instead:\n" + "\n".join(bad)
     assert pattern.search('if method == "oracle":') and pattern.search('m in ("topk", "reorder")')
+
+
+def test_the_patching_code_knows_neither_plan_class():
+    """runtime.apply_plan installs any plan through the InstallablePlan protocol: it imports and
+    names neither QGPM's position plans nor the baselines' plans, and both implement ``installed``."""
+    tree = ast.parse((ROOT / "qgpm" / "runtime.py").read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    modules = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not names & {"PositionPlan", "BaselinePlan"}, names & {"PositionPlan", "BaselinePlan"}
+    assert not any(m.endswith(("baselines", "plans", "hooks", "plan")) for m in modules), modules
+    from qgpm.baselines import BaselinePlan
+    from qgpm.rope import PositionPlan
+    from qgpm.runtime import InstallablePlan
+
+    for cls in (PositionPlan, BaselinePlan):
+        assert callable(getattr(cls, "installed", None)), cls
+    assert "installed" in InstallablePlan.__dict__
