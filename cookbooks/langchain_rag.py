@@ -14,8 +14,10 @@ unchanged::
 question (the human message) by itself. Side by side:
 
 * ``vanilla`` -- the retrieved paragraphs as they come, standard RoPE;
-* ``qgpm``    -- the same paragraphs, positions modulated by the model's own relevance
-  heads (the script prints which sentences QGPM promoted, read through ``QGPMTrace``);
+* ``qgpm``    -- the same paragraphs, the sentences most relevant to the question moved next
+  to it by their positions (ranked by the model's preset: MiniLM for the embedded SmolLM2,
+  the model's own heads otherwise; the script prints which sentences QGPM promoted, read
+  through ``QGPMTrace``);
 * ``topk``    -- a ``ContextualCompressionRetriever`` with ``QGPMTopKCompressor`` as the
   chain's retriever (keeps the best paragraphs in their original order), standard RoPE;
 * ``reorder`` -- the same with ``QGPMReorder`` (best paragraph last, next to the question).

@@ -8,9 +8,10 @@ side by side, through four query engines over the same retriever:
 
 * ``vanilla`` -- ``QGPMLLM(method="vanilla")``: the retrieved nodes as they come,
   standard RoPE;
-* ``qgpm``    -- ``QGPMLLM(method="qgpm")``: the same nodes, positions modulated by the
-  model's own relevance heads (the script prints the sentences QGPM ranked highest,
-  from ``response.metadata["qgpm"]``);
+* ``qgpm``    -- ``QGPMLLM(method="qgpm")``: the same nodes, the sentences most relevant to
+  the question moved next to it by their positions (ranked by the model's preset: MiniLM for
+  the embedded SmolLM2, the model's own heads otherwise; the script prints the sentences QGPM
+  ranked highest, from ``response.metadata["qgpm"]``);
 * ``topk``    -- ``QGPMTopKPostprocessor`` (keeps the best nodes in their original
   order) + the vanilla LLM;
 * ``reorder`` -- ``QGPMReorderPostprocessor`` (best node last, next to the question) +

@@ -141,7 +141,7 @@ def _print_why(method: str, result, top: int) -> None:
             z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
             print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {100 * r['depth']:4.0f} %  {r['text'][:110]}")
         if d.get("flat_relevance"):
-            print(f"  (the heads' relevance was flat, top z below min_top_z, so {method} kept vanilla positions)")
+            print(f"  (the relevance was flat, top z below min_top_z, so {method} kept vanilla positions)")
         elif d.get("decisive_relevance"):
             print(f"  (one sentence stood out, its z at least decisive_margin above the next, so {method} kept vanilla positions)")
         elif d.get("s_low") is not None and float(d["s_low"]) >= 1.0:
@@ -205,8 +205,9 @@ def _ask(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     config_file, overrides = split_config_args(args.config)
     check_config_args(config_file, overrides)  # bad fields or values fail here, before the model loads
-    if any(s.stage is Stage.HEADS for s in specs):
-        _check_heads_before_loading(args, heads)
+    relevance = [v.split("=", 1)[1].strip() for v in overrides if v.split("=", 1)[0].strip() == "relevance"]
+    if any(s.stage is Stage.HEADS for s in specs) and (not relevance or parse_source(relevance[-1]).heads):
+        _check_heads_before_loading(args, heads)  # a reranker relevance source needs no head set
     generator = None
     if args.vllm_url:
         from .serving import VLLMServer

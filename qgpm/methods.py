@@ -69,7 +69,7 @@ METHOD_SPECS: dict[str, MethodSpec] = {
         MethodSpec("oracle", Stage.EVIDENCE, "the gold evidence -> modulated positions (QGPM's ceiling)", plan=True, config=True, rotary=True,
                    evidence=True, compared=True),
         MethodSpec("topk", Stage.EDIT, "keep the K chunks a reranker scores highest", reranker=True, shortens=True, compared=True),
-        MethodSpec("reorder", Stage.EDIT, "a reranker's best chunks at both ends of the context", reranker=True, compared=True),
+        MethodSpec("reorder", Stage.EDIT, "every chunk, sorted by a reranker so the best comes last, next to the question", reranker=True, compared=True),
         MethodSpec("string", Stage.ATTENTION, "STRING: shifted position indices (query-agnostic)", rotary=True, options=True),
         MethodSpec("ms-poe", Stage.ATTENTION, "Ms-PoE: per-head position scaling (query-agnostic)", rotary=True, options=True),
         MethodSpec("self-extend", Stage.ATTENTION, "Self-Extend: grouped distant positions (query-agnostic)", rotary=True, options=True),

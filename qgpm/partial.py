@@ -36,8 +36,9 @@ __all__ = ["LayersNotLoadedError", "load_pass1_model", "pass1_depth", "full_laye
            "weight_bytes_not_loaded", "NoLocalGenerator", "full_rotary", "check_pass1_layers_only", "check_heads_fit"]
 
 
-class LayersNotLoadedError(RuntimeError):
-    """A call needs decoder layers this engine did not load (it holds pass 1's layers only)."""
+class LayersNotLoadedError(ValueError):
+    """A call needs decoder layers this engine did not load (it holds pass 1's layers only):
+    a setting of the engine (``pass1_layers_only``) or of the call must change."""
 
 
 def is_partial(model: torch.nn.Module) -> bool:

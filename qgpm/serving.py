@@ -71,7 +71,7 @@ class ServerStreamError(ServingError):
 
 
 class ServedModelMismatchError(ServingError):
-    """The server serves another model than the engine's (another name, tokenizer or window)."""
+    """The server serves another model than the engine's (another name or tokenizer)."""
 
 
 class RemoteGenerationUnsupported(ValueError):
@@ -118,8 +118,9 @@ class VLLMServer:
     # ------------------------------------------------------------------ setup
     def attach(self, engine: Any) -> None:
         """Check that the server serves ``engine``'s model: the model name (when given, else the
-        only one listed), the tokenizer (a probe text must give the same token ids) and a
-        window at least as long as the engine allows. Raises :class:`ServedModelMismatchError`."""
+        only one listed) and the tokenizer (a probe text must give the same token ids); raises
+        :class:`ServedModelMismatchError`. The server's window (``max_model_len``) is read here and
+        checked per call: a prompt that does not fit raises :class:`~qgpm.limits.ContextTooLongError`."""
         listed = self._request("GET", "/v1/models").get("data") or []
         names = [m.get("id") for m in listed]
         if self.model is None:

@@ -253,3 +253,14 @@ def test_every_flag_has_help_and_shared_flags_mean_one_thing():
         assert len({opts[n][flag].help for n in ("ask", "eval", "tune", "calibrate")}) == 1
         assert {opts[n][flag].default for n in ("ask", "eval", "tune", "calibrate")} == {"auto"}
     assert "--methods" in opts["eval"] and "--methods" in opts["tune"]
+
+
+def test_ask_needs_no_head_set_when_a_reranker_ranks(tiny_dir, tmp_path, capsys):
+    """A model without a stored head set: qgpm is refused before loading unless --config names a
+    reranker relevance source, which reads no head."""
+    doc = tmp_path / "notes.txt"
+    doc.write_text("The depot opens at six. The spare key hangs in the blue cabinet. Trucks leave at nine.")
+    base = ["ask", "--model", str(tiny_dir), "--methods", "qgpm", "--device", "cpu", "--context", str(doc), "--max-new-tokens", "2"]
+    assert main([*base, "Where is the spare key?"]) == 2
+    assert "no head set" in capsys.readouterr().err
+    assert main([*base, "--quiet", "--config", "relevance=bm25", "Where is the spare key?"]) == 0
