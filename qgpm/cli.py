@@ -114,7 +114,7 @@ def _print_answer(method: str, result, *, width: int, expected: str | None = Non
     """One method's answer with its timing, aligned with the others; with ``expected`` (a bundled
     example), whether the answer holds it."""
     t = result.timings
-    stage = "pass 1" if parse_source((result.details or {}).get("relevance_source", "heads")).heads else "ranking"
+    stage = "pass 1" if parse_source(result.details.relevance_source or "heads").heads else "ranking"
     timing = f"{t.total_s:.1f} s, first token {t.first_token_s:.1f} s" + (f" ({stage} {t.pass1_s:.1f} s)" if t.pass1_s else "")
     answer = " ".join(result.text.split()) or "(empty answer)"
     if expected is not None:
@@ -129,8 +129,8 @@ def _print_why(method: str, result, top: int) -> None:
 
     if result.relevance:
         rows = sorted(sentence_rows(result), key=lambda r: r["rank"])[:top]
-        d = result.details or {}
-        source = d.get("relevance_source")
+        d = result.details
+        source = d.relevance_source
         ranked = f", ranked by {source}" if source else ""
         print(f"\n{method} promoted (top {len(rows)} of {len(result.relevance)} sentences{ranked}):")
         print("  z: how far the sentence's relevance to the question stands above the context's average, in standard deviations")
@@ -140,20 +140,20 @@ def _print_why(method: str, result, top: int) -> None:
         for r in rows:
             z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
             print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {100 * r['depth']:4.0f} %  {r['text'][:110]}")
-        if d.get("flat_relevance"):
+        if d.flat_relevance:
             print(f"  (the relevance was flat, top z below min_top_z, so {method} kept vanilla positions)")
-        elif d.get("decisive_relevance"):
+        elif d.decisive_relevance:
             print(f"  (one sentence stood out, its z at least decisive_margin above the next, so {method} kept vanilla positions)")
-        elif d.get("s_low") is not None and float(d["s_low"]) >= 1.0:
+        elif d.s_low is not None and d.s_low >= 1.0:
             print(f"  (the context is no longer than keep_length, so {method} kept vanilla positions)")
-        elif d.get("solo_relevance"):
+        elif d.solo_relevance:
             print(f"  (the top sentence stood out, its z at least solo_margin above the next, so {method} promoted it alone)")
-        if d.get("term_dropped"):
-            print(f"  ({term_note(d['term_dropped'])})")
+        if d.term_dropped:
+            print(f"  ({term_note(d.term_dropped)})")
     if result.edit is not None:
         print(f"\n{method} kept chunks {result.edit.kept} of {len(result.edit.chunks)}")
     if method_spec(method).options:
-        print(f"\n{method} settings: " + ", ".join(f"{k}={v}" for k, v in result.details.items()))
+        print(f"\n{method} settings: " + ", ".join(f"{k}={v}" for k, v in result.details.settings.items()))
 
 
 def _ask(args: argparse.Namespace) -> int:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import html
 from typing import Any, Protocol, Sequence
 
+from .diagnostics import Diagnostics
+
 __all__ = ["render_html", "plot_relevance", "sentence_rows", "Explained"]
 
 
@@ -25,7 +27,7 @@ class Explained(Protocol):
     text: str
     method: str
     relevance: list[Any]
-    details: dict[str, Any]
+    details: Diagnostics
     context: str | None
     question: str | None
     usage: Any
@@ -108,23 +110,25 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         f"<td>{r['sharp']:.2f}</td><td>{100 * r['depth']:.0f} %</td><td>{esc(r['text'])}</td></tr>"
         for r in best
     )
-    d = result.details or {}
+    d = result.details
     meta = [f"method <b>{esc(result.method)}</b>", f"{result.usage.prompt_tokens} prompt tokens", f"{result.usage.answer_tokens} answer tokens",
             f"{result.timings.total_s:.2f} s"]
-    if d.get("anchor_length") is not None:
-        meta.append(f"frequency gate at wavelength {float(d['anchor_length']):.0f} tokens")
-    if d.get("flat_relevance"):
+    if d.relevance_source:
+        meta.append(f"ranked by {esc(d.relevance_source)}")
+    if d.anchor_length is not None:
+        meta.append(f"frequency gate at wavelength {d.anchor_length:.0f} tokens")
+    if d.flat_relevance:
         meta.append("relevance flat: vanilla positions kept")
-    elif d.get("decisive_relevance"):
+    elif d.decisive_relevance:
         meta.append("one sentence stands out (decisive_margin): vanilla positions kept")
-    elif d.get("s_low") is not None and float(d["s_low"]) >= 1.0:
+    elif d.s_low is not None and d.s_low >= 1.0:
         meta.append("short context (keep_length): vanilla positions kept")
-    elif d.get("solo_relevance"):
+    elif d.solo_relevance:
         meta.append("the top sentence stands out (solo_margin): it alone was promoted")
-    if d.get("term_dropped"):
-        meta.append(esc(term_note(d["term_dropped"])))
-    if d.get("prefill_reused"):
-        meta.append(f"{int(d['prefill_reused'])} prompt tokens' prefill taken from pass 1 (reuse_prefill)")
+    if d.term_dropped:
+        meta.append(esc(term_note(d.term_dropped)))
+    if d.prefill_reused:
+        meta.append(f"{d.prefill_reused} prompt tokens' prefill taken from pass 1 (reuse_prefill)")
     no_rank = "" if rows else '<p class="meta">This method has no relevance ranking (standard positions).</p>'
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

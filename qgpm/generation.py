@@ -24,6 +24,7 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 
 from .config import QGPMConfig
 from .decoding import Decoding, SeededSampler, finish_text
+from .diagnostics import FIELDS as DIAGNOSTIC_FIELDS
 from .methods import METHOD_SPECS, MethodSpec, Stage
 from .prefill import rewind, take_prefill, fresh_cache
 from .results import PreparedCall, QGPMResult, Usage
@@ -132,11 +133,14 @@ def build_result(call: PreparedCall, out: Generated, decoding: Decoding) -> QGPM
     ahead = call.prefill.seconds if out.reused and call.prefill is not None else 0.0
     tm = dataclasses.replace(pre, prefill_s=ahead + first - out.t0, decode_s=out.t1 - first,
                              total_s=pre.edit_s + pre.pass1_s + pre.plan_s + ahead + (out.t1 - out.t0))
-    details = dict(call.details)
+    details = call.details.copy()
     spec = METHOD_SPECS.get(call.method)  # None: a plain chat call
     if spec is not None and spec.stage is Stage.HEADS:
-        details.update(prefill_reused=out.reused, prefill_continued_s=ahead)
-    details.update(out.details)
+        details.prefill_reused, details.prefill_continued_s = out.reused, ahead
+    for key, value in out.details.items():  # the generator's facts: fields of Diagnostics, checked
+        if key not in DIAGNOSTIC_FIELDS:
+            raise KeyError(f"generator {type(out).__name__} reported {key!r}, which is not a Diagnostics field")
+        setattr(details, key, value)
     return QGPMResult(
         text=text, method=call.method, relevance=list(call.relevance),
         usage=Usage(call.num_tokens, len(out.token_ids)), timings=tm, finish_reason=reason, edit=call.edit, details=details,

@@ -22,6 +22,7 @@ import torch
 from .baselines import build_baseline_plan
 from .config import CALIBRATED, QGPMConfig
 from .defaults import DEFAULT_K, DEFAULT_RERANKER
+from .diagnostics import Diagnostics
 from .editing import edit_context
 from .heads import HeadSet
 from .limits import check_fits, check_input_size
@@ -198,8 +199,9 @@ def edit_context_stage(spec: MethodSpec, context: Any, question: str, *, reranke
 
 
 def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: str, cfg: QGPMConfig, *, capacity: int, timings: Timings,
-                  edit: Any, details: dict[str, Any], evidence: Sequence[str] | None, options: Any) -> PreparedCall:
+                  edit: Any, details: Mapping[str, Any], evidence: Sequence[str] | None, options: Any) -> PreparedCall:
     """The prepared call of ``spec``'s stage over the built ``prompt``."""
+    details = Diagnostics.of(details)
     if spec.stage is Stage.HEADS:
         return _prepare_heads(eng, prompt, question, cfg, capacity, timings, edit, details)
     if spec.stage is Stage.EVIDENCE:
@@ -216,12 +218,12 @@ def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: st
         t = time.perf_counter()
         plan, info = build_baseline_plan(spec.name, options, n_tokens=prompt.num_tokens, rotary=eng.rotary, n_layers=eng.n_layers)
         timings.plan_s = time.perf_counter() - t
-        details.update(info)
+        details.settings.update(info)
     return PreparedCall(prompt, spec.name, plan, [], timings, edit, details, config=cfg)
 
 
 def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfig, capacity: int, timings: Timings, edit: Any,
-                   details: dict[str, Any]) -> PreparedCall:
+                   details: Diagnostics) -> PreparedCall:
     """A ``qgpm`` call: relevance from ``cfg.relevance`` (pass 1 and / or a reranker), then the plan."""
     view: dict[str, Any] = {}
     rules = confidence_config(eng, cfg)  # the thresholds this call's plan applies, resolved once
@@ -300,8 +302,8 @@ def replan(eng: ModelView, call: PreparedCall, config: QGPMConfig) -> PreparedCa
     capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
     mr, relevance, plan_details = plan_call(eng, prompt, call.z, config, capacity, units=call.units if method_spec(call.method).evidence else None)
     timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
-    details = dict(call.details)
-    details.pop("term_dropped", None)
+    details = call.details.copy()
+    details.term_dropped = None
     details.update(plan_details)
     details.update(flat_relevance=mr.flat, decisive_relevance=mr.decisive, solo_relevance=mr.solo)
     return PreparedCall(prompt, call.method, mr.plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units,

@@ -17,6 +17,7 @@ import torch
 
 from .methods import METHOD_SPECS, Stage
 from .config import QGPMConfig
+from .diagnostics import Diagnostics
 from .prompt import Prompt
 
 __all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
@@ -83,9 +84,11 @@ class QGPMResult:
 
     ``relevance``: one :class:`SentenceRelevance` per context sentence (empty for methods
     without a ranking); ``finish_reason``: ``"stop"`` or ``"length"``; ``edit``: the
-    Top-K / Reorder / LLMLingua-2 edit of the context, if any; ``details``: per-method
-    facts (boundary plane, flat relevance, ``score_logprob``, ...). A result owns its
-    ``timings`` and ``details``: they are not shared with the :class:`PreparedCall`.
+    Top-K / Reorder / LLMLingua-2 edit of the context, if any; ``details``: the call's facts
+    as a typed :class:`~qgpm.diagnostics.Diagnostics` (``result.details.s_low``,
+    ``result.details.flat_relevance``, ``result.details.score_logprob``, ...; also a mapping of
+    the facts set). A result owns its ``timings`` and ``details``: they are not shared with
+    the :class:`PreparedCall`.
     """
 
     text: str
@@ -95,9 +98,13 @@ class QGPMResult:
     timings: Timings = field(default_factory=Timings)
     finish_reason: str = "stop"
     edit: Any = None  # EditedContext for topk / reorder
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Diagnostics = field(default_factory=Diagnostics)
     context: str | None = None  # the context as the prompt held it (relevance spans index into it)
     question: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.details, Diagnostics):
+            self.details = Diagnostics.of(self.details)
 
     def to_html(self, *, top: int = 10) -> str:
         """A self-contained HTML page showing why this answer came out (see :mod:`qgpm.explain`)."""
@@ -121,7 +128,7 @@ class QGPMResult:
             spec = METHOD_SPECS.get(self.method)
             how = "query-agnostic positions" if spec is not None and spec.stage is Stage.ATTENTION else "standard positions"
             return f"method={self.method}: no relevance ranking ({how})"
-        source = (self.details or {}).get("relevance_source")
+        source = self.details.relevance_source
         ranked = f", ranked by {source}" if source else (", ranked by the model's heads" if self.method in METHOD_SPECS and METHOD_SPECS[self.method].stage is Stage.HEADS else "")
         lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences{ranked}"]
         for s in self.top_sentences(k):
@@ -153,7 +160,7 @@ class PreparedCall:
     relevance: list[SentenceRelevance]
     timings: Timings
     edit: Any
-    details: dict[str, Any]
+    details: Diagnostics
     input_ids: torch.Tensor | None = None
     z: torch.Tensor | None = None
     config: QGPMConfig | None = None
@@ -161,6 +168,8 @@ class PreparedCall:
     prefill: Any = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.details, Diagnostics):
+            self.details = Diagnostics.of(self.details)
         if self.input_ids is None:
             self.input_ids = self.prompt.input_ids
 

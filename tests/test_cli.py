@@ -199,8 +199,9 @@ def test_ask_compares_vanilla_and_qgpm_by_default_and_shows_the_promoted_sentenc
     timing = [l for l in out if "prompt tokens" in l and "first token" in l]
     assert len(timing) == 2 and "(pass 1 " in timing[1] and "(pass 1 " not in timing[0]
     i = next(k for k, l in enumerate(out) if l.startswith("qgpm promoted (top 2 of 3 sentences"))
-    assert out[i + 1].split() == ["rank", "z", "score", "depth", "sentence"]
-    rows = out[i + 2:i + 4]
+    assert [l.split(":")[0].strip() for l in out[i + 1:i + 4]] == ["z", "score", "depth"]  # each column said in words
+    assert out[i + 4].split() == ["rank", "z", "score", "depth", "sentence"]
+    rows = out[i + 5:i + 7]
     assert [r.split()[0] for r in rows] == ["#1", "#2"]
     for r in rows:  # rank, z, score in [0, 1], depth in %, sentence text
         _, z, score, depth, pct, *text = r.split()

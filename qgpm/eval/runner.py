@@ -313,7 +313,7 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         "answer": res.text,
         "correct": bool(is_correct(sample.metric, res.text, sample.answers)),
         "score": float(score(sample.metric, res.text, sample.answers)),
-        "logprob_gold": res.details.get("score_logprob"),
+        "logprob_gold": res.details.score_logprob,
         "prompt_tokens": res.usage.prompt_tokens,
         "answer_tokens": res.usage.answer_tokens,
         "finish_reason": res.finish_reason,
@@ -321,7 +321,7 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         "timings": {
             "edit_s": round(tm.edit_s, 4), "pass1_s": round(tm.pass1_s, 4), "plan_s": round(tm.plan_s, 4),
             "prefill_s": round(tm.prefill_s, 4), "decode_s": round(tm.decode_s, 4), "answer_s": round(tm.total_s, 4),
-            "logprob_s": round(res.details.get("score_s", 0.0), 4), "run_s": round(time.perf_counter() - t_run, 4),
+            "logprob_s": round(res.details.score_s or 0.0, 4), "run_s": round(time.perf_counter() - t_run, 4),
             "wall_s": round(time.perf_counter() - t0, 4),
         },
     }
@@ -331,18 +331,19 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         out["evidence_rank"] = _evidence_rank(call, sample)
         out["num_sentences"] = len(res.relevance)
         out["top_z"] = [None if s.z is None else round(float(s.z), 3) for s in res.top_sentences(3)]
-        out["prefill_reused"] = int(res.details.get("prefill_reused", 0))  # prompt tokens pass 1's continued prefill saved
+        out["prefill_reused"] = int(res.details.prefill_reused or 0)  # prompt tokens pass 1's continued prefill saved
     if spec.config:
-        out["anchor_length"] = call.details.get("anchor_length")
-        out["s_low"] = call.details.get("s_low")
-        out["flat_relevance"] = bool(call.details.get("flat_relevance", False))
-        out["decisive_relevance"] = bool(call.details.get("decisive_relevance", False))
-        if call.details.get("solo_relevance"):
+        d = call.details
+        out["anchor_length"] = d.anchor_length
+        out["s_low"] = d.s_low
+        out["flat_relevance"] = bool(d.flat_relevance)
+        out["decisive_relevance"] = bool(d.decisive_relevance)
+        if d.solo_relevance:
             out["solo_relevance"] = True
-        if "term_dropped" in call.details:
-            out["term_dropped"] = int(call.details["term_dropped"])
+        if d.term_dropped is not None:
+            out["term_dropped"] = int(d.term_dropped)
     if spec.options:
-        out["baseline"] = dict(call.details)  # e.g. STRING's S and W for this prompt
+        out["baseline"] = dict(call.details)  # every fact of the call: STRING's S and W, LLMLingua-2's token counts
     if spec.reranker and res.edit is not None:
         out["chunks"] = len(getattr(res.edit, "chunks", []) or [])
         out["kept_chunks"] = len(getattr(res.edit, "kept", []) or [])
