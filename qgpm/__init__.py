@@ -17,10 +17,17 @@ from .heads import HeadSet, HeadSetMismatchError, HeadSetMissingError
 from .prompt import EmptyContextError, PromptError
 from .results import AnswerStream, QGPMResult, SentenceRelevance, Timings, Usage
 from .runtime import SUPPORTED_FAMILIES, UnsupportedModelError
+from .settings import ConfidenceRules, MoveRemap, Pass1Settings, ReorderRemap, ShapingSettings, StrideRemap
 
 __all__ = [
     "QGPM",
     "QGPMConfig",
+    "Pass1Settings",
+    "ShapingSettings",
+    "ConfidenceRules",
+    "StrideRemap",
+    "MoveRemap",
+    "ReorderRemap",
     "QGPMResult",
     "SentenceRelevance",
     "Usage",

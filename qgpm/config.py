@@ -1,43 +1,40 @@
 """Hyperparameters of QGPM (paper App. C) in one object, with per-backbone presets.
 
 Presets are keyed by the model's fingerprint key (:mod:`qgpm.fingerprint`), with the
-readable name beside it in :data:`PRESET_NAMES`.
+readable name beside it in :data:`PRESET_NAMES`. The settings' groups (pass 1, shaping, the
+confidence rules, the remap with its own options), their defaults and their checks are in
+:mod:`qgpm.settings`.
 """
 
 from __future__ import annotations
 
-import math
 import dataclasses
 import json
-import numbers
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from .defaults import DEFAULT_MODEL_NAME
+from .settings import (
+    CALIBRATED,
+    MIN_SENTENCE_CHARS,
+    ConfidenceRules,
+    MoveRemap,
+    Pass1Settings,
+    RemapSettings,
+    ShapingSettings,
+    StrideRemap,
+    check_groups,
+    check_types,
+    flat_fields,
+    group_of,
+    remap_of,
+)
 from .shaping import MapParams
-from .sources import parse_source
 
-__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "RECIPE", "CALIBRATED", "load_config", "coerce_value"]
+__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "RECIPE", "CALIBRATED", "MIN_SENTENCE_CHARS", "load_config", "coerce_value"]
 
-CALIBRATED = "calibrated"
-"""``QGPMConfig.min_top_z`` value: the threshold stored with the model's head set."""
-
-MIN_SENTENCE_CHARS = 20
-"""Smallest ``max_sentence_chars`` the sentence splitter accepts."""
-_FLOAT_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "tau", "local_window", "keep_length")
-_Z_MARGIN_FIELDS = ("decisive_margin", "z_window", "solo_margin")  # optional positive z differences (None = off)
-_INT_FIELDS = (("unmodulated_layers", False), ("split_layer", True), ("query_tail", True), ("max_heads", True), ("max_sentence_chars", False), ("lead_tokens", False))
-
-
-def _check_z_margin(name: str, value: Any) -> None:
-    """A field that is a positive, finite z difference or ``None`` (off)."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"QGPMConfig.{name} must be a number or None, got {type(value).__name__} {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive, finite z difference or None (off), got {value}")
+_PASS1, _SHAPING, _CONFIDENCE, _MOVED = Pass1Settings(), ShapingSettings(), ConfidenceRules(), MoveRemap()  # the groups' defaults
 
 
 @dataclass(frozen=True)
@@ -230,124 +227,82 @@ class QGPMConfig:
     ``ValueError`` naming the field. Limits that depend on the model (``split_layer``
     and ``unmodulated_layers`` at most the number of layers) are checked by the
     engine before pass 1.
+
+    The fields fall into four groups (:mod:`qgpm.settings`), read with :attr:`pass1`,
+    :attr:`shaping`, :attr:`confidence` and :attr:`remap_settings`; :meth:`from_groups`
+    builds a config from them. The defaults above are the groups'.
     """
 
-    k_broad: float = 8.0
-    t_broad: float = 2.0
-    k_sharp: float = 2.0
-    t_sharp: float = 0.5
-    s_low: float = 0.1
-    eps: float = 0.05
-    anchor_ratio: float = 1.0
-    tau: float = 1.0
-    anchor_basis: str = "context"
-    local_window: float = 0.0
-    keep_length: float = 0.0
-    unmodulated_layers: int = 0
-    min_top_z: float | str | None = None
-    decisive_margin: float | None = None
-    z_window: float | None = None
-    solo_margin: float | None = None
-    split_layer: int | None = None
-    query_tail: int | None = None
-    exclude_newline_tokens: bool = True
-    max_heads: int | None = None
-    max_sentence_chars: int = 600
-    split_run_ons: bool = False
-    remap: str = "stride"
-    lead_tokens: int = 0
-    placement: str = "question"
-    local_layers: str | None = None
-    term_ratio: float | None = None
-    moved_order: str = "rank"
-    pass1_dtype: str | None = None
-    relevance: str = "heads"
+    k_broad: float = _SHAPING.k_broad
+    t_broad: float = _SHAPING.t_broad
+    k_sharp: float = _SHAPING.k_sharp
+    t_sharp: float = _SHAPING.t_sharp
+    s_low: float = _SHAPING.s_low
+    eps: float = _SHAPING.eps
+    anchor_ratio: float = _SHAPING.anchor_ratio
+    tau: float = _SHAPING.tau
+    anchor_basis: str = _SHAPING.anchor_basis
+    local_window: float = _SHAPING.local_window
+    keep_length: float = _CONFIDENCE.keep_length
+    unmodulated_layers: int = _SHAPING.unmodulated_layers
+    min_top_z: float | str | None = _CONFIDENCE.min_top_z
+    decisive_margin: float | None = _CONFIDENCE.decisive_margin
+    z_window: float | None = _CONFIDENCE.z_window
+    solo_margin: float | None = _CONFIDENCE.solo_margin
+    split_layer: int | None = _SHAPING.split_layer
+    query_tail: int | None = _PASS1.query_tail
+    exclude_newline_tokens: bool = _PASS1.exclude_newline_tokens
+    max_heads: int | None = _PASS1.max_heads
+    max_sentence_chars: int = _PASS1.max_sentence_chars
+    split_run_ons: bool = _PASS1.split_run_ons
+    remap: str = StrideRemap.REMAP
+    lead_tokens: int = _MOVED.lead_tokens
+    placement: str = _MOVED.placement
+    local_layers: str | None = _MOVED.local_layers
+    term_ratio: float | None = _CONFIDENCE.term_ratio
+    moved_order: str = _MOVED.moved_order
+    pass1_dtype: str | None = _PASS1.pass1_dtype
+    relevance: str = _PASS1.relevance
     provenance: str = field(default="initial defaults (untuned)", compare=False)
 
     def __post_init__(self) -> None:
-        for name in _FLOAT_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"QGPMConfig.{name} must be a number, got {type(value).__name__} {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"QGPMConfig.{name} must be a finite number, got {value}")
-        for name, optional in _INT_FIELDS:
-            value = getattr(self, name)
-            if value is None and optional:
-                continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-                kind = "an int or None" if optional else "an int"
-                raise TypeError(f"QGPMConfig.{name} must be {kind}, got {type(value).__name__} {value!r}")
-        for name in ("exclude_newline_tokens", "split_run_ons"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"QGPMConfig.{name} must be a bool, got {type(getattr(self, name)).__name__} {getattr(self, name)!r}")
-        if not self.k_broad > self.k_sharp > 0:
-            raise ValueError(f"need K_b > K_s > 0, got K_b={self.k_broad}, K_s={self.k_sharp}")
-        if self.t_broad < self.t_sharp or self.t_sharp < 0:
-            raise ValueError(f"need T_b >= T_s >= 0, got T_b={self.t_broad}, T_s={self.t_sharp}")
-        if not 0 <= self.s_low <= 1:
-            raise ValueError(f"s_low must be in [0, 1], got {self.s_low}")
-        if not 0 < self.eps <= 1:
-            raise ValueError(f"eps must be in (0, 1], got {self.eps}")
-        if self.anchor_ratio <= 0:
-            raise ValueError(f"anchor_ratio must be positive, got {self.anchor_ratio}")
-        if self.tau < 0:
-            raise ValueError(f"tau must be >= 0, got {self.tau}")
-        if self.remap not in ("stride", "move", "reorder"):
-            raise ValueError(f"remap must be 'stride' (the paper's Eq. 7-8), 'move' or 'reorder', got {self.remap!r}")
-        if self.anchor_basis not in ("context", "relevant"):
-            raise ValueError(f"anchor_basis must be 'context' or 'relevant', got {self.anchor_basis!r}")
-        if not self.local_window >= 0:
-            raise ValueError(f"local_window must be >= 0 tokens (0 = off), got {self.local_window}")
-        if not self.keep_length >= 0:
-            raise ValueError(f"keep_length must be >= 0 tokens (0 = off), got {self.keep_length}")
-        if isinstance(self.min_top_z, str):
-            if self.min_top_z != CALIBRATED:
-                raise ValueError(f"min_top_z must be a finite z-score, {CALIBRATED!r} (the head set's threshold) or None, got {self.min_top_z!r}")
-        elif self.min_top_z is not None and (isinstance(self.min_top_z, bool) or not isinstance(self.min_top_z, numbers.Real)
-                                             or not math.isfinite(self.min_top_z)):
-            raise ValueError(f"min_top_z must be a finite z-score, {CALIBRATED!r} (the head set's threshold) or None, got {self.min_top_z!r}")
-        for name in _Z_MARGIN_FIELDS:
-            _check_z_margin(name, getattr(self, name))
-        if self.lead_tokens < 0:
-            raise ValueError(f"lead_tokens must be >= 0 tokens (0 = off), got {self.lead_tokens}")
-        if self.lead_tokens and self.remap == "stride":
-            raise ValueError(f"lead_tokens={self.lead_tokens} moves text along with moved sentences; it needs remap='move' or 'reorder', not 'stride'")
-        if self.term_ratio is not None:
-            if isinstance(self.term_ratio, bool) or not isinstance(self.term_ratio, numbers.Real):
-                raise TypeError(f"QGPMConfig.term_ratio must be a number or None, got {type(self.term_ratio).__name__} {self.term_ratio!r}")
-            if not (math.isfinite(self.term_ratio) and 0 < self.term_ratio <= 1):
-                raise ValueError(f"term_ratio must be in (0, 1] (a share of the best candidate's BM25 score) or None (off), got {self.term_ratio}")
-        if self.local_layers not in (None, "vanilla", "modulated"):
-            raise ValueError(f"local_layers must be None (the remap's choice), 'vanilla' or 'modulated', got {self.local_layers!r}")
-        if self.local_layers == "vanilla" and self.remap == "reorder":
-            raise ValueError("local_layers='vanilla' cannot be kept by remap='reorder': its pass 2 feeds the reordered prompt to every layer; "
-                             "use local_layers=None or 'modulated', or remap='stride' / 'move'")
-        if self.placement not in ("question", "ends"):
-            raise ValueError(f"placement must be 'question' (moved sentences before the question) or 'ends' (split between both ends of the context), got {self.placement!r}")
-        if self.placement != "question" and self.remap == "stride":
-            raise ValueError(f"placement={self.placement!r} places moved sentences; it needs remap='move' or 'reorder', not 'stride'")
-        if self.placement != "question" and self.lead_tokens:
-            raise ValueError(f"placement={self.placement!r} and lead_tokens={self.lead_tokens} cannot be combined (leads are defined for sentences moved before the question only); set one of them")
-        if self.moved_order not in ("rank", "text"):
-            raise ValueError(f"moved_order must be 'rank' (the top sentence last, next to the question) or 'text' (the context's order), got {self.moved_order!r}")
-        if self.moved_order != "rank" and self.remap == "stride":
-            raise ValueError(f"moved_order={self.moved_order!r} orders moved sentences; it needs remap='move' or 'reorder', not 'stride'")
-        if self.moved_order != "rank" and self.placement != "question":
-            raise ValueError(f"moved_order={self.moved_order!r} and placement={self.placement!r} cannot be combined (placement='ends' splits the moved sentences by rank); set one of them")
-        if self.pass1_dtype not in (None, "auto", "bfloat16", "float16", "float32"):
-            raise ValueError(f"pass1_dtype must be None (the model's dtype), 'auto', 'bfloat16', 'float16' or 'float32', got {self.pass1_dtype!r}")
-        parse_source(self.relevance)
-        if self.unmodulated_layers < 0:
-            raise ValueError(f"unmodulated_layers must be >= 0, got {self.unmodulated_layers}")
-        if self.split_layer is not None and self.split_layer < 0:
-            raise ValueError(f"split_layer must be >= 0 (or None = half the layers), got {self.split_layer}")
-        if self.query_tail is not None and self.query_tail < 0:
-            raise ValueError(f"query_tail must be >= 0 (or None = every token after the question), got {self.query_tail}")
-        if self.max_heads is not None and self.max_heads < 1:
-            raise ValueError(f"max_heads must be >= 1, got {self.max_heads}")
-        if self.max_sentence_chars < MIN_SENTENCE_CHARS:
-            raise ValueError(f"max_sentence_chars must be at least {MIN_SENTENCE_CHARS}, got {self.max_sentence_chars}")
+        check_types(self)
+        check_groups(self)
+
+    @property
+    def pass1(self) -> Pass1Settings:
+        """The pass-1 settings (:class:`~qgpm.settings.Pass1Settings`)."""
+        return group_of(Pass1Settings, self)
+
+    @property
+    def shaping(self) -> ShapingSettings:
+        """The shaping settings (:class:`~qgpm.settings.ShapingSettings`)."""
+        return group_of(ShapingSettings, self)
+
+    @property
+    def confidence(self) -> ConfidenceRules:
+        """The confidence rules (:class:`~qgpm.settings.ConfidenceRules`)."""
+        return group_of(ConfidenceRules, self)
+
+    @property
+    def remap_settings(self) -> RemapSettings:
+        """The remap with its own options: :class:`~qgpm.settings.StrideRemap`,
+        :class:`~qgpm.settings.MoveRemap` or :class:`~qgpm.settings.ReorderRemap`."""
+        return remap_of(self)
+
+    @classmethod
+    def from_groups(cls, *, pass1: Pass1Settings | None = None, shaping: ShapingSettings | None = None,
+                    confidence: ConfidenceRules | None = None, remap: RemapSettings | None = None,
+                    provenance: str | None = None) -> QGPMConfig:
+        """A config from its groups (:mod:`qgpm.settings`); a group left out takes its defaults,
+        the same as ``QGPMConfig()``'s. ``provenance`` ``None`` keeps the default text.
+
+        ``QGPMConfig.from_groups(pass1=c.pass1, shaping=c.shaping, confidence=c.confidence,
+        remap=c.remap_settings, provenance=c.provenance)`` equals ``c``. An argument of the wrong
+        group (a remap name such as ``"reorder"`` instead of ``ReorderRemap()``) raises
+        ``TypeError``."""
+        values = flat_fields(pass1=pass1, shaping=shaping, confidence=confidence, remap=remap)
+        return cls(**values) if provenance is None else cls(**values, provenance=provenance)
 
     @property
     def broad(self) -> MapParams:

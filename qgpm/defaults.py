@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from .methods import BASELINE_METHODS, COMPARISON_METHODS, METHODS  # the method lists, from the one registry of method specs
+from .settings import fields_of
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -46,9 +47,10 @@ against 0.369), at about 2 s per 1K context tokens on 2 CPU cores."""
 DEFAULT_K = 5
 """Chunks (documents, nodes) kept by ``topk``."""
 
-PASS1_FIELDS: tuple[str, ...] = ("max_sentence_chars", "split_run_ons", "query_tail", "exclude_newline_tokens", "max_heads", "pass1_dtype", "relevance")
+PASS1_FIELDS: tuple[str, ...] = fields_of(replannable=False)
 """``QGPMConfig`` fields that change pass 1 or the prompt itself (the others only
-reshape a stored relevance: :meth:`qgpm.QGPM.replan` may change those)."""
+reshape a stored relevance: :meth:`qgpm.QGPM.replan` may change those): the fields of
+the groups that are not replannable (:class:`qgpm.settings.Pass1Settings`)."""
 
 
 def is_default_model(model: Any) -> bool:
