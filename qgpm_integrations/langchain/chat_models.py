@@ -1,7 +1,9 @@
 """``QGPMChatModel``: a LangChain chat model that answers with QGPM over a local model.
 
 How the context reaches QGPM (:func:`qgpm.chat_prompt.read_chat` reads it out of the
-messages; this adapter only converts LangChain messages to qgpm's role / content dicts):
+messages and :class:`qgpm.conversation.ChatRequest` runs it; this adapter converts LangChain
+messages to qgpm's role / content dicts, maps its fields to engine arguments and wraps the
+results and streams into LangChain messages):
 
 1. **Keyword arguments** -- ``llm.invoke(messages, context=docs, question=...)`` or
    ``llm.bind(context=docs)``: ``context`` is a string, a ``Document`` or a list of
@@ -21,23 +23,24 @@ the shape, the message indices and character spans, the document count and a pre
 Without any of these the model is an ordinary local chat model (standard RoPE over the
 model's chat template) and says so: ``response_metadata["qgpm"]["mode"] == "plain"``
 with the reason, and the first such call of a model instance logs a warning (logger
-``qgpm.langchain``).
+``qgpm``).
 
 An *empty* context (``context=[]``, ``context=""``, a prompt whose context block is
 empty, e.g. a retriever that found nothing) is never answered from nothing: by default
 the reply is :data:`NO_CONTEXT_REPLY` without running the model
 (``response_metadata["qgpm"]["mode"] == "empty_context"``); with
-``on_empty_context="raise"`` the call raises :class:`qgpm.EmptyContextError`.
+``on_empty_context="raise"`` the call raises :class:`qgpm.EmptyContextError` (the policy of
+:mod:`qgpm.conversation`).
 
-With context, ``response_metadata["qgpm"]`` holds ``mode == "context"``, the method,
-the top sentences of the relevance ranking with their scores, and timings.
+With context, ``response_metadata["qgpm"]`` (:meth:`qgpm.conversation.ChatRequest.report`)
+holds ``mode == "context"``, the method, the top sentences of the relevance ranking with
+their scores, and timings.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
+from contextlib import aclosing
 from typing import Any, AsyncIterator, Iterator, Literal, Sequence
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -53,12 +56,11 @@ from langchain_core.messages import (
 )
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables.config import run_in_executor
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
-
 from qgpm.chat_prompt import ChatParts, message_text, read_chat
+from qgpm.conversation import NO_CONTEXT_REPLY, ChatRequest, check_empty_context_policy
+from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
 from qgpm.methods import Stage, method_spec
 from qgpm.serving import VLLMServer
 from qgpm.sources import parse_source
@@ -71,6 +73,7 @@ from .._common import (
     device_map_for,
     heads_key,
     is_loaded_model,
+    iterate_in_thread,
     kwargs_key,
     model_key,
     shared_engine,
@@ -79,13 +82,7 @@ from .prompts import document_texts
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
 
-logger = logging.getLogger("qgpm.langchain")
-
-NO_CONTEXT_REPLY = "I found no context to answer from: no documents were retrieved for this question."
-"""The reply to a call whose context is empty (``on_empty_context="reply"``, the default).
-
-The model is not run: an empty retrieval result is visible as this fixed text (and as
-``response_metadata["qgpm"]["mode"] == "empty_context"``), never as a made-up answer."""
+logger = logging.getLogger("qgpm")
 
 UNMARKED_WARNING = (
     "QGPMChatModel found no context in the prompt (no context= argument, no qgpm_role marking, and no context block "
@@ -107,7 +104,6 @@ _CALL_KWARGS = frozenset(
         "explain_k", "explain_html", "model", "timeout", "stream", "options", "on_empty_context", "relevance",
     }
 )
-_EMPTY_POLICIES = ("reply", "raise")
 
 # generate arguments that have a field of their own on QGPMChatModel
 _GENERATE_FIELDS = {
@@ -149,17 +145,6 @@ def _build_request(messages: Sequence[BaseMessage], kw: dict[str, Any]) -> ChatP
     context = document_texts(kw["context"]) if kw.get("context") is not None else None
     question = kw.get("question")
     return read_chat(_as_dicts(messages), context=context, question=None if question is None else str(question))
-
-
-def _source(req: ChatParts) -> str:
-    return "kwargs" if req.shape == "kwargs" else "prompt"
-
-
-def _no_context_result() -> Any:
-    """The result of a call with an empty context: the fixed reply, no model run."""
-    from qgpm import QGPMResult
-
-    return QGPMResult(text=NO_CONTEXT_REPLY, method="none", finish_reason="stop", details={"empty_context": True})
 
 
 # --------------------------------------------------------------------------- the chat model
@@ -443,31 +428,22 @@ class QGPMChatModel(BaseChatModel):
         return encode_plain(self._tokenizer(), text)
 
     # ------------------------------------------------------------------ call plumbing
-    def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, ChatParts, dict[str, Any], dict[str, Any]]:
+    def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, ChatRequest, dict[str, Any], dict[str, Any]]:
+        """(engine, request, decoding arguments, answer arguments) of one call."""
         unknown = set(kwargs) - _CALL_KWARGS
         if unknown:
             raise TypeError(f"QGPMChatModel got unexpected keyword arguments {sorted(unknown)}; allowed: {sorted(_CALL_KWARGS)}")
-        policy = kwargs.get("on_empty_context", self.on_empty_context)
-        if policy not in _EMPTY_POLICIES:
-            raise ValueError(f"on_empty_context must be one of {_EMPTY_POLICIES}, got {policy!r}")
-        req = _build_request(messages, kwargs)
-        if req.mode == "empty_context":
-            if policy == "raise":
-                from qgpm import EmptyContextError
-
-                raise EmptyContextError(
-                    f"QGPMChatModel: {req.reason}; there is nothing to answer from. Check the retriever, or use "
-                    f"on_empty_context='reply' to get the fixed reply {NO_CONTEXT_REPLY!r} instead."
-                )
-            return None, req, {}, {}
-        if req.mode == "plain" and not self._warned_unmarked:
+        policy = check_empty_context_policy(kwargs.get("on_empty_context", self.on_empty_context))
+        request = ChatRequest(_build_request(messages, kwargs), on_empty_context=policy)
+        if not request.needs_engine:
+            return None, request, {}, {}
+        if request.mode == "plain" and not self._warned_unmarked:
             self._warned_unmarked = True
             logger.warning(UNMARKED_WARNING)
         engine = self.get_engine(kwargs.get("model"))
-        max_tokens = int(kwargs.get("max_tokens", kwargs.get("max_new_tokens", self.max_tokens)))
         stops = [s for s in (stop if stop is not None else []) if s] + [s for s in (self.stop or []) if s]
         gen: dict[str, Any] = dict(
-            max_new_tokens=max_tokens,
+            max_new_tokens=int(kwargs.get("max_tokens", kwargs.get("max_new_tokens", self.max_tokens))),
             temperature=float(kwargs.get("temperature", self.temperature)),
             top_p=float(kwargs.get("top_p", self.top_p)),
             stop=list(dict.fromkeys(stops)) or None,
@@ -477,83 +453,47 @@ class QGPMChatModel(BaseChatModel):
         timeout = kwargs.get("timeout", self.timeout)
         if timeout:
             gen["max_time"] = float(timeout)
-        call: dict[str, Any] = {}
-        if req.mode == "context":
-            method = kwargs.get("method", self.method)
-            spec = method_spec(method)
-            call = dict(
-                method=method,
-                system=kwargs.get("system") or req.system or self.system,
-                instruction=kwargs.get("instruction") or req.instruction or self.instruction,
-                **({"template": req.template} if req.template is not None else {}),
-                answer_prefix=kwargs.get("answer_prefix", self.answer_prefix),
-                config=kwargs.get("qgpm_config", self.qgpm_config),
-            )
-            if spec.evidence:
-                call["evidence"] = kwargs.get("evidence")
-            elif kwargs.get("evidence") is not None:
-                raise ValueError("evidence= is only used with method='oracle'")
-            if spec.reranker:
-                call.update(reranker=kwargs.get("reranker", self.reranker), k=int(kwargs.get("k", self.k)))
-            if kwargs.get("relevance") is not None and spec.stage is not Stage.HEADS:
-                raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
-            relevance = kwargs.get("relevance", self.relevance)
-            if relevance is not None and spec.stage is Stage.HEADS:
-                parse_source(relevance)
-                call["config"] = (call["config"] or engine.config).with_(relevance=relevance)
-            # the model's options belong to its own method; a call's options= go to the engine, which
-            # rejects them for a method that takes none
-            options = kwargs.get("options", self.options if method == self.method else None)
-            if options is not None:
-                call["options"] = options
-        return engine, req, gen, call
+        call = self._answer_kwargs(engine, request, kwargs) if request.mode == "context" else {}
+        return engine, request, gen, call
 
-    def _metadata(self, engine: Any, req: ChatParts, result: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], UsageMetadata]:
-        k = int(kwargs.get("explain_k", self.explain_k))
-        info: dict[str, Any] = {"mode": req.mode}
-        if req.mode == "plain":
-            info["reason"] = req.reason
-        elif req.mode == "empty_context":
-            info.update(reason=req.reason, source=_source(req), documents=0, question=req.question, prompt=dict(req.found))
-        else:
-            info.update(
-                method=result.method,
-                source=_source(req),
-                documents=len(req.documents),
-                question=req.question,
-                prompt=dict(req.found),
-                top_sentences=[
-                    {
-                        "rank": s.rank, "text": s.text, "doc": s.doc, "z": s.z,
-                        "broad": round(s.broad, 4), "sharp": round(s.sharp, 4),
-                    }
-                    for s in result.top_sentences(k)
-                ] if k else [],
-                explanation=result.explain(k) if k else "",
-            )
-            if bool(kwargs.get("explain_html", self.explain_html)):
-                from qgpm.explain import sentence_rows
+    def _answer_kwargs(self, engine: Any, request: ChatRequest, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The ``QGPM.answer`` arguments of a context call: the call's keywords over this model's fields."""
+        method = kwargs.get("method", self.method)
+        spec = method_spec(method)
+        call: dict[str, Any] = dict(
+            method=method,
+            **request.prompt_kwargs(system=kwargs.get("system"), instruction=kwargs.get("instruction"),
+                                    default_system=self.system, default_instruction=self.instruction),
+            answer_prefix=kwargs.get("answer_prefix", self.answer_prefix),
+            config=kwargs.get("qgpm_config", self.qgpm_config),
+        )
+        if spec.evidence:
+            call["evidence"] = kwargs.get("evidence")
+        elif kwargs.get("evidence") is not None:
+            raise ValueError("evidence= is only used with method='oracle'")
+        if spec.reranker:
+            call.update(reranker=kwargs.get("reranker", self.reranker), k=int(kwargs.get("k", self.k)))
+        if kwargs.get("relevance") is not None and spec.stage is not Stage.HEADS:
+            raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
+        relevance = kwargs.get("relevance", self.relevance)
+        if relevance is not None and spec.stage is Stage.HEADS:
+            parse_source(relevance)
+            call["config"] = (call["config"] or engine.config).with_(relevance=relevance)
+        # the model's options belong to its own method; a call's options= go to the engine, which
+        # rejects them for a method that takes none
+        options = kwargs.get("options", self.options if method == self.method else None)
+        if options is not None:
+            call["options"] = options
+        return call
 
-                info["html"] = result.to_html()
-                info["sentences"] = sentence_rows(result)
-            if result.edit is not None:
-                info["edit"] = {
-                    "mode": getattr(result.edit, "mode", result.method),
-                    "kept": list(getattr(result.edit, "kept", [])),
-                    "chunks": len(getattr(result.edit, "chunks", [])),
-                }
-            if result.details:
-                info["details"] = dict(result.details)
-        t = result.timings
-        info["timings"] = {
-            "total_s": round(t.total_s, 4), "first_token_s": round(t.first_token_s, 4),
-            "pass1_s": round(t.pass1_s, 4), "edit_s": round(t.edit_s, 4), "decode_s": round(t.decode_s, 4),
-        }
+    def _metadata(self, engine: Any, request: ChatRequest, result: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], UsageMetadata]:
+        """``response_metadata`` (with the request's report under ``"qgpm"``) and ``usage_metadata``."""
         meta = {
             "model_name": str(engine.name) if engine is not None else self.model_name,
             "method": result.method,
             "finish_reason": result.finish_reason,
-            "qgpm": info,
+            "qgpm": request.report(result, top_k=int(kwargs.get("explain_k", self.explain_k)),
+                                   html=bool(kwargs.get("explain_html", self.explain_html))),
         }
         usage = UsageMetadata(
             input_tokens=int(result.usage.prompt_tokens),
@@ -570,14 +510,9 @@ class QGPMChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        engine, req, gen, call = self._plan(messages, stop, kwargs)
-        if req.mode == "empty_context":
-            result = _no_context_result()
-        elif req.mode == "plain":
-            result = engine.chat(list(req.messages), **gen)
-        else:
-            result = engine.answer(list(req.documents), req.question, **call, **gen)
-        meta, usage = self._metadata(engine, req, result, kwargs)
+        engine, request, gen, call = self._plan(messages, stop, kwargs)
+        result = request.run(engine, call, **gen)
+        meta, usage = self._metadata(engine, request, result, kwargs)
         message = AIMessage(content=result.text, response_metadata=meta, usage_metadata=usage)
         return ChatResult(generations=[ChatGeneration(message=message, generation_info={"finish_reason": result.finish_reason})])
 
@@ -588,20 +523,9 @@ class QGPMChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        engine, req, gen, call = self._plan(messages, stop, kwargs)
-        if req.mode == "empty_context":
-            result = _no_context_result()
-            meta, usage = self._metadata(engine, req, result, kwargs)
-            yield ChatGenerationChunk(message=AIMessageChunk(content=result.text))
-            yield ChatGenerationChunk(
-                message=AIMessageChunk(content="", response_metadata=meta, usage_metadata=usage, chunk_position="last"),
-                generation_info={"finish_reason": result.finish_reason},
-            )
-            return
-        if req.mode == "plain":
-            stream = engine.stream_chat(list(req.messages), **gen)
-        else:
-            stream = engine.stream(list(req.documents), req.question, **call, **gen)
+        # LangChain's stream() reports every chunk to run_manager (on_llm_new_token) itself.
+        engine, request, gen, call = self._plan(messages, stop, kwargs)
+        stream = request.stream(engine, call, **gen)
         try:
             for piece in stream:
                 if piece:
@@ -609,22 +533,13 @@ class QGPMChatModel(BaseChatModel):
         finally:
             stream.close()
         result = stream.result
-        meta, usage = self._metadata(engine, req, result, kwargs)
+        meta, usage = self._metadata(engine, request, result, kwargs)
         yield ChatGenerationChunk(
             message=AIMessageChunk(content="", response_metadata=meta, usage_metadata=usage, chunk_position="last"),
             generation_info={"finish_reason": result.finish_reason},
         )
 
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        # Generation is CPU/GPU-bound torch work: run it in a worker thread so the event
-        # loop stays free (calls on one model are serialized by qgpm itself).
-        return await run_in_executor(None, self._generate, messages, stop, None, **kwargs)
+    # _agenerate: BaseChatModel's own (_generate in a worker thread, so the event loop stays free).
 
     async def _astream(
         self,
@@ -633,25 +548,9 @@ class QGPMChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        # The sync stream runs piece by piece in a worker thread; the event loop only awaits.
-        iterator = self._stream(messages, stop, None, **kwargs)
-        done = object()
-        guard = threading.Lock()  # close() must wait for an in-flight next() (cancellation)
-
-        def step() -> Any:
-            with guard:
-                return next(iterator, done)
-
-        def close() -> None:
-            with guard:
-                iterator.close()
-
-        try:
-            while True:
-                item = await run_in_executor(None, step)
-                if item is done:
-                    break
-                yield item  # type: ignore[misc]
-        finally:
-            # Closing stops generation and joins the worker thread: do it off the loop too.
-            await asyncio.shield(run_in_executor(None, close))
+        # BaseChatModel's _astream also steps _stream in worker threads, but leaves it running when
+        # the consumer stops early; this one closes it, which stops generation and joins its thread.
+        sync_manager = run_manager.get_sync() if run_manager else None
+        async with aclosing(iterate_in_thread(self._stream(messages, stop, sync_manager, **kwargs))) as chunks:
+            async for chunk in chunks:
+                yield chunk

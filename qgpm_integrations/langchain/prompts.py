@@ -22,7 +22,8 @@ message conversion, and any other chat model simply reads the blocks as text.
 * :func:`format_documents` turns retrieved ``Document`` objects into a
   :class:`QGPMDocuments` list of strings. It prints as the documents joined by a blank
   line, so it also works in a plain ``ChatPromptTemplate``.
-* :func:`context_block` / :func:`question_block` build marked blocks by hand.
+* :func:`context_block` / :func:`question_block` build marked blocks by hand
+  (:mod:`qgpm.conversation`, which also splits the context into one block per document).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.prompts import ChatPromptTemplate
 
 from qgpm.chat_prompt import CONTEXT_ROLE, DOCUMENT_SEPARATOR, QUESTION_ROLE, ROLE_KEY
+from qgpm.conversation import DOC_KEY, context_block, expand_context, question_block
 
 __all__ = [
     "QGPM_ROLE_KEY",
@@ -52,8 +54,8 @@ __all__ = [
 
 QGPM_ROLE_KEY = ROLE_KEY
 """Extra key of a text content block that tells QGPM what the block is (``qgpm.chat_prompt.ROLE_KEY``)."""
-QGPM_DOC_KEY = "qgpm_doc"
-"""Extra key holding the document index of a context block (informational)."""
+QGPM_DOC_KEY = DOC_KEY
+"""Extra key holding the document index of a context block (informational; ``qgpm.conversation.DOC_KEY``)."""
 
 # A private-use sentinel that stands for the context while the template is formatted.
 _PLACEHOLDER = "\ue000qgpm-context\ue000"
@@ -130,40 +132,12 @@ def format_documents(documents: Iterable[Document | str], *, with_source: bool =
     return out
 
 
-def context_block(text: str = "{context}", **extra: Any) -> dict[str, Any]:
-    """A text content block marked as the context (``{"qgpm_role": "context"}``)."""
-    return {"type": "text", "text": text, QGPM_ROLE_KEY: CONTEXT_ROLE, **extra}
-
-
-def question_block(text: str = "{question}", **extra: Any) -> dict[str, Any]:
-    """A text content block marked as the question (``{"qgpm_role": "question"}``)."""
-    return {"type": "text", "text": text, QGPM_ROLE_KEY: QUESTION_ROLE, **extra}
-
-
 def _expand_context(messages: list[BaseMessage], docs: list[str]) -> list[BaseMessage]:
-    """Replace the placeholder in marked context blocks by one block per document."""
+    """The messages with the placeholder replaced by the documents (:func:`qgpm.conversation.expand_context`)."""
     out: list[BaseMessage] = []
     for msg in messages:
-        content = msg.content
-        if isinstance(content, list) and any(
-            isinstance(b, dict) and _PLACEHOLDER in str(b.get("text", "")) for b in content
-        ):
-            blocks: list[Any] = []
-            for b in content:
-                text = b.get("text") if isinstance(b, dict) else None
-                if not isinstance(text, str) or _PLACEHOLDER not in text:
-                    blocks.append(b)
-                elif text == _PLACEHOLDER and b.get(QGPM_ROLE_KEY) == CONTEXT_ROLE:
-                    for i, d in enumerate(docs):
-                        blocks.append({**b, "text": d, QGPM_DOC_KEY: i})
-                    if not docs:  # keep an (empty) marked block: the model then says "no context"
-                        blocks.append({**b, "text": ""})
-                else:  # the placeholder sits inside other text: fall back to joined text
-                    blocks.append({**b, "text": text.replace(_PLACEHOLDER, DOCUMENT_SEPARATOR.join(docs))})
-            msg = msg.model_copy(update={"content": blocks})
-        elif isinstance(content, str) and _PLACEHOLDER in content:
-            msg = msg.model_copy(update={"content": content.replace(_PLACEHOLDER, DOCUMENT_SEPARATOR.join(docs))})
-        out.append(msg)
+        content = expand_context(msg.content, docs, _PLACEHOLDER)
+        out.append(msg if content is msg.content else msg.model_copy(update={"content": content}))
     return out
 
 
