@@ -1,46 +1,42 @@
-"""``QGPMLLM``: a LlamaIndex LLM that answers retrieved context with QGPM.
+"""``QGPMLLM``: a LlamaIndex ``CustomLLM`` over a :class:`qgpm.QGPM` engine.
 
-    from llama_index.core import Settings, VectorStoreIndex
-    from qgpm_integrations.llama_index import QGPMLLM
+    from llama_index.core.query_engine import RetrieverQueryEngine
+    from qgpm_integrations.llama_index import QGPMLLM, QGPMSynthesizer
 
     llm = QGPMLLM()                                   # embedded SmolLM2-135M-Instruct
-    engine = index.as_query_engine(llm=llm)           # or Settings.llm = llm
-    response = engine.query("Who is the reading room named after?")
+    synthesizer = QGPMSynthesizer(llm=llm)            # the nodes and the question, handed over apart
+    query_engine = RetrieverQueryEngine(index.as_retriever(similarity_top_k=4), synthesizer)
+    response = query_engine.query("Who is the reading room named after?")
     print(response, response.metadata["qgpm"].explain(3))
 
-How context and question are found
-----------------------------------
-LlamaIndex's response synthesizers do not send a finished prompt string: they call
-``llm.predict(template, context_str=...)`` (and ``stream`` / ``apredict`` / ``astream``)
-with the question already bound in the template (``template.partial_format(query_str=...)``,
-visible in ``template.kwargs``). ``QGPMLLM`` overrides those four methods, merges the
-template's bound variables with the call's arguments and takes
+Like LlamaIndex's ``HuggingFaceLLM``, the class writes ``complete``, ``stream_complete`` and
+``metadata``; chat comes from ``CustomLLM``, which joins the messages into one prompt with
+``messages_to_prompt`` (default: :func:`messages_to_prompt`) and completes it. ``acomplete``
+and ``astream_complete`` run the model in worker threads, so the event loop stays free.
 
-* the **context** from ``context_str`` (first step of compact / refine, tree_summarize,
-  simple_summarize) or ``context_msg`` (refine steps), split back into the retrieved node
-  texts where they can be found verbatim (see :func:`._tracing.split_context`);
-* the **question** from ``query_str``;
-* on refine steps, ``existing_answer`` goes into the instruction
-  (:attr:`QGPMLLM.refine_instruction`), so QGPM ranks the new chunk against the
-  original question while the model sees the earlier answer.
+What a completion does with its prompt
+--------------------------------------
+The prompt is read as a question-answering prompt (:func:`._prompt.read_prompt`:
+LlamaIndex's default QA / tree-summarize / refine templates exactly, any other template by
+the core's prompt-shape reader). Where a context and a question are found, the call is
+``engine.answer(documents, question, method=...)`` with QGPM's own prompt (instruction,
+context, question -- the question last, where QGPM reads relevance from); on refine steps
+the earlier answer goes into :attr:`QGPMLLM.refine_instruction`. Otherwise the prompt is
+answered as one user message through the model's chat template (``engine.chat``,
+``result.method == "plain"``). So ``index.as_query_engine(llm=QGPMLLM(...))`` answers with
+QGPM in every response mode; :class:`~qgpm_integrations.llama_index.QGPMSynthesizer` does
+the same without formatting and reading back any prompt, with the nodes as documents.
 
-It then calls ``engine.answer(context, question, method=...)`` with QGPM's own prompt
-(instruction, context, question -- question last, where QGPM reads relevance from); the
-LlamaIndex template text itself is not sent to the model. Calls whose template has no
-context or no question (``complete``, ``chat``, prompts of other components, or templates
-with an output parser) fall back to ordinary generation through the model's chat
-template (``engine.chat`` / ``engine.stream_chat``, ``result.method == "plain"``).
+Where the result goes
+---------------------
+Every finished call's :class:`qgpm.QGPMResult` is in ``CompletionResponse.raw["result"]``
+(with ``raw["usage"]``; a stream's last response, an empty delta, carries them), in
+:attr:`QGPMLLM.last_result`, and, for calls a response synthesizer makes, in the
+response's ``metadata["qgpm"]`` (a :class:`~qgpm_integrations.llama_index.QGPMTrace`).
 
-Where the explanation goes
---------------------------
-Every finished call's :class:`qgpm.QGPMResult` is
-
-* in ``response.metadata["qgpm"]`` (a :class:`QGPMTrace`, one result per LLM call) for
-  responses made by a query engine / response synthesizer (streaming: filled in once the
-  stream is consumed);
-* in ``CompletionResponse.raw["result"]`` for direct ``complete`` calls (with
-  ``raw["usage"]`` for LlamaIndex's token counters);
-* in ``llm.last_result`` (the latest call of this LLM object, any thread).
+The model's tokenizer counts LlamaIndex's tokens only where asked: :func:`set_tokenizer`
+(or ``QGPMLLM(..., set_global_tokenizer=True)``) sets the global tokenizer; building an
+LLM leaves LlamaIndex's ``Settings`` as they are.
 """
 
 from __future__ import annotations
@@ -49,13 +45,13 @@ import asyncio
 import logging
 import os
 import threading
-from typing import Any, AsyncGenerator, Generator, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Generator, Iterator, Optional, Sequence, TypeVar
 
+import llama_index.core
+from llama_index.core import Settings
 from llama_index.core.base.llms.types import (
     ChatMessage,
-    ChatResponse,
-    ChatResponseAsyncGen,
-    ChatResponseGen,
     CompletionResponse,
     CompletionResponseAsyncGen,
     CompletionResponseGen,
@@ -63,32 +59,28 @@ from llama_index.core.base.llms.types import (
     MessageRole,
 )
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.events.llm import LLMPredictEndEvent, LLMPredictStartEvent
-from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
-from llama_index.core.llms.llm import LLM, astream_completion_response_to_tokens, stream_completion_response_to_tokens
-from llama_index.core.prompts import BasePromptTemplate
-from llama_index.core.prompts.base import SelectorPromptTemplate
-from llama_index.core.types import TokenAsyncGen, TokenGen
+from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
 
 from qgpm import QGPM, QGPMResult
 from qgpm.baselines import resolve_options
+from qgpm.chat_prompt import history_text
+from qgpm.defaults import DEFAULT_K, DEFAULT_METHOD, DEFAULT_RERANKER, METHODS
 from qgpm.methods import Stage, method_spec
 from qgpm.serving import VLLMServer
 from qgpm.sources import parse_source
 from qgpm.tokens import encode_plain
-from qgpm.defaults import DEFAULT_K, DEFAULT_METHOD, DEFAULT_RERANKER, METHODS
 
-from .._common import check_generate_kwargs, check_heads, check_model_args, is_loaded_model
-
+from .._common import check_generate_kwargs, check_heads, check_model_args, is_loaded_model, shared_engine
 from . import _tracing
-from ._tracing import QGPMTrace, split_context
+from ._prompt import PromptParts, read_prompt
+from ._tracing import QGPMTrace
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION", "set_tokenizer"]
+__all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION", "messages_to_prompt", "set_tokenizer"]
 
-dispatcher = get_dispatcher(__name__)
+T = TypeVar("T")
 
 DEFAULT_REFINE_INSTRUCTION = (
     "Answer the question using the text below. An earlier answer, found in other parts of "
@@ -96,10 +88,9 @@ DEFAULT_REFINE_INSTRUCTION = (
 )
 """Instruction of a refine step; ``{existing_answer}`` is replaced by the answer so far."""
 
-_ROLE_MAP = {
+_ROLES = {
     MessageRole.SYSTEM: "system",
     MessageRole.DEVELOPER: "system",
-    MessageRole.USER: "user",
     MessageRole.ASSISTANT: "assistant",
     MessageRole.CHATBOT: "assistant",
     MessageRole.MODEL: "assistant",
@@ -111,6 +102,8 @@ _CALL_KEYS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
 _GENERATE_FIELDS = {"max_new_tokens": "max_new_tokens", "max_tokens": "max_new_tokens", "temperature": "temperature",
                     "top_p": "top_p", "seed": "seed", "stop": "stop"}
 
+_INIT_ARGS = ("engine", "model", "tokenizer", "heads", "device_map", "set_global_tokenizer")
+
 
 def _plain_ids(tok: Any, text: str) -> list[int]:
     """Token ids of ``text`` as plain text, as QGPM tokenizes retrieved text (special-token strings are text)."""
@@ -119,35 +112,29 @@ def _plain_ids(tok: Any, text: str) -> list[int]:
     return tok(text, add_special_tokens=False, verbose=False)["input_ids"]  # a non-HF tokenizer (test stand-ins)
 
 
-def _template_values(tmpl: BasePromptTemplate, prompt_args: dict[str, Any]) -> dict[str, Any]:
-    """The variables ``tmpl.format(**prompt_args)`` fills in, read from the template's public fields.
+def _engine_of(obj: Any) -> Any:
+    """The engine of a :class:`QGPMLLM`, of anything holding one in ``llm`` (a synthesizer), or ``obj`` itself."""
+    if isinstance(obj, QGPMLLM):
+        return obj.engine
+    if isinstance(getattr(obj, "llm", None), QGPMLLM):
+        return obj.llm.engine
+    return obj
 
-    The same steps as LlamaIndex's own formatting: the bound ``kwargs`` merged with the
-    call's arguments, then ``function_mappings`` computed from them (a computed value wins
-    over a fixed one), then ``template_var_mappings`` renaming variables to the names the
-    template text uses.
+
+def set_tokenizer(engine_or_llm: Any, *, force: bool = False) -> bool:
+    """Make LlamaIndex count tokens with the model's own tokenizer.
+
+    ``engine_or_llm``: a :class:`qgpm.QGPM`, a :class:`QGPMLLM` or a
+    :class:`~qgpm_integrations.llama_index.QGPMSynthesizer`. Sets the global tokenizer
+    behind ``Settings.tokenizer`` (text splitters and the prompt helpers that pack chunks
+    into the window use it), so no tiktoken encoding is loaded or downloaded. Without
+    ``force`` a tokenizer already chosen is kept. Returns whether it was set.
     """
-    args = {**tmpl.kwargs, **prompt_args}
-    values = {name: fn(**args) for name, fn in (tmpl.function_mappings or {}).items()}
-    values.update((name, v) for name, v in args.items() if name not in values)
-    renames = tmpl.template_var_mappings or {}
-    return {renames.get(name, name): v for name, v in values.items()}
-
-
-def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
-    """Make LlamaIndex count tokens with ``engine``'s own tokenizer.
-
-    Sets the global tokenizer behind ``Settings.tokenizer`` (used by text splitters and the
-    prompt helper that packs chunks into the window), so no tiktoken encoding is ever
-    loaded or downloaded. Without ``force`` an already chosen tokenizer is kept. Returns
-    whether it was set.
-    """
-    import llama_index.core
-    from llama_index.core import Settings
-
+    tok = getattr(_engine_of(engine_or_llm), "tokenizer", None)
+    if tok is None:
+        raise TypeError(f"set_tokenizer takes a qgpm.QGPM engine, a QGPMLLM or a QGPMSynthesizer; got {type(engine_or_llm).__name__}")
     if llama_index.core.global_tokenizer is not None and not force:
         return False
-    tok = engine.tokenizer
 
     def encode(text: str) -> list[int]:
         return _plain_ids(tok, text)
@@ -156,19 +143,46 @@ def set_tokenizer(engine: QGPM, *, force: bool = False) -> bool:
     return True
 
 
-class QGPMLLM(LLM):
+def messages_to_prompt(messages: Sequence[ChatMessage]) -> str:
+    """Chat messages as the text of one user message (``QGPMLLM``'s default ``messages_to_prompt``).
+
+    The system messages first, then the earlier turns as conversation text
+    (``"Conversation so far:\\nUser: ...\\nAssistant: ..."``), then the last user message,
+    separated by blank lines. ``CustomLLM``'s chat completes this text, which QGPM reads
+    like any prompt (a RAG prompt in the last user message is still found).
+    """
+    system = [m.content or "" for m in messages if _ROLES.get(m.role) == "system"]
+    turns = [{"role": _ROLES.get(m.role, "user"), "content": m.content or ""} for m in messages if _ROLES.get(m.role) != "system"]
+    last = turns.pop()["content"] if turns and turns[-1]["role"] == "user" else ""
+    return "\n\n".join(p.strip() for p in [*system, history_text(turns), last] if p.strip())
+
+
+@dataclass
+class _Call:
+    """One engine call: ``engine.answer`` (``parts`` found) or ``engine.chat`` (``parts is None``)."""
+
+    parts: Optional[PromptParts]
+    args: tuple
+    kwargs: dict[str, Any]
+    trace: Optional[QGPMTrace]  # the trace of the synthesis the call is part of
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class QGPMLLM(CustomLLM):
     """LlamaIndex LLM over a :class:`qgpm.QGPM` engine.
 
     Model settings follow LlamaIndex's ``HuggingFaceLLM``: ``model_name`` (an HF id, a
     folder or a ``.gguf`` file; default the embedded SmolLM2-135M-Instruct) with
     ``model_kwargs`` / ``device_map`` for loading, or an already-loaded ``model`` and
-    ``tokenizer``, or a shared ``engine``. The model loads when the LLM is built.
+    ``tokenizer``, or a shared ``engine``. The model loads when the LLM is built; an engine
+    built from a model id is shared by every LLM and LangChain chat model of this process
+    that names the same model, head set, loading arguments and server.
 
     Args:
         engine: A loaded engine to share (several ``QGPMLLM`` with different ``method``
             can share one).
         model_name: HF id, folder or ``.gguf`` path to load (``None`` = the embedded
-            SmolLM2-135M-Instruct; weights are cached per process).
+            SmolLM2-135M-Instruct).
         model: An already-loaded transformers causal LM (with ``tokenizer``). A string
             here is taken as ``model_name``.
         tokenizer: The fast tokenizer of ``model``.
@@ -181,29 +195,31 @@ class QGPMLLM(LLM):
             ``[(layer, head), ...]``.
         context_window: Window reported to LlamaIndex (default: the model's own window;
             larger values are rejected).
-        is_chat_model: What ``metadata.is_chat_model`` reports (LlamaIndex then sends
-            chat messages instead of text prompts on fallback calls). Both paths format
-            prompts with the model's chat template; QGPM's own context path is the same.
+        is_chat_model: What ``metadata.is_chat_model`` reports (synthesizers then send
+            LlamaIndex's chat templates, which ``messages_to_prompt`` joins into one prompt).
         method: ``qgpm`` | ``vanilla`` | ``oracle`` | ``topk`` | ``reorder`` | ``string`` |
             ``ms-poe`` | ``self-extend`` | ``llmlingua-2``.
         options: Settings of a baseline method (``qgpm.StringOptions``, ``MsPoEOptions``,
             ``SelfExtendOptions``, ``LLMLingua2Options``); ``None`` = the method's defaults.
         max_new_tokens: Answer budget (also ``metadata.num_output``).
         temperature, top_p, seed, stop: Decoding (greedy when ``temperature == 0``).
-        instruction: Instruction of first-step prompts (``None`` = QGPM's default).
+        system_prompt: System message of every call (LlamaIndex's ``LLM`` field).
+        instruction: Instruction of QGPM's prompt on first steps (``None`` = QGPM's default).
         refine_instruction: Instruction of refine steps, with ``{existing_answer}``.
         answer_prefix: Text that starts the answer (after the assistant header).
         reranker, k: For ``topk`` / ``reorder`` (a :func:`qgpm.rerank.get_reranker` spec).
-        evidence: For ``oracle``: exact substrings of the context to treat as evidence
-            (those absent from a call's context are ignored; with none present that call
-            runs ``vanilla``, with a warning).
+        relevance: For ``qgpm``: where sentence relevance comes from (``"heads"``, a
+            reranker spec, ``"heads+<reranker>"``; ``None`` = the engine's setting).
+        evidence: For ``oracle``: exact substrings of the context to treat as evidence.
+            Those absent from a call's context are ignored. A call whose context holds none
+            of them (a refine step over another chunk, a retrieval that missed) answers with
+            ``vanilla``: its result says ``method == "vanilla"``, its
+            ``details["llama_index"]["evidence_found"]`` is ``False``, and a warning is logged.
         vllm_url: Run pass 2 and decoding on a vLLM server at this address
-            (:class:`qgpm.serving.VLLMServer`); pass 1 stays in this process. Methods whose
-            plan needs per-plane positions are refused. ``vllm_model``: the served model's
-            name (default: the only one).
-        context_keys, question_keys: Template variables read as context / question.
-        set_global_tokenizer: Count tokens with the model's tokenizer in LlamaIndex
-            (see :func:`set_tokenizer`; an already chosen tokenizer is kept).
+            (:class:`qgpm.serving.VLLMServer`); pass 1 stays in this process. ``vllm_model``:
+            the served model's name (default: the only one).
+        set_global_tokenizer: Also call :func:`set_tokenizer` (off by default: building an
+            LLM changes no LlamaIndex setting).
 
     Unknown arguments raise ``TypeError`` before anything is loaded.
     """
@@ -235,10 +251,8 @@ class QGPMLLM(LLM):
     evidence: Optional[list[str]] = Field(default=None, description="Evidence for method='oracle'.")
     vllm_url: Optional[str] = Field(default=None, description="Generate on a vLLM server at this address (qgpm.serving.VLLMServer).")
     vllm_model: Optional[str] = Field(default=None, description="The served model's name on the vllm_url server (default: the only one).")
-    context_keys: tuple[str, ...] = Field(default=("context_str", "context_msg"))
-    question_keys: tuple[str, ...] = Field(default=("query_str",))
 
-    _engine: QGPM = PrivateAttr()
+    _engine: Any = PrivateAttr()
     _lock: Any = PrivateAttr(default=None)
     _last: Optional[QGPMResult] = PrivateAttr(default=None)
 
@@ -250,14 +264,20 @@ class QGPMLLM(LLM):
         tokenizer: Any = None,
         heads: Any = None,
         device_map: Any = None,
-        set_global_tokenizer: bool = True,
+        set_global_tokenizer: bool = False,
         **kwargs: Any,
     ) -> None:
         owner = "QGPMLLM"
+        keys = sorted({"context_keys", "question_keys"} & set(kwargs))
+        if keys:
+            raise TypeError(
+                f"{owner} takes no {'/'.join(keys)}: it reads the context and the question from the prompt text. "
+                "Use QGPMSynthesizer to hand the nodes and the question over directly, or write the template with "
+                "'Context:' before the context and 'Question: {query_str}' at the end"
+            )
         unknown = sorted(set(kwargs) - set(type(self).model_fields))
         if unknown:
-            allowed = sorted(set(type(self).model_fields) | {"engine", "model", "tokenizer", "heads", "device_map", "set_global_tokenizer"})
-            raise TypeError(f"{owner} got unexpected arguments {unknown}; allowed: {', '.join(allowed)}")
+            raise TypeError(f"{owner} got unexpected arguments {unknown}; allowed: {', '.join(sorted(set(type(self).model_fields) | set(_INIT_ARGS)))}")
         method = kwargs.get("method", DEFAULT_METHOD)
         spec = method_spec(method)
         if spec.evidence and not kwargs.get("evidence"):
@@ -285,19 +305,21 @@ class QGPMLLM(LLM):
                      if v is not None]
             if given:
                 raise ValueError(f"pass either engine= or {'/'.join(given)}=, not both (the engine is already loaded)")
-            load_kwargs = {}
+            load_kwargs: dict[str, Any] = {}
         else:
             load_kwargs = check_model_args(owner, model, tokenizer, model_kwargs)
             check_heads(heads, owner)
         if kwargs.get("vllm_model") is not None and kwargs.get("vllm_url") is None:
             raise ValueError("vllm_model= names the model on the vllm_url= server: pass vllm_url= too")
-        generator = VLLMServer(kwargs["vllm_url"], model=kwargs.get("vllm_model")) if kwargs.get("vllm_url") is not None else None
+        if kwargs.get("messages_to_prompt") is None:
+            kwargs["messages_to_prompt"] = messages_to_prompt
         super().__init__(**kwargs)
         if engine is None:
             if is_loaded_model(model):
+                generator = VLLMServer(self.vllm_url, model=self.vllm_model) if self.vllm_url is not None else None
                 engine = QGPM(model, tokenizer, heads=heads, generator=generator)
             else:
-                engine = QGPM.from_pretrained(self.model_name, heads=heads, generator=generator, **load_kwargs)
+                engine = shared_engine(self.model_name, heads, load_kwargs, self.vllm_url, self.vllm_model)
         window = engine.max_length
         if self.context_window is not None and window and self.context_window > window:
             raise ValueError(f"context_window={self.context_window} is larger than the model window ({window} tokens)")
@@ -314,14 +336,13 @@ class QGPMLLM(LLM):
         """Same as ``QGPMLLM(model_name=model_id, **kwargs)`` (named like LangChain's ``from_model_id``)."""
         return cls(model_name=model_id, **kwargs)
 
-    # ------------------------------------------------------------------ basics
     @classmethod
     def class_name(cls) -> str:
         return "QGPMLLM"
 
     @property
     def engine(self) -> QGPM:
-        """The shared :class:`qgpm.QGPM` engine."""
+        """The :class:`qgpm.QGPM` engine."""
         return self._engine
 
     @property
@@ -342,92 +363,47 @@ class QGPMLLM(LLM):
 
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` under the model's tokenizer (special-token strings count as text, as QGPM sends them)."""
-        return len(_plain_ids(self._engine.tokenizer, text))
+        return len(self.token_ids(text))
 
-    # ------------------------------------------------------------------ prompt parsing
-    def _qgpm_parts(self, prompt: BasePromptTemplate, prompt_args: dict[str, Any]) -> Optional[dict[str, Any]]:
-        """Context / question / refine answer from a synthesizer's template call, or None."""
-        if prompt.output_parser is not None or self.output_parser is not None:
-            return None
-        tmpl = prompt.select(llm=self) if isinstance(prompt, SelectorPromptTemplate) else prompt
-        try:
-            values = _template_values(tmpl, prompt_args)
-        except Exception:
-            return None
-        used = set(tmpl.template_vars or [])
-        ctx_key = next((k for k in self.context_keys if k in values and (not used or k in used)), None)
-        q_key = next((k for k in self.question_keys if k in values and (not used or k in used)), None)
-        if ctx_key is None or q_key is None:
-            return None
-        context, question = values[ctx_key], values[q_key]
-        if isinstance(context, (list, tuple)) and all(isinstance(c, str) for c in context):
-            context = "\n\n".join(c.strip() for c in context if c.strip())  # simple_summarize passes a list
-        if not isinstance(context, str) or not isinstance(question, str) or not context.strip() or not question.strip():
-            return None
-        parts: dict[str, Any] = {"context": split_context(context, _tracing.known_chunks()), "question": question, "step": "qa"}
-        existing = values.get("existing_answer")
-        if ctx_key == "context_msg" or existing is not None:
-            parts["step"] = "refine"
-            parts["existing_answer"] = "" if existing is None else str(existing)
-        return parts
+    def token_ids(self, text: str) -> list[int]:
+        """Token ids of ``text`` under the model's tokenizer, as plain text (a tokenizer for LlamaIndex's helpers)."""
+        return _plain_ids(self._engine.tokenizer, text)
 
-    # ------------------------------------------------------------------ prompt chaining (synthesizers)
-    def predict(self, prompt: BasePromptTemplate, **prompt_args: Any) -> str:
-        parts = self._qgpm_parts(prompt, prompt_args)
-        if parts is None:
-            return super().predict(prompt, **prompt_args)
-        dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=prompt_args))
-        self._log_template_data(prompt, **prompt_args)
-        output = self.complete(self._get_prompt(prompt, **prompt_args), formatted=True, qgpm=parts).text
-        dispatcher.event(LLMPredictEndEvent(output=output))
-        return output
-
-    def stream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenGen:
-        parts = self._qgpm_parts(prompt, prompt_args)
-        if parts is None:
-            return super().stream(prompt, **prompt_args)
-        self._log_template_data(prompt, **prompt_args)
-        dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=prompt_args))
-        gen = self.stream_complete(self._get_prompt(prompt, **prompt_args), formatted=True, qgpm=parts)
-        return stream_completion_response_to_tokens(gen)
-
-    async def apredict(self, prompt: BasePromptTemplate, **prompt_args: Any) -> str:
-        parts = self._qgpm_parts(prompt, prompt_args)
-        if parts is None:
-            return await super().apredict(prompt, **prompt_args)
-        dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=prompt_args))
-        self._log_template_data(prompt, **prompt_args)
-        output = (await self.acomplete(self._get_prompt(prompt, **prompt_args), formatted=True, qgpm=parts)).text
-        dispatcher.event(LLMPredictEndEvent(output=output))
-        return output
-
-    async def astream(self, prompt: BasePromptTemplate, **prompt_args: Any) -> TokenAsyncGen:
-        parts = self._qgpm_parts(prompt, prompt_args)
-        if parts is None:
-            return await super().astream(prompt, **prompt_args)
-        self._log_template_data(prompt, **prompt_args)
-        dispatcher.event(LLMPredictStartEvent(template=prompt, template_args=prompt_args))
-        gen = await self.astream_complete(self._get_prompt(prompt, **prompt_args), formatted=True, qgpm=parts)
-        return await astream_completion_response_to_tokens(gen)
-
-    # ------------------------------------------------------------------ engine calls
-    def _split_kwargs(self, kwargs: dict[str, Any]) -> tuple[Optional[dict[str, Any]], dict[str, Any]]:
-        parts = kwargs.pop("qgpm", None)
-        gen = {k: getattr(self, k) for k in _CALL_KEYS}
-        for k in _CALL_KEYS:
-            if k in kwargs:
-                gen[k] = kwargs.pop(k)
+    # ------------------------------------------------------------------ one call
+    def _decoding(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Decoding arguments: the fields, overridden by the call's own (other call arguments are ignored)."""
+        gen = {k: kwargs.get(k, getattr(self, k)) for k in _CALL_KEYS}
         if "max_tokens" in kwargs:
-            gen["max_new_tokens"] = kwargs.pop("max_tokens")
+            gen["max_new_tokens"] = kwargs["max_tokens"]
         gen.update(self.generate_kwargs)
-        # other keyword arguments (e.g. from synthesizer response_kwargs) are ignored
-        return parts, gen
+        return gen
 
-    def _answer_kwargs(self, parts: dict[str, Any]) -> tuple[Any, str, dict[str, Any]]:
-        context, question = parts["context"], parts["question"]
-        kw: dict[str, Any] = dict(system=self.system_prompt, answer_prefix=self.answer_prefix)
-        if parts["step"] == "refine":
-            kw["instruction"] = self.refine_instruction.replace("{existing_answer}", parts["existing_answer"].strip())
+    def _prompt_call(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> _Call:
+        """The call for a completion prompt.
+
+        An unformatted prompt goes through ``completion_to_prompt`` and gets
+        ``system_prompt`` as its system message. A formatted one is taken as is, except that
+        a leading ``system_prompt`` (LlamaIndex puts it before templated prompts) becomes the
+        system message again.
+        """
+        system: Optional[str] = None
+        if not formatted:
+            prompt, system = self.completion_to_prompt(prompt), self.system_prompt
+        elif self.system_prompt and prompt.startswith(self.system_prompt + "\n\n"):
+            prompt, system = prompt[len(self.system_prompt) + 2 :], self.system_prompt
+        parts = None if self.output_parser is not None else read_prompt(prompt)
+        if parts is not None:
+            return self._answer_call(parts, system, kwargs)
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        return _Call(None, (messages,), self._decoding(kwargs), self._join_trace(), {"step": "plain"})
+
+    def _answer_call(self, parts: PromptParts, system: Optional[str], kwargs: dict[str, Any]) -> _Call:
+        """The ``engine.answer`` call for ``parts``, with this LLM's method and prompt settings."""
+        documents = list(parts.documents)
+        details: dict[str, Any] = {"step": parts.step, "documents": len(documents), "prompt": parts.source}
+        kw: dict[str, Any] = dict(system=system, answer_prefix=self.answer_prefix)
+        if parts.existing_answer is not None:
+            kw["instruction"] = self.refine_instruction.replace("{existing_answer}", parts.existing_answer.strip())
         else:
             kw["instruction"] = self.instruction
         method = self.method
@@ -437,179 +413,141 @@ class QGPMLLM(LLM):
         elif spec.options:
             kw["options"] = self.options
         elif spec.evidence:
-            joined = "\n\n".join(context) if isinstance(context, list) else context
+            joined = "\n\n".join(documents)
             present = [e for e in self.evidence or [] if e.strip() and e.strip() in joined]
+            details["evidence_found"] = bool(present)
             if present:
                 kw["evidence"] = present
-            else:  # e.g. a refine step over a chunk without the evidence
-                logger.warning("qgpm: none of the oracle's evidence is in this context, so this call answers with method='vanilla' "
-                               "(standard positions)")
+            else:
+                logger.warning("qgpm: none of the oracle's evidence is in this call's context, so it answers with method='vanilla' "
+                               "(standard positions); its result says method='vanilla'")
                 method = "vanilla"
         if spec.stage is Stage.HEADS and self.relevance is not None:
             kw["config"] = self._engine.config.with_(relevance=self.relevance)
         kw["method"] = method
-        return context, question, kw
-
-    def _messages(self, prompt: str, formatted: bool) -> list[dict[str, str]]:
-        if not formatted:
-            prompt = self.completion_to_prompt(prompt)
-        msgs = []
-        if self.system_prompt and not formatted:
-            msgs.append({"role": "system", "content": self.system_prompt})
-        msgs.append({"role": "user", "content": prompt})
-        return msgs
+        return _Call(parts, (documents, parts.question), {**kw, **self._decoding(kwargs)}, self._join_trace(), details)
 
     @staticmethod
-    def _chat_dicts(messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
-        return [{"role": _ROLE_MAP.get(m.role, "user"), "content": m.content or ""} for m in messages]
-
-    def _start(self, parts: Optional[dict[str, Any]]) -> Optional[QGPMTrace]:
+    def _join_trace() -> Optional[QGPMTrace]:
+        """The trace of the synthesis this call belongs to (counted now, filled when the call finishes)."""
         trace = _tracing.current_trace()
         if trace is not None:
             trace.call_started()
         return trace
 
-    def _finish(self, result: QGPMResult, trace: Optional[QGPMTrace], parts: Optional[dict[str, Any]]) -> None:
-        result.details.setdefault("llama_index", {"step": parts["step"] if parts else "plain"})
-        if parts and isinstance(parts["context"], list):
-            result.details["llama_index"]["documents"] = len(parts["context"])
+    def _finish(self, call: _Call, result: QGPMResult) -> QGPMResult:
+        result.details["llama_index"] = dict(call.details)
         with self._lock:
             self._last = result
-        if trace is not None:
-            trace.add_result(result)
+        if call.trace is not None:
+            call.trace.add_result(result)
+        return result
 
-    @staticmethod
-    def _usage(result: QGPMResult) -> dict[str, int]:
-        return {
-            "prompt_tokens": result.usage.prompt_tokens,
-            "completion_tokens": result.usage.answer_tokens,
-            "total_tokens": result.usage.total_tokens,
-        }
+    def _run(self, call: _Call) -> QGPMResult:
+        """Run ``call`` to the end."""
+        run = self._engine.chat if call.parts is None else self._engine.answer
+        return self._finish(call, run(*call.args, **call.kwargs))
 
-    @classmethod
-    def _result_fields(cls, result: Optional[QGPMResult]) -> dict[str, Any]:
-        """What a finished call's response carries besides its text: usage and the result."""
-        if result is None:
-            return {}
-        return {
-            "raw": {"usage": cls._usage(result), "result": result},
-            "additional_kwargs": {"method": result.method, "finish_reason": result.finish_reason},
-        }
+    def _pieces(self, call: _Call) -> Iterator[tuple[str, Optional[QGPMResult]]]:
+        """Start ``call`` streaming now; iterate ``(text piece, None)``, then ``("", result)`` once it ends.
 
-    @classmethod
-    def _completion_response(cls, text: str, delta: Optional[str], result: Optional[QGPMResult]) -> CompletionResponse:
-        return CompletionResponse(text=text, delta=delta, **cls._result_fields(result))
-
-    @classmethod
-    def _chat_response(cls, text: str, delta: Optional[str], result: Optional[QGPMResult]) -> ChatResponse:
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta, **cls._result_fields(result))
-
-    def _run(self, parts: Optional[dict[str, Any]], gen: dict[str, Any], messages: list[dict[str, str]]) -> QGPMResult:
-        if parts is None:
-            return self._engine.chat(messages, **gen)
-        context, question, kw = self._answer_kwargs(parts)
-        return self._engine.answer(context, question, **kw, **gen)
-
-    def _stream(self, parts: Optional[dict[str, Any]], gen: dict[str, Any], messages: list[dict[str, str]]):
-        if parts is None:
-            return self._engine.stream_chat(messages, **gen)
-        context, question, kw = self._answer_kwargs(parts)
-        return self._engine.stream(context, question, **kw, **gen)
-
-    def _call(self, parts: Optional[dict[str, Any]], gen: dict[str, Any], messages: list[dict[str, str]], respond: Any, stream: bool) -> Any:
-        """Run one call on the engine; ``respond(text, delta, result)`` builds the response objects.
-
-        Streaming starts the engine's stream now and returns :meth:`_pieces` over it.
+        Closing the iterator early stops generation.
         """
-        trace = self._start(parts)
-        if stream:
-            return self._pieces(self._stream(parts, gen, messages), trace, parts, respond)
-        result = self._run(parts, gen, messages)
-        self._finish(result, trace, parts)
-        return respond(result.text, None, result)
+        stream = (self._engine.stream_chat if call.parts is None else self._engine.stream)(*call.args, **call.kwargs)
 
-    def _pieces(self, stream: Any, trace: Optional[QGPMTrace], parts: Optional[dict[str, Any]], respond: Any) -> Generator[Any, None, None]:
-        """The one streaming generator, for completions and chat alike."""
-        text = ""
-        try:
-            for piece in stream:
-                text += piece
-                yield respond(text, piece, None)
-        finally:
-            stream.close()
-        result = stream.result
-        if result is None:
-            return
-        self._finish(result, trace, parts)
-        yield respond(text, "", result)  # a last, empty delta that carries usage and the result
+        def pieces() -> Generator[tuple[str, Optional[QGPMResult]], None, None]:
+            try:
+                for piece in stream:
+                    yield piece, None
+            finally:
+                stream.close()
+            if stream.result is not None:
+                yield "", self._finish(call, stream.result)
 
-    def _completion(self, prompt: str, formatted: bool, kwargs: dict[str, Any], stream: bool) -> Any:
-        parts, gen = self._split_kwargs(dict(kwargs))
-        return self._call(parts, gen, self._messages(prompt, formatted), self._completion_response, stream)
+        return pieces()
 
-    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any], stream: bool) -> Any:
-        _, gen = self._split_kwargs(dict(kwargs))  # chat messages never take QGPM's context path
-        return self._call(None, gen, self._chat_dicts(messages), self._chat_response, stream)
-
-    # ------------------------------------------------------------------ LLM interface
-    # LlamaIndex's CustomLLM would derive chat and async from complete / stream_complete, but
-    # its chat flattens the messages into one user turn (messages_to_prompt), so the model's
-    # chat template would no longer see the roles, and its async methods run the model on
-    # the event loop. Here every entry point is one line over _completion / _chat, and the
-    # async ones run the model in a worker thread so the event loop stays free.
+    # ------------------------------------------------------------------ CustomLLM
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return self._completion(prompt, formatted, kwargs, stream=False)
+        """Answer ``prompt`` (see the module docs); keyword arguments: ``max_new_tokens`` /
+        ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed`` (others are ignored)."""
+        return _completion(self._run(self._prompt_call(prompt, formatted, kwargs)))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        return self._completion(prompt, formatted, kwargs, stream=True)
+        """:meth:`complete`, streamed; the last response is an empty delta carrying usage and the result."""
+        return _completions(self._pieces(self._prompt_call(prompt, formatted, kwargs)))
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return await asyncio.to_thread(self._completion, prompt, formatted, kwargs, False)
+        """:meth:`complete` with the model in a worker thread."""
+        call = self._prompt_call(prompt, formatted, kwargs)
+        return _completion(await asyncio.to_thread(self._run, call))
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
-        return _to_async(await asyncio.to_thread(self._completion, prompt, formatted, kwargs, True))
-
-    @llm_chat_callback()
-    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._chat(messages, kwargs, stream=False)
-
-    @llm_chat_callback()
-    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return self._chat(messages, kwargs, stream=True)
-
-    @llm_chat_callback()
-    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await asyncio.to_thread(self._chat, messages, kwargs, False)
-
-    @llm_chat_callback()
-    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        return _to_async(await asyncio.to_thread(self._chat, messages, kwargs, True))
+        """:meth:`stream_complete` with the model in worker threads."""
+        call = self._prompt_call(prompt, formatted, kwargs)
+        return _acompletions(iterate_in_thread(await asyncio.to_thread(self._pieces, call)))
 
 
-_DONE = object()
+# --------------------------------------------------------------------------- responses
 
 
-def _to_async(sync_gen: Generator[Any, None, None]) -> AsyncGenerator[Any, None]:
-    """Drive a blocking generator from a worker thread, one item at a time."""
+def _result_fields(result: Optional[QGPMResult]) -> dict[str, Any]:
+    """What a finished call's response carries besides its text: usage and the result."""
+    if result is None:
+        return {}
+    usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.answer_tokens,
+             "total_tokens": result.usage.total_tokens}
+    return {"raw": {"usage": usage, "result": result},
+            "additional_kwargs": {"method": result.method, "finish_reason": result.finish_reason}}
+
+
+def _completion(result: QGPMResult) -> CompletionResponse:
+    return CompletionResponse(text=result.text, **_result_fields(result))
+
+
+def _completions(pieces: Iterator[tuple[str, Optional[QGPMResult]]]) -> CompletionResponseGen:
+    text = ""
+    for piece, result in pieces:
+        text += piece
+        yield CompletionResponse(text=text, delta=piece, **_result_fields(result))
+
+
+async def _acompletions(pieces: AsyncGenerator[tuple[str, Optional[QGPMResult]], None]) -> CompletionResponseAsyncGen:
+    text = ""
+    async for piece, result in pieces:
+        text += piece
+        yield CompletionResponse(text=text, delta=piece, **_result_fields(result))
+
+
+_END = object()
+
+
+async def iterate_in_thread(iterator: Iterator[T]) -> AsyncGenerator[T, None]:
+    """Step a blocking ``iterator`` (a generation stream) in worker threads, so the event loop stays free.
+
+    However the loop is left (exhausted, ``aclose()``, ``break``, cancelled) the iterator is
+    closed in a worker thread too, once a step still running there has returned.
+    """
+    guard = threading.Lock()  # a generator cannot be closed while a step runs
 
     def step() -> Any:
-        return next(sync_gen, _DONE)
+        with guard:
+            return next(iterator, _END)
 
-    async def agen() -> AsyncGenerator[Any, None]:
-        try:
-            while True:
-                item = await asyncio.to_thread(step)
-                if item is _DONE:
-                    break
-                yield item
-        finally:
-            try:
-                sync_gen.close()
-            except ValueError:  # still running in a worker thread (consumer cancelled): it ends on its own
-                pass
+    def close() -> None:
+        with guard:
+            closer = getattr(iterator, "close", None)
+            if closer is not None:
+                closer()
 
-    return agen()
+    try:
+        while True:
+            item = await asyncio.to_thread(step)
+            if item is _END:
+                break
+            yield item
+    finally:
+        await asyncio.shield(asyncio.to_thread(close))

@@ -148,14 +148,15 @@ def li_engine():
 
 @pytest.fixture(scope="session")
 def li_llm(li_engine):
+    """QGPMLLM on the real model; LlamaIndex counts tokens with the model's tokenizer (set explicitly)."""
     import llama_index.core
 
-    from qgpm_integrations.llama_index import QGPMLLM
+    from qgpm_integrations.llama_index import QGPMLLM, set_tokenizer
 
     saved = llama_index.core.global_tokenizer
-    llama_index.core.global_tokenizer = None  # so QGPMLLM installs the model's tokenizer, as for a new user
     with offline():
         llm = QGPMLLM(engine=li_engine, method="qgpm", max_new_tokens=12)
+    set_tokenizer(llm, force=True)  # building the LLM leaves LlamaIndex's settings alone
     yield llm
     llama_index.core.global_tokenizer = saved
 

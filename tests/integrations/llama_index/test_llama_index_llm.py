@@ -1,7 +1,9 @@
 """QGPMLLM plumbing, with a model-free stand-in engine (fast).
 
-What reaches the engine for each response mode, sync / streaming / async; refine steps;
-the trace in ``response.metadata["qgpm"]``; plain fallbacks; metadata and token counting.
+What reaches the engine for each response mode, sync / streaming / async, when the LLM reads
+the context and the question back out of the synthesizer's prompt; refine steps; the trace in
+``response.metadata["qgpm"]``; plain fallbacks; chat through ``CustomLLM``; metadata and
+token counting.
 """
 
 from __future__ import annotations
@@ -19,12 +21,20 @@ from llama_index.core.prompts import PromptTemplate
 from llama_index.core.prompts.default_prompt_selectors import DEFAULT_REFINE_PROMPT_SEL, DEFAULT_TEXT_QA_PROMPT_SEL
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from qgpm_integrations.llama_index import QGPMLLM, QGPMTrace, split_context
+from qgpm_integrations.llama_index import QGPMLLM, QGPMTrace, messages_to_prompt, set_tokenizer, split_context
 
 MODES = ["compact", "refine", "tree_summarize", "simple_summarize"]
 ALPHA = "Alpha one. Alpha two.\n\nAlpha three."
 BETA = "Beta one.\n\nBeta two. Beta three."
 QUESTION = "What is alpha?"
+# the documents the LLM reads out of a prompt: the context's blank-line-separated parts
+ALPHA_DOCS = ["Alpha one. Alpha two.", "Alpha three."]
+BETA_DOCS = ["Beta one.", "Beta two. Beta three."]
+BOTH_DOCS = {
+    "compact": ALPHA_DOCS + BETA_DOCS,  # nodes joined with a blank line
+    "tree_summarize": ALPHA_DOCS + BETA_DOCS,
+    "simple_summarize": ["Alpha one. Alpha two.", "Alpha three.\nBeta one.", "Beta two. Beta three."],  # joined with "\n"
+}
 
 
 def _words(text):
@@ -71,12 +81,14 @@ def test_each_response_mode_sends_nodes_and_question(mode, llm, index, stub_engi
     assert calls, "the synthesizer's call never reached engine.answer"
     assert all(c[2] == QUESTION for c in calls)
     if mode == "refine":  # one call per node: first the QA step, then a refine step
-        assert [c[1] for c in calls] == [ALPHA, BETA]
+        assert [c[1] for c in calls] == [ALPHA_DOCS, BETA_DOCS]
         assert calls[0][3]["instruction"] is None
-        assert "qgpm answer to What is alpha? from 1 docs" in calls[1][3]["instruction"]
-    else:  # one call over both nodes, split back into node texts
+        assert "qgpm answer to What is alpha? from 2 docs" in calls[1][3]["instruction"]
+        assert [r.details["llama_index"]["step"] for r in response.metadata["qgpm"]] == ["qa", "refine"]
+    else:  # one call over both nodes
         assert len(calls) == 1
-        assert calls[0][1] == [ALPHA, BETA]
+        assert calls[0][1] == BOTH_DOCS[mode]
+    assert all(r.details["llama_index"]["prompt"] == "template" for r in response.metadata["qgpm"])
     assert all(c[3]["method"] == "qgpm" for c in calls)
     trace = response.metadata["qgpm"]
     assert isinstance(trace, QGPMTrace) and len(trace) == len(calls)
@@ -135,7 +147,7 @@ def test_settings_llm_is_used(llm, index, stub_engine, monkeypatch):
 
     monkeypatch.setattr(Settings, "_llm", llm)
     response = index.as_query_engine(similarity_top_k=2).query(QUESTION)
-    assert _answers(stub_engine)[-1][1:3] == ([ALPHA, BETA], QUESTION)
+    assert _answers(stub_engine)[-1][1:3] == (BOTH_DOCS["compact"], QUESTION)
     assert response.metadata["qgpm"].result.text == str(response)
 
 
@@ -151,19 +163,21 @@ def test_llm_serializes_without_the_engine(llm):
 def test_predict_with_synthesizer_templates(llm, stub_engine):
     qa = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?")
     assert llm.predict(qa, context_str="Some text.") == "qgpm answer to Q? from 1 docs"
-    assert stub_engine.calls[-1][1:3] == ("Some text.", "Q?")
+    assert stub_engine.calls[-1][1:3] == (["Some text."], "Q?")
     refine = DEFAULT_REFINE_PROMPT_SEL.partial_format(query_str="Q?", existing_answer="  Earlier.  ")
     llm.predict(refine, context_msg="More text.")
     kind, context, question, kw = stub_engine.calls[-1]
-    assert (context, question) == ("More text.", "Q?")
+    assert (context, question) == (["More text."], "Q?")
     assert kw["instruction"].count("Earlier.") == 1
     assert llm.last_result.details["llama_index"]["step"] == "refine"
 
 
-def test_custom_variable_names_and_fallback(stub_engine, word_tokenizer):
-    llm = QGPMLLM(engine=stub_engine, context_keys=("docs",), question_keys=("q",))
-    tmpl = PromptTemplate("Docs:\n{docs}\nQ: {q}\nA:")
+def test_custom_templates_and_fallback(stub_engine, word_tokenizer):
+    llm = QGPMLLM(engine=stub_engine)
+    tmpl = PromptTemplate("Docs:\n{docs}\nQ: {q}\nA:")  # read by its shape: a context label, a question label
     assert llm.predict(tmpl, docs="Text here.", q="Why?").startswith("qgpm answer to Why?")
+    assert stub_engine.calls[-1][1:3] == (["Text here."], "Why?")
+    assert llm.last_result.details["llama_index"]["prompt"] == "shape:label"
     # a template without a context (e.g. a query transform) is plain generation
     out = llm.predict(PromptTemplate("Rewrite the question: {q}"), q="Why?")
     assert out == "plain reply"
@@ -179,7 +193,7 @@ def test_template_variable_and_function_mappings(stub_engine, word_tokenizer):
         function_mappings={"query_str": lambda **kw: kw["q"].upper()},
     )
     assert llm.predict(tmpl, docs="Some text.", q="why?") == "qgpm answer to WHY? from 1 docs"
-    assert stub_engine.calls[-1][1:3] == ("Some text.", "WHY?")
+    assert stub_engine.calls[-1][1:3] == (["Some text."], "WHY?")
 
 
 def test_plain_complete_and_chat_use_engine_chat(llm, stub_engine):
@@ -187,9 +201,10 @@ def test_plain_complete_and_chat_use_engine_chat(llm, stub_engine):
     assert r.text == "plain reply" and r.raw["usage"]["prompt_tokens"] == 11
     assert r.raw["result"].method == "plain"
     assert stub_engine.calls[-1][1] == [{"role": "user", "content": "hello"}]
+    # chat is CustomLLM's: messages_to_prompt joins the messages into one prompt, which is completed
     c = llm.chat([ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="hi")])
     assert c.message.content == "plain reply"
-    assert stub_engine.calls[-1][1] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert stub_engine.calls[-1][1] == [{"role": "user", "content": "Be brief.\n\nhi"}]
     assert [x.delta for x in llm.stream_complete("hello")][:2] == ["plain ", "reply"]
     assert [x.delta for x in llm.stream_chat([ChatMessage(role="user", content="hi")])][:2] == ["plain ", "reply"]
     assert asyncio.run(llm.acomplete("hello")).text == "plain reply"
@@ -207,21 +222,39 @@ def test_streams_end_with_one_chunk_that_carries_usage_and_result(llm, stub_engi
     chat = list(llm.stream_chat([ChatMessage(role="user", content="hi")]))
     assert [c.text for c in completion] == ["plain ", "plain reply", "plain reply"]
     assert [c.message.content for c in chat] == ["plain ", "plain reply", "plain reply"]
-    for chunks in (completion, chat):
+    # CustomLLM turns completions into chat responses with the completion's additional_kwargs on the message
+    for chunks, extra in ((completion, lambda c: c.additional_kwargs), (chat, lambda c: c.message.additional_kwargs)):
         assert [c.delta for c in chunks] == ["plain ", "reply", ""]
         assert [c.raw for c in chunks[:-1]] == [None, None]
-        assert [c.additional_kwargs for c in chunks[:-1]] == [{}, {}]
+        assert [extra(c) for c in chunks[:-1]] == [{}, {}]
         last = chunks[-1]
         assert last.raw["usage"] == {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}
         assert last.raw["result"].method == "plain"
-        assert last.additional_kwargs == {"method": "plain", "finish_reason": "stop"}
+        assert extra(last) == {"method": "plain", "finish_reason": "stop"}
     assert chat[-1].raw["result"] is llm.last_result
     assert chat[-1].message.role == "assistant"
     reply = llm.complete("hello")
     assert reply.delta is None and reply.additional_kwargs == {"method": "plain", "finish_reason": "stop"}
     answer = llm.chat([ChatMessage(role="user", content="hi")])
     assert answer.delta is None and answer.raw["usage"]["total_tokens"] == 13
-    assert answer.additional_kwargs == {"method": "plain", "finish_reason": "stop"}
+    assert answer.message.additional_kwargs == {"method": "plain", "finish_reason": "stop"}
+
+
+def test_messages_to_prompt_joins_system_history_and_question():
+    msgs = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Hi."),
+            ChatMessage(role="assistant", content="Hello."), ChatMessage(role="user", content="Context:\nA text.\nQuestion: Why?")]
+    assert messages_to_prompt(msgs) == ("Be brief.\n\nConversation so far:\nUser: Hi.\nAssistant: Hello.\n\n"
+                                        "Context:\nA text.\nQuestion: Why?")
+    assert messages_to_prompt([ChatMessage(role="user", content="hi")]) == "hi"
+
+
+def test_chat_prompts_of_a_chat_model_are_read_too(stub_engine, word_tokenizer):
+    """is_chat_model=True: synthesizers send LlamaIndex's chat templates, joined by messages_to_prompt."""
+    llm = QGPMLLM(engine=stub_engine, is_chat_model=True, system_prompt="SYS")
+    assert llm.predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?"), context_str="Some text.") == "qgpm answer to Q? from 1 docs"
+    assert stub_engine.calls[-1][1:3] == (["Some text."], "Q?") and stub_engine.calls[-1][3]["system"] == "SYS"
+    llm.predict(DEFAULT_REFINE_PROMPT_SEL.partial_format(query_str="Q?", existing_answer="Earlier."), context_msg="More text.")
+    assert stub_engine.calls[-1][1:3] == (["More text."], "Q?") and "Earlier." in stub_engine.calls[-1][3]["instruction"]
 
 
 def test_generation_settings_reach_the_engine(stub_engine, word_tokenizer):
@@ -278,14 +311,35 @@ def test_metadata_and_tokenizer(stub_engine, monkeypatch):
     llm = QGPMLLM(engine=stub_engine, max_new_tokens=33)
     md = llm.metadata
     assert (md.context_window, md.num_output, md.model_name, md.is_chat_model) == (4096, 33, "stub-model", False)
-    # the model's tokenizer now counts tokens for LlamaIndex (no tiktoken)
-    assert llama_index.core.Settings.tokenizer("one two three") == ["one", "two", "three"]
+    assert llama_index.core.global_tokenizer is None  # building the LLM changed no LlamaIndex setting
     assert llm.count_tokens("a b") == 2
-    # an explicitly chosen tokenizer is kept
+    # set_tokenizer makes the model's tokenizer count LlamaIndex's tokens (no tiktoken)
+    assert set_tokenizer(llm) is True
+    assert llama_index.core.Settings.tokenizer("one two three") == ["one", "two", "three"]
+    # a tokenizer already chosen is kept unless forced
     mine = lambda s: list(s)  # noqa: E731
     llama_index.core.Settings.tokenizer = mine
-    QGPMLLM(engine=stub_engine)
+    assert set_tokenizer(stub_engine) is False and llama_index.core.global_tokenizer is mine
+    QGPMLLM(engine=stub_engine, set_global_tokenizer=True)
     assert llama_index.core.global_tokenizer is mine
+    assert set_tokenizer(llm, force=True) is True and llama_index.core.global_tokenizer is not mine
+    with pytest.raises(TypeError, match="set_tokenizer takes"):
+        set_tokenizer(object())
+
+
+def test_construction_leaves_llama_index_settings_untouched(stub_engine, monkeypatch):
+    from llama_index.core import Settings
+
+    from qgpm_integrations.llama_index import QGPMSynthesizer
+
+    monkeypatch.setattr(llama_index.core, "global_tokenizer", None)
+    Settings.callback_manager  # LlamaIndex creates its default manager on first read; read it before the snapshot
+    before = dict(vars(Settings))
+    llm = QGPMLLM(engine=stub_engine)
+    QGPMSynthesizer(llm=llm, streaming=True)
+    QGPMSynthesizer(engine=stub_engine, method="vanilla")
+    assert dict(vars(Settings)) == before
+    assert llama_index.core.global_tokenizer is None
 
 
 def test_last_result_is_thread_safe(llm, stub_engine):

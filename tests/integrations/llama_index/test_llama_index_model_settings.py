@@ -58,6 +58,23 @@ def test_model_name_model_kwargs_and_device_map_reach_the_engine(tiny_dir, load_
     assert llm.model_kwargs == {"torch_dtype": "bfloat16", "device_map": "cpu"}
 
 
+def test_llms_naming_one_model_share_one_engine_and_leave_settings_alone(tiny_dir, load_calls, monkeypatch):
+    from llama_index.core import Settings
+
+    from qgpm_integrations._common import clear_engine_cache
+
+    clear_engine_cache()
+    monkeypatch.setattr(llama_index.core, "global_tokenizer", None)
+    before = dict(vars(Settings))
+    a = QGPMLLM(model_name=str(tiny_dir), heads=[(1, 0)], method="qgpm")
+    b = QGPMLLM(model=str(tiny_dir), heads=[(1, 0)], method="vanilla")
+    assert a.engine is b.engine and len(load_calls) == 1  # loaded once, through the adapters' shared engine cache
+    c = QGPMLLM(model_name=str(tiny_dir), heads=[(1, 0)], model_kwargs={"dtype": "float32"})
+    assert c.engine is not a.engine and len(load_calls) == 2  # other loading arguments: another engine
+    assert dict(vars(Settings)) == before and llama_index.core.global_tokenizer is None
+    clear_engine_cache()
+
+
 def test_context_window_and_is_chat_model_are_honoured(tiny_dir):
     llm = QGPMLLM.from_model_id(str(tiny_dir), heads=[(1, 0)], context_window=1000, is_chat_model=True, set_global_tokenizer=False)
     assert (llm.metadata.context_window, llm.metadata.is_chat_model) == (1000, True)
@@ -187,4 +204,5 @@ def test_stream_chat_emits_llm_events(debug_llm, events):
     chunks = list(llm.stream_chat([ChatMessage(role="user", content="hi")]))
     assert events.count(LLMChatStartEvent) == 1 and events.count(LLMChatEndEvent) == 1
     assert events.count(LLMChatInProgressEvent) == len(chunks) >= 2
-    assert len(debug.get_event_pairs(CBEventType.LLM)) == 1
+    # CustomLLM's chat completes the joined prompt: one LLM start/end pair for the chat, one for the completion
+    assert len(debug.get_event_pairs(CBEventType.LLM)) == 2

@@ -1,0 +1,191 @@
+"""Reading the context and the question back out of a prompt a LlamaIndex synthesizer formatted.
+
+``QGPMLLM`` receives what every LlamaIndex LLM receives: finished prompt text. Where that
+text is a question-answering prompt, :func:`read_prompt` finds its parts, in this order:
+
+1. **LlamaIndex's own default templates** (question answering, tree summarize and refine,
+   in their completion and chat versions, taken from ``llama_index.core.prompts``): the
+   text is matched against the template, so the context and the question come out exactly
+   as the synthesizer put them in. On refine steps the earlier answer comes out too.
+2. **Any other template** is read by the core's prompt-shape reader
+   (:func:`qgpm.chat_prompt.find_context_block`): a context after a marker (a ``Context:``
+   label, a ``<context>`` tag, a rule line after an instruction that mentions the context)
+   and a labelled question at the end (``Question:`` / ``Query:``, optionally followed by an
+   ``Answer:`` cue). A context opened by a rule line ends at the same rule line where one
+   closes it, as in LlamaIndex's templates.
+
+The context is split into documents at blank lines (synthesizers join node texts with a
+blank line; a node's own paragraphs become documents of their own; see
+:func:`split_documents`). Prompts with no such
+shape -- query rewriting, summaries without a question, any other component's prompt --
+give ``None``: the LLM then generates plainly from the text.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import string
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Iterable, Optional
+
+from llama_index.core.prompts import chat_prompts, default_prompts
+
+from qgpm.chat_prompt import find_context_block
+from qgpm.prompt import has_visible_text
+
+__all__ = ["PromptParts", "read_prompt", "split_documents", "split_context"]
+
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
+_RULE_LINE = re.compile(r"[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*")
+_CONTEXT_VARS = ("context_str", "context_msg")
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    """What one QGPM answer is asked: documents, a question and, on refine steps, the answer so far.
+
+    ``source`` says where the parts were found: ``"nodes"`` (handed over by
+    :class:`~qgpm_integrations.llama_index.QGPMSynthesizer`), ``"template"`` (one of
+    LlamaIndex's default templates) or ``"shape:<marker>"`` (the core's shape reader;
+    the marker is ``label``, ``tag``, ``rule`` or ``paragraph``).
+    """
+
+    documents: tuple[str, ...]
+    question: str
+    existing_answer: Optional[str] = None
+    source: str = "nodes"
+
+    @property
+    def step(self) -> str:
+        """``"refine"`` when an earlier answer is being refined, else ``"qa"``."""
+        return "qa" if self.existing_answer is None else "refine"
+
+
+def split_documents(text: str) -> list[str]:
+    """The blank-line-separated parts of ``text`` that hold visible text, stripped.
+
+    A context formatted as a Python list of strings (``simple_summarize`` passes its
+    context as a list, which the template formats with ``str``) is read back as that list.
+    """
+    texts = [text]
+    stripped = text.strip()
+    if stripped.startswith("[") and stripped.endswith("]"):
+        try:
+            value = ast.literal_eval(stripped)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            value = None
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            texts = value
+    return [p.strip() for t in texts for p in _BLANK_LINE.split(t) if has_visible_text(p)]
+
+
+# --------------------------------------------------------------------------- LlamaIndex's default templates
+
+
+def _default_templates() -> list[str]:
+    """The user-message text of LlamaIndex's default QA, tree-summarize and refine templates."""
+    texts = [default_prompts.DEFAULT_TEXT_QA_PROMPT_TMPL, default_prompts.DEFAULT_TREE_SUMMARIZE_TMPL,
+             default_prompts.DEFAULT_REFINE_PROMPT_TMPL]
+    for messages in (chat_prompts.TEXT_QA_PROMPT_TMPL_MSGS, chat_prompts.TREE_SUMMARIZE_PROMPT_TMPL_MSGS,
+                     chat_prompts.CHAT_REFINE_PROMPT_TMPL_MSGS):
+        texts += [m.content for m in messages if isinstance(m.content, str) and any(f"{{{v}}}" in m.content for v in _CONTEXT_VARS)]
+    return list(dict.fromkeys(texts))
+
+
+def _template_pattern(template: str) -> re.Pattern[str]:
+    """A pattern that matches ``template`` formatted with any values, after any leading lines.
+
+    Literal text must match exactly (trailing whitespace aside); the context variable takes
+    as much text as it can (the template's own closing text is the last of its kind), every
+    other variable as little.
+    """
+    out = [r"(?:\A|(?<=\n))"]
+    for literal, name, _, _ in string.Formatter().parse(template.rstrip()):
+        out.append(re.escape(literal))
+        if name is not None:
+            out.append(f"(?P<{name}>.*)" if name in _CONTEXT_VARS else f"(?P<{name}>.*?)")
+    out.append(r"\s*\Z")
+    return re.compile("".join(out), re.S)
+
+
+@lru_cache(maxsize=1)
+def _default_patterns() -> tuple[re.Pattern[str], ...]:
+    return tuple(_template_pattern(t) for t in _default_templates())
+
+
+def _from_default_template(text: str) -> Optional[PromptParts]:
+    for pattern in _default_patterns():
+        m = pattern.search(text)
+        if m is None:
+            continue
+        values = m.groupdict()
+        context = values.get("context_str", values.get("context_msg")) or ""
+        question = (values.get("query_str") or "").strip()
+        documents = split_documents(context)
+        if not documents or not question:
+            return None
+        existing = values.get("existing_answer")
+        return PromptParts(tuple(documents), question, None if existing is None else existing.strip(), "template")
+    return None
+
+
+# --------------------------------------------------------------------------- any other template: the core's shape reader
+
+
+def _from_shape(text: str) -> Optional[PromptParts]:
+    block = find_context_block(text, with_question=True)
+    if block is None or block.question is None:
+        return None
+    if block.marker == "rule":
+        opening = text[block.instruction_end : block.start].strip()
+        closing = [m for m in re.finditer(r"(?m)^" + _RULE_LINE.pattern + r"$", block.context) if m.group().strip() == opening]
+        if closing:
+            block = replace(block, end=block.start + len(block.context[: closing[-1].start()].rstrip()))
+    documents = split_documents(block.context)
+    question = block.question.strip()
+    if not documents or not question:
+        return None
+    return PromptParts(tuple(documents), question, None, f"shape:{block.marker}")
+
+
+def read_prompt(text: str) -> Optional[PromptParts]:
+    """The documents and the question of a question-answering prompt, or ``None`` (see the module docs)."""
+    if not isinstance(text, str) or not has_visible_text(text):
+        return None
+    return _from_default_template(text) or _from_shape(text)
+
+
+# --------------------------------------------------------------------------- node texts in a joined context
+
+
+def split_context(text: str, chunks: Iterable[str] = ()) -> str | list[str]:
+    """Split a synthesizer's joined context back into the node texts ``chunks``.
+
+    Synthesizers join node texts with ``"\\n\\n"`` (compact / refine / tree_summarize) or
+    ``"\\n"`` (simple_summarize) and may re-split or truncate the result to fit the window.
+    A boundary is placed wherever a known node text begins at the start of the context or
+    right after a line break (matched on its first 200 characters). Pieces before the first
+    match (a node cut at its start) stay separate documents. Without any match the context
+    is returned as one string.
+    """
+    heads = [c.strip()[:200] for c in chunks if c.strip()]
+    starts = set()
+    for head in heads:
+        pos = text.find(head)
+        while pos >= 0:
+            if pos == 0 or text[pos - 1] == "\n" or not text[:pos].strip():
+                starts.add(pos)
+            pos = text.find(head, pos + 1)
+    cuts = sorted(p for p in starts if text[:p].strip())
+    if not cuts:
+        return text
+    pieces = []
+    prev = 0
+    for p in cuts + [len(text)]:
+        piece = text[prev:p].strip()
+        if piece:
+            pieces.append(piece)
+        prev = p
+    return pieces if len(pieces) > 1 else text
