@@ -1,7 +1,8 @@
 """Pieces every ``qgpm`` subcommand shares: the parser class, flag types and error handling.
 
-Only the standard library is imported here at module level (the CLI parses its
-arguments before anything heavy loads).
+Besides the standard library, module level imports only the two tables the flag types
+check against: the methods (:mod:`qgpm.defaults`) and the evaluation tasks
+(:mod:`qgpm.samples.tasks`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,11 @@ import argparse
 import os
 import sys
 from typing import Any, Callable, NoReturn, Sequence
+
+from qgpm.config import QGPMConfig, load_config
+from qgpm.defaults import METHODS
+from qgpm.loading import resolve_source, source_fingerprint
+from qgpm.samples.tasks import TASKS
 
 __all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP", "VLLM_URL_HELP", "VLLM_MODEL_HELP"]
 
@@ -50,8 +56,6 @@ def methods_arg(allowed: Sequence[str] | None = None) -> Callable[[str], list[st
     """An argparse type: a comma list of methods, each checked against ``allowed`` (default: all)."""
 
     def parse(s: str) -> list[str]:
-        from qgpm.defaults import METHODS
-
         choices = list(allowed or METHODS)
         methods = list(dict.fromkeys(csv_list(s)))
         bad = [m for m in methods if m not in choices]
@@ -65,8 +69,6 @@ def methods_arg(allowed: Sequence[str] | None = None) -> Callable[[str], list[st
 
 def tasks_arg(s: str) -> list[str]:
     """An argparse type: a comma list of evaluation tasks or ``all``, each checked."""
-    from qgpm.samples.tasks import TASKS
-
     if s.strip().lower() == "all":
         return list(TASKS)
     tasks = csv_list(s)
@@ -110,3 +112,14 @@ def run_command(args: argparse.Namespace) -> int:
             raise
         print(f"{prog}: error: {type(exc).__name__}: {_one_line(exc)} (QGPM_TRACEBACK=1 shows the traceback)", file=sys.stderr)
         return 2
+
+
+def remote_call_config(model: Any, config_file: str | None, overrides: Sequence[str]) -> Any:
+    """The config of ``--config`` / ``--set`` for a model about to load with a remote generator,
+    read before the weights: such an engine loads only the layers pass 1 reads under the config
+    its calls use (one when they rank with a reranker). ``None`` when neither is given (the
+    model's preset, which the engine finds itself)."""
+    if config_file is None and not overrides:
+        return None
+    base = QGPMConfig.for_model(source_fingerprint(resolve_source(model, None)).key)
+    return load_config(config_file, overrides, base=base)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from .heads import HeadSet, reciprocal_rank
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptSpec, build_prompt
@@ -95,8 +96,6 @@ def score_heads(engine, samples: Sequence[Any], *, progress: bool = True) -> Hea
     total = torch.zeros(n_layers * n_heads, dtype=torch.float64)
     it = samples
     if progress:
-        from tqdm.auto import tqdm
-
         it = tqdm(samples, desc="calibrating heads", unit="sample")
     for sample in it:
         prompt = _sample_prompt(engine, sample)

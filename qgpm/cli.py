@@ -35,9 +35,18 @@ from ._cliutil import (
     QGPMArgumentParser,
     UsageError,
     methods_arg,
+    remote_call_config,
     run_command,
     split_config_args,
 )
+from . import QGPM, __version__
+from .baselines import options_from_strings
+from .config import check_config_args, load_config
+from .explain import sentence_rows, term_note
+from .fingerprint import gguf_shape
+from .heads import find_head_set, has_head_set_for_shape, parse_heads
+from .loading import parse_dtype, resolve_device, resolve_source, source_fingerprint
+from .serving import VLLMServer
 from .defaults import DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
 from .methods import Stage, method_spec
 from .sources import parse_source
@@ -80,10 +89,6 @@ def _check_heads_before_loading(args: argparse.Namespace, heads) -> None:
     config and tokenizer give its full fingerprint. Where neither can be read the load
     itself reports the problem.
     """
-    from .fingerprint import gguf_shape
-    from .heads import find_head_set, has_head_set_for_shape
-    from .loading import resolve_source, source_fingerprint
-
     try:
         source = resolve_source(args.model, None)
     except FileNotFoundError as exc:
@@ -125,8 +130,6 @@ def _print_answer(method: str, result, *, width: int, expected: str | None = Non
 def _print_why(method: str, result, top: int) -> None:
     """What a method did to the context: the sentences QGPM/Oracle promoted (rank, relevance,
     score, depth in the context), the chunks Top-K/Reorder kept, a baseline's settings."""
-    from .explain import sentence_rows, term_note
-
     if result.relevance:
         rows = sorted(sentence_rows(result), key=lambda r: r["rank"])[:top]
         d = result.details
@@ -157,11 +160,6 @@ def _print_why(method: str, result, top: int) -> None:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from .baselines import options_from_strings
-    from .config import check_config_args, load_config
-    from .heads import parse_heads
-    from .loading import parse_dtype
-
     text, questions = sample_document()
     if not 0 <= args.example < len(questions):
         raise UsageError(f"--example must be 0..{len(questions) - 1}, got {args.example}")
@@ -210,15 +208,10 @@ def _ask(args: argparse.Namespace) -> int:
         _check_heads_before_loading(args, heads)  # a reranker relevance source needs no head set
     generator = None
     if args.vllm_url:
-        from .serving import VLLMServer
-
         try:
             generator = VLLMServer(args.vllm_url, model=args.vllm_model)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-
-    from . import QGPM
-    from .loading import resolve_device
 
     device_map = resolve_device(args.device)
     from transformers.utils import logging as hf_logging  # its weight-loading progress bars (the model, the reranker)
@@ -226,8 +219,10 @@ def _ask(args: argparse.Namespace) -> int:
     hf_logging.enable_progress_bar() if args.verbose else hf_logging.disable_progress_bar()
     if not args.quiet:
         print(f"loading {args.model or 'the embedded ' + DEFAULT_MODEL_NAME} on {device_map} ...", file=sys.stderr)
-    engine = QGPM.from_pretrained(args.model, device_map=device_map, dtype=None if dtype == "auto" else dtype, heads=heads, generator=generator)
-    config = load_config(config_file, overrides, base=engine.config)
+    remote = remote_call_config(args.model, config_file, overrides) if generator is not None else None
+    engine = QGPM.from_pretrained(args.model, device_map=device_map, dtype=None if dtype == "auto" else dtype, heads=heads, generator=generator,
+                                  config=remote)
+    config = remote or load_config(config_file, overrides, base=engine.config)
     quiet = args.quiet
     if not quiet:
         print(f"question: {question}")
@@ -272,8 +267,6 @@ def _ask(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
     ap = QGPMArgumentParser(
         prog="qgpm",
         description="Query-Guided Positional Modulation for long-context QA.",
@@ -315,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--plot", metavar="OUT.png", help="save the relevance plot of the qgpm answer (sentence score against position)")
     ask.set_defaults(func=_ask)
     try:
-        from .eval.cli import register
+        from .eval.cli import register  # optional: the harness's subcommands need qgpm[eval]
     except ImportError:  # evaluation extras not installed
         register = None
     if register is not None:

@@ -158,7 +158,7 @@ class QGPM:
         pass1_layers_only = check_pass1_layers_only(pass1_layers_only, generator)
         source = resolve_source(model, gguf_file)
         if heads == "calibrate":
-            from .samples import check_data_packages
+            from .samples import check_data_packages  # the samples need qgpm[eval]; only calibration reads them
 
             check_data_packages()  # a missing data package fails here, before the weights load
         if attn_implementation is not None:
@@ -185,7 +185,7 @@ class QGPM:
         self._head_error = None
         if isinstance(heads, str) and heads == "calibrate":
             from .calibrate import calibrate_heads  # the calibration search and its samples (qgpm[eval]) load only here
-            from .samples import calibration_samples, check_data_packages
+            from .samples import calibration_samples, check_data_packages  # qgpm[eval] (wonderwords), as above
 
             check_data_packages()  # wonderwords (qgpm[eval]) and the benchmark data, checked before any model work
             self.local.require("head calibration")

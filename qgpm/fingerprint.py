@@ -25,9 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import struct
 import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import torch
 
 __all__ = [
     "ModelFingerprint",
@@ -148,8 +151,6 @@ def tokenizer_hash(tokenizer: Any) -> str:
 
 def weights_hash(model: Any, rows: int = 8) -> str | None:
     """Hash of the first ``rows`` rows of the input embedding, rounded to bfloat16."""
-    import torch
-
     try:
         emb = model.get_input_embeddings().weight
     except (AttributeError, NotImplementedError):
@@ -206,8 +207,6 @@ def gguf_shape(path: str) -> dict | None:
     scalars and the token count only, so a missing head set is reported before the
     load. ``None`` when the header cannot be read (then nothing is concluded).
     """
-    import struct
-
     def read(f, fmt):
         size = struct.calcsize(fmt)
         data = f.read(size)

@@ -32,6 +32,7 @@ from typing import Any, Iterable
 
 import torch
 
+from .config import PRESET_NAMES
 from .fingerprint import ModelFingerprint, slug
 
 __all__ = [
@@ -229,8 +230,6 @@ def has_head_set_for_shape(shape: dict) -> bool:
 
 def known_model_name(key: str) -> str | None:
     """The readable name stored beside fingerprint ``key`` (a preset or a stored head set)."""
-    from .config import PRESET_NAMES
-
     if key in PRESET_NAMES:
         return PRESET_NAMES[key]
     for _, f, name in _stored():

@@ -27,7 +27,7 @@ def require_bm25(what: str) -> Any:
     is put back to NOTSET (the root's level applies). Any other level, and any set later, is kept."""
     global _QUIETED
     try:
-        import bm25s
+        import bm25s  # heavy: bm25s loads scipy.sparse (about 0.1 s here), only when something is scored by BM25
     except ImportError as exc:
         raise ImportError(f"{what} needs the package 'bm25s'. {BM25S_HINT}") from exc
     if not _QUIETED:

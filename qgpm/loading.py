@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from .defaults import DEFAULT_MODEL, DEFAULT_MODEL_NAME, is_default_model
+from .fingerprint import ModelFingerprint, arch_config, fingerprint_key, tokenizer_hash
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -177,7 +178,7 @@ def _cached_gguf_folder(source: ModelSource) -> Path | None:
 
 def _build_gguf_entry(source: ModelSource, gguf: Path, folder: Path, key: str) -> None:
     """De-quantize ``gguf`` once (model + tokenizer) into ``folder``, atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers' auto classes, see load_tokenizer
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     if folder.exists():  # an incomplete or corrupt entry: rebuild it
@@ -228,6 +229,7 @@ def _load_path(source: ModelSource) -> tuple[str, dict[str, Any]]:
 
 def load_tokenizer(source: ModelSource):
     """Load (once per process) the fast tokenizer of ``source``."""
+    # heavy: transformers' auto classes, about 0.3 s more than `import qgpm` (itself 1.4 s here); only loading needs them
     from transformers import AutoTokenizer
 
     key = ("tok", source.path, source.gguf_file)
@@ -251,7 +253,7 @@ def load_model(source: ModelSource, *, dtype: torch.dtype | str | None = None, d
     """Load (once per process, per dtype/device_map) the causal LM of ``source`` in eval mode.
 
     A GGUF source is read from its de-quantized cache entry (built on first use)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy: transformers' auto classes, see load_tokenizer
 
     key = ("model", source.path, source.gguf_file, str(dtype), repr(device_map), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
     with _CACHE_LOCK:
@@ -359,7 +361,7 @@ def model_load_kwargs(model_kwargs: dict[str, Any] | None) -> dict[str, Any]:
 
 def model_config(source: ModelSource):
     """The transformers config of ``source`` (the GGUF cache entry's for a GGUF file), without weights."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # heavy: transformers' auto classes, see load_tokenizer
 
     path, kw = _load_path(source)
     return AutoConfig.from_pretrained(path, **kw)
@@ -371,9 +373,7 @@ def source_fingerprint(source: ModelSource):
     Reads the config and the tokenizer only (``weights`` is ``None``), so a missing head
     set can be reported before a long model load.
     """
-    from transformers import AutoConfig
-
-    from .fingerprint import ModelFingerprint, arch_config, tokenizer_hash, fingerprint_key
+    from transformers import AutoConfig  # heavy: transformers' auto classes, see load_tokenizer
 
     config = AutoConfig.from_pretrained(source.path, **source.load_kwargs())
     arch = arch_config(config)

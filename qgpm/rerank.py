@@ -28,14 +28,19 @@ an empty passage list gives ``[]``; an empty or whitespace-only query raises
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import os
 import threading
 from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
+import torch
+
 from .defaults import DEFAULT_MODEL_NAME, DEFAULT_RERANKER, is_default_model
 from .lexical import bm25_scores, require_bm25
+from .loading import load_model, load_tokenizer, resolve_source
+from .tokens import encode_prompt, plain_backend
 
 __all__ = [
     "Reranker",
@@ -207,8 +212,6 @@ class LLMJudgeReranker:
         self._tokenizer: Any = tokenizer
         self._source: Any = None
         if model is None or isinstance(model, (str, os.PathLike)):
-            from .loading import resolve_source
-
             self._source = resolve_source(model)
             model_name = self._source.name or str(self._source.path)
         else:
@@ -228,12 +231,8 @@ class LLMJudgeReranker:
         """Load the model and tokenizer now (otherwise done on the first ``score``)."""
         with self._lock:
             if self._model is None:
-                from .loading import load_model
-
                 self._model = load_model(self._source, dtype=self._dtype, device_map=self._device_map)
             if self._tokenizer is None:
-                from .loading import load_tokenizer
-
                 self._tokenizer = load_tokenizer(self._source)
             if not hasattr(self, "_yes_ids"):
                 self._yes_ids, self._no_ids = self._answer_token_ids()
@@ -310,15 +309,11 @@ class LLMJudgeReranker:
         passages = _check_inputs(query, passages)
         if not passages:
             return []
-        import torch
-
         self.load()
         tok, model = self._tokenizer, self._model
         query = query.strip()
         before, after = self.prompt_parts(query)
         # the query and the passages are data: special-token strings in them stay text
-        from .tokens import encode_prompt, plain_backend
-
         at = before.rfind(f"<Query>: {query}\n")
         protected = [(at + len("<Query>: "), at + len("<Query>: ") + len(query))] if at >= 0 else []
         pre, _ = encode_prompt(tok, before, protected)
@@ -366,8 +361,6 @@ class LLMJudgeReranker:
     @staticmethod
     def _forward_extra(model: Any) -> dict[str, Any]:
         """Ask for the last position's logits only, where the model supports it."""
-        import inspect
-
         try:
             params = inspect.signature(model.forward).parameters
         except (TypeError, ValueError):  # pragma: no cover
@@ -547,8 +540,6 @@ _RERANKERS_LOCK = threading.Lock()
 
 def _auto_placement() -> dict[str, Any]:
     """bfloat16 on the first GPU when one is present, else the loader's defaults."""
-    import torch
-
     if torch.cuda.is_available():
         return {"dtype": torch.bfloat16, "device_map": "cuda"}
     return {}

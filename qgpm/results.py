@@ -18,6 +18,7 @@ import torch
 from .methods import METHOD_SPECS, Stage
 from .config import QGPMConfig
 from .diagnostics import Diagnostics
+from .explain import plot_relevance, render_html
 from .prompt import Prompt
 
 __all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
@@ -108,14 +109,10 @@ class QGPMResult:
 
     def to_html(self, *, top: int = 10) -> str:
         """A self-contained HTML page showing why this answer came out (see :mod:`qgpm.explain`)."""
-        from .explain import render_html
-
         return render_html(self, top=top)
 
     def plot(self, *, evidence: Sequence[str] | None = None, ax: Any = None):
         """A matplotlib figure of sentence relevance against position in the context."""
-        from .explain import plot_relevance
-
         return plot_relevance(self, evidence=evidence, ax=ax)
 
     def top_sentences(self, k: int = 5) -> list[SentenceRelevance]:

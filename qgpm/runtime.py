@@ -12,6 +12,7 @@ threads never mix their plans.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import weakref
 from typing import ContextManager, Iterator, Protocol
@@ -50,8 +51,6 @@ _LOCKS_GUARD = threading.Lock()
 
 def cache_kwarg(fn) -> str:
     """``cache`` (transformers >= 5.2x) or ``past_key_values`` (older), whichever ``fn`` takes."""
-    import inspect
-
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # pragma: no cover

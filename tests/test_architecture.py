@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -252,3 +254,68 @@ def test_the_patching_code_knows_neither_plan_class():
     for cls in (PositionPlan, BaselinePlan):
         assert callable(getattr(cls, "installed", None)), cls
     assert "installed" in InstallablePlan.__dict__
+
+
+# --------------------------------------------------------------------------- imports inside functions
+
+
+def _function_imports_without_a_reason(source: str) -> list[int]:
+    """The lines of the imports inside functions (methods and nested functions too) that carry
+    no comment: none on the import's own lines, and no comment line directly above it."""
+    comments: dict[int, bool] = {}  # line -> whether the comment is all the line holds
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = not tok.line[: tok.start[1]].strip()
+    lines = set()
+    for fn in ast.walk(ast.parse(source)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    own = any(line in comments for line in range(node.lineno, (node.end_lineno or node.lineno) + 1))
+                    if not own and not comments.get(node.lineno - 1, False):
+                        lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_every_import_inside_a_function_says_why():
+    """An import inside a function is for an optional or heavy dependency, or breaks a cycle, and
+    a comment on its line or the line directly above says which (``# optional: qgpm[eval]``)."""
+    sample = (
+        "import os\n"
+        "def f():\n"
+        "    import json\n"  # 3: no reason
+        "    # optional: qgpm[eval]\n"
+        "    import scipy\n"
+        "    import numpy  # heavy: numpy\n"
+        "    import torch\n"  # 7: the comment above belongs to another import
+        "    from a import (\n"
+        "        b,  # cycle: a imports this module\n"
+        "    )\n"
+        "class C:\n"
+        "    async def m(self):\n"
+        "        def inner():\n"
+        "            from . import x\n"  # 14: nested, no reason
+        "        return inner\n"
+    )
+    assert _function_imports_without_a_reason(sample) == [3, 7, 14]  # the check can fail
+    bad = []
+    for path in _modules("qgpm"):
+        rel = path.relative_to(ROOT).as_posix()
+        source = path.read_text(encoding="utf-8")
+        text = source.split("\n")
+        bad += [f"{rel}:{line}: {text[line - 1].strip()}" for line in _function_imports_without_a_reason(source)]
+    assert not bad, "imports inside functions without a reason (move them to the top, or say why they stay):\n" + "\n".join(bad)
+
+
+def test_the_adapters_share_one_engine_cache_and_one_async_bridge():
+    """The engine cache and the sync-to-async stream bridge are defined once, in qgpm_integrations._common."""
+    defined: dict[str, list[str]] = {}
+    for path in _modules("qgpm_integrations"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("iterate_in_thread", "shared_engine"):
+                defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_ENGINES" for t in node.targets):
+                defined.setdefault("_ENGINES", []).append(str(path.relative_to(ROOT)))
+    for name in ("iterate_in_thread", "shared_engine"):
+        assert defined.get(name) == ["qgpm_integrations/_common.py"], (name, defined.get(name))
+    assert defined.get("_ENGINES", []) == [], defined.get("_ENGINES")  # annotated once in _common, assigned nowhere else

@@ -113,7 +113,10 @@ def test_the_server_is_checked_when_attached(pair, server, caplog):
     srv = remote.generator
     assert srv.model == local.name and srv.max_model_len == 8192
     assert remote.local is not srv and remote.heads == local.heads and remote.fingerprint == local.fingerprint
-    assert (remote.layers_loaded, remote.n_layers) == (max(layer for layer, _ in local.heads) + 1, local.n_layers) and remote.weights_not_loaded > 0
+    # the preset ranks with MiniLM: one layer here; with the heads, the layers up to the deepest one
+    assert local.config.relevance == "minilm" and (remote.layers_loaded, remote.n_layers) == (1, local.n_layers)
+    with_heads = QGPM.from_pretrained(generator=VLLMServer(server[0]), config=local.config.with_(relevance="heads"))
+    assert with_heads.layers_loaded == max(layer for layer, _ in local.heads) + 1 and 0 < with_heads.weights_not_loaded < remote.weights_not_loaded
     with caplog.at_level(logging.WARNING, logger="qgpm"):
         QGPM.from_pretrained(generator=VLLMServer(server[0]))  # pass 1's layers only: no prefill to reuse, nothing to warn of
         QGPM.from_pretrained(generator=VLLMServer(server[0]), pass1_layers_only=False)
@@ -232,6 +235,12 @@ def test_cli_ask_with_vllm_url_prints_the_in_process_answer(server, tmp_path, ca
     here = capsys.readouterr().out
     assert main(["ask", "--quiet", "--methods", "qgpm", "--vllm-url", server[0], "--context", str(doc), q]) == 0
     assert capsys.readouterr().out == here and "cabinet" in here
+    # the preset ranks with MiniLM (one layer loaded here); asking for the heads loads their layers
+    heads = ["ask", "--quiet", "--methods", "qgpm", "--config", "relevance=heads", "--context", str(doc), q]
+    assert main(heads) == 0
+    here = capsys.readouterr().out
+    assert main([*heads[:-3], "--vllm-url", server[0], *heads[-3:]]) == 0
+    assert capsys.readouterr().out == here
     assert main(["ask", "--quiet", "--methods", "string", "--vllm-url", server[0], "--context", str(doc), q]) == 2
     assert "inside attention" in capsys.readouterr().err
 

@@ -29,6 +29,7 @@ import threading
 from typing import Any, Iterator
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..rope import apply_rope, rotate_half
 from ..runtime import UnsupportedModelError, decoder_layers
@@ -65,8 +66,9 @@ def register_attention() -> None:
     with _REGISTER_LOCK:
         if _REGISTERED:
             return
+        # heavy: transformers' modeling_utils and masking_utils (about 2.5 s here), only once a baseline runs
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # heavy: as above
 
         AttentionInterface.register(ATTENTION_NAME, baseline_attention)
         # sdpa's mask builder: None for a plain causal prompt, else a boolean mask (padding,
@@ -344,7 +346,5 @@ def _broadcast_rows(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, tor
 def standard_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask: torch.Tensor | None, scaling: float, dropout: float, kwargs: dict) -> torch.Tensor:
     """Plain causal attention through transformers' own ``sdpa_attention_forward``."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     return out

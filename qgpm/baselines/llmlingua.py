@@ -55,8 +55,8 @@ class _TokenCounter:
 def load_compressor(options: LLMLingua2Options) -> Any:
     """The ``llmlingua.PromptCompressor`` for ``options.model`` on ``options.device`` (cached per process)."""
     try:
-        import llmlingua
-        import llmlingua.prompt_compressor as pc_mod
+        import llmlingua  # optional: qgpm[llmlingua]
+        import llmlingua.prompt_compressor as pc_mod  # optional: qgpm[llmlingua]
     except ImportError as exc:
         raise ImportError(
             "method='llmlingua-2' needs the package llmlingua: `pip install llmlingua==0.2.2` (its dependencies are "

@@ -29,17 +29,17 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """Lazy access to the harness (it imports accelerate/matplotlib only when used)."""
+    """Lazy access to the harness's entry points ``run_eval``, ``report`` and ``tune``."""
     if name == "run_eval":
-        from qgpm.eval.runner import run_eval
+        from qgpm.eval.runner import run_eval  # lazy: served like report and tune below, which cannot be imported at module level
 
         return run_eval
     if name == "report":
-        from qgpm.eval.report import report
+        from qgpm.eval.report import report  # lazy: at module level it would rebind qgpm.eval.report from the submodule to the function
 
         return report
     if name == "tune":
-        from qgpm.eval.tune import tune
+        from qgpm.eval.tune import tune  # lazy: at module level it would rebind qgpm.eval.tune from the submodule to the function
 
         return tune
     raise AttributeError(name)

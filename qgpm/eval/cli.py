@@ -18,6 +18,7 @@ Standalone: ``python -m qgpm.eval.cli eval ...``; data-parallel:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shlex
 import sys
@@ -35,11 +36,20 @@ from qgpm._cliutil import (
     QGPMArgumentParser,
     csv_list,
     methods_arg,
+    remote_call_config,
     run_command,
     split_config_args,
     tasks_arg,
 )
+from qgpm.baselines import options_from_strings
+from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options
+from qgpm.config import check_config_args, load_config
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
+from qgpm.eval.report import report
+from qgpm.eval.runner import load_engine, partial_state, read_sample_ids, run_eval
+from qgpm.eval.tune import parse_grid, tune
+from qgpm.heads import HeadSet, head_set_file_name, stored_head_set_path, user_head_dir
+from qgpm.samples import calibration_samples, check_data_packages
 
 __all__ = ["register", "main", "main_eval", "main_tune", "main_calibrate", "main_report", "build_parser"]
 
@@ -191,22 +201,18 @@ def register(subparsers) -> None:
 
 
 def _setup_logging() -> None:
-    import logging
-
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _engine(args, config=None, heads=None):
-    from qgpm.eval.runner import load_engine, partial_state
-
     kw = {}
     if getattr(args, "attn_implementation", None):
         kw["attn_implementation"] = args.attn_implementation
     if not getattr(args, "reuse_prefill", True):
         kw["reuse_prefill"] = False
     if getattr(args, "vllm_url", None):
-        from qgpm.serving import VLLMServer
+        from qgpm.serving import VLLMServer  # heavy: httpx and the rich/click of its CLI (about 70 ms here), only with --vllm-url
 
         kw["generator"] = VLLMServer(args.vllm_url, model=args.vllm_model)
         kw["pass1_layers_only"] = not getattr(args, "logprob", True)  # the gold log-prob is scored here, on every layer
@@ -217,28 +223,22 @@ def _engine(args, config=None, heads=None):
 def _engine_and_config(args):
     """The engine and the config of ``--config`` / ``--set``: overrides apply on top of the
     JSON file, else on top of the model's preset (``None`` when neither is given)."""
-    from qgpm.config import check_config_args, load_config
-
     config_file, overrides = split_config_args(args.config, args.overrides)
     check_config_args(config_file, overrides)  # bad fields or values fail before the model loads
-    engine = _engine(args)
-    config = load_config(config_file, overrides, base=engine.config)
+    remote = remote_call_config(args.model, config_file, overrides) if getattr(args, "vllm_url", None) else None
+    engine = _engine(args, config=remote)  # with a remote generator, the pass-1 layers the config's calls read
+    config = remote or load_config(config_file, overrides, base=engine.config)
     if config is not None:
         engine.config = config
     return engine, config
 
 
 def main_eval(args) -> int:
-    from qgpm.baselines import options_from_strings
-    from qgpm.eval.runner import run_eval
-
     _setup_logging()
     options = options_from_strings(getattr(args, "options", []) or [])  # bad settings fail before the model loads
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
     only = None
     if args.only is not None:
-        from qgpm.eval.runner import read_sample_ids
-
         only = read_sample_ids(args.only)  # a bad file fails before the model loads
     engine, config = _engine_and_config(args)
     t = time.time()
@@ -248,8 +248,6 @@ def main_eval(args) -> int:
         progress=args.progress, shard=_shard(args.shard), haystack=args.haystack, max_new_tokens=args.max_new_tokens,
         on_error="raise" if args.fail_fast else "record", command=_command(args), options=options, only=only,
     )
-    from qgpm.eval.runner import partial_state
-
     state = partial_state()
     if state is None or state.is_main_process:
         print(f"done in {time.time() - t:.0f} s: {out / 'rows.jsonl'}, {out / 'report.md'}")
@@ -257,8 +255,6 @@ def main_eval(args) -> int:
 
 
 def main_tune(args) -> int:
-    from qgpm.eval.tune import parse_grid, tune
-
     _setup_logging()
     grid = parse_grid(args.grid) if args.grid else None  # a bad grid fails before the model loads
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
@@ -277,10 +273,6 @@ def main_tune(args) -> int:
 
 
 def main_calibrate(args) -> int:
-    from qgpm.calibrate import calibrate_heads, check_depth_options
-    from qgpm.heads import head_set_file_name, stored_head_set_path, user_head_dir
-    from qgpm.samples import calibration_samples, check_data_packages
-
     check_data_packages()  # before the model loads
     check_depth_options(args.max_layer, args.shallow_tolerance, has_holdout=args.holdout > 0,
                         shallow_bound=args.shallow_bound)  # before the model loads
@@ -290,9 +282,6 @@ def main_calibrate(args) -> int:
                          "give one of them")
     n = 36 if args.n is None else args.n
     if args.scores_from is not None:  # read before the model loads: a bad file fails fast
-        from qgpm.calibrate import HeadScores
-        from qgpm.heads import HeadSet
-
         earlier = HeadSet.load(args.scores_from)
         scores = HeadScores.from_head_set(earlier)
     _setup_logging()
@@ -335,8 +324,6 @@ def main_calibrate(args) -> int:
 
 
 def main_report(args) -> int:
-    from qgpm.eval.report import report
-
     path = report(args.out, baseline=args.baseline, plots=args.plots)
     print(f"wrote {path}")
     return 0

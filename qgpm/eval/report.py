@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 from qgpm.eval.rows import METHOD_ORDER, dedupe_rows, read_manifest, read_rows
 from qgpm.eval.stats import group_accuracy, group_paired, series_labels, summarize
+from qgpm.eval.targets import check_targets, diagnose, targets_markdown
+from qgpm.samples.tasks import TASKS
 
 __all__ = ["report", "plot_depth_curves", "REPORT_FILE", "STATS_FILE"]
 
@@ -62,8 +64,6 @@ def _table(header: Sequence[str], body: Sequence[Sequence[Any]]) -> list[str]:
 
 
 def _tasks_lengths(rows: Sequence[dict]) -> list[tuple[str, int]]:
-    from qgpm.samples.tasks import TASKS
-
     tl = {(r["task"], int(r["length"])) for r in rows}
     return sorted(tl, key=lambda x: (TASKS.index(x[0]) if x[0] in TASKS else 99, x[0], x[1]))
 
@@ -75,10 +75,10 @@ def _mean(xs: list[float]) -> float | None:
 def plot_depth_curves(rows: Sequence[dict], out_dir: str | Path, *, labels: dict | None = None) -> list[Path]:
     """One PNG per (task, length) with accuracy vs depth per series (Wilson 95 % bars),
     plus one per length pooling all tasks. Rows with random placement are skipped."""
-    import matplotlib
+    import matplotlib  # optional: qgpm[eval]
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: qgpm[eval]; after the backend is chosen
 
     rows = [r for r in rows if r.get("depth") is not None]
     if not rows:
@@ -261,8 +261,6 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
                "qgpm: MRR and top-1 rate of the evidence sentence under the head relevance ranking; "
                "topk: share of samples whose evidence survived the edit.", ""]
         md += _table(["task", "length", "method", "n", "evidence MRR", "evidence top-1 %", "evidence kept %"], diag) + [""]
-
-    from qgpm.eval.targets import check_targets, diagnose, targets_markdown
 
     md += targets_markdown(rows, baseline=baseline, n_boot=n_boot, seed=seed)
     summary["targets"] = [c.to_dict() for c in check_targets(rows, baseline=baseline, n_boot=n_boot, seed=seed)]

@@ -1,6 +1,5 @@
 """Benchmark runner: every method on the same seeded samples, one JSONL row per answer.
 
-    from qgpm import QGPM
     from qgpm.eval.runner import run_eval
     engine = QGPM.from_pretrained()
     run_eval(engine, tasks=["niah_multikey_1", "qa_1"], lengths=[2048, 4096],
@@ -51,16 +50,21 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import torch
+from tqdm.auto import tqdm
 
+from qgpm import QGPM
 from qgpm.baselines import BASELINE_METHODS, resolve_options
+from qgpm.calibrate import evidence_sentences
 from qgpm.config import CALIBRATED
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.methods import Stage, method_spec
@@ -68,7 +72,10 @@ from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
 from qgpm.eval.rows import ROWS_FILE, append_row, merge_rows, norm_depth, rank_file, rank_files, read_rows, row_key, update_manifest
 from qgpm.eval.scoring import is_correct, score
+from qgpm.engine import METHODS
 from qgpm.samples.base import BudgetError, EvalSample, split_seed
+from qgpm.samples.nolima import NOLIMA_TASKS
+from qgpm.samples.ruler import NIAH_TASKS
 from qgpm.samples.tasks import TASKS, generate
 
 __all__ = [
@@ -241,8 +248,6 @@ def _resolve_device(device: str | None, state=None) -> Any:
 
 def load_engine(model: Any = None, *, device: str | None = None, dtype: Any = None, heads: Any = None, config=None, state=None, **kwargs: Any):
     """Build a :class:`qgpm.QGPM` for evaluation (``device`` cpu|cuda|auto, ``dtype`` name or torch dtype)."""
-    from qgpm import QGPM
-
     dtype = parse_dtype(dtype)
     if dtype == "auto":
         dtype = None
@@ -285,8 +290,6 @@ def _evidence_rank(call, sample: EvalSample) -> int | None:
     if not call.relevance or call.prompt is None:
         return None
     try:
-        from qgpm.calibrate import evidence_sentences
-
         gold = evidence_sentences(call.prompt, sample.evidence)
     except Exception:  # evidence not located: no rank
         return None
@@ -355,8 +358,6 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
 
 
 def _versions() -> dict:
-    import platform
-
     v = {"python": platform.python_version(), "torch": torch.__version__}
     for mod in ("transformers", "accelerate"):
         try:
@@ -364,8 +365,6 @@ def _versions() -> dict:
         except Exception:  # pragma: no cover
             pass
     try:
-        from importlib.metadata import version
-
         v["qgpm"] = version("qgpm")
     except Exception:  # pragma: no cover
         pass
@@ -381,7 +380,7 @@ def partial_state() -> Any:
     Under ``accelerate launch`` it tells this process its index and the process count;
     a plain process gets index 0 of 1."""
     try:
-        from accelerate import PartialState
+        from accelerate import PartialState  # optional: only processes started by `accelerate launch` need it
     except ImportError:  # plain single process
         return None
     # Without CUDA (or with ACCELERATE_USE_CPU) processes launched by `accelerate launch
@@ -440,8 +439,6 @@ class _Progress:
         self.total: dict[str, int] = {}
         self.bar = None
         if enabled:
-            from tqdm.auto import tqdm
-
             multi = procs.world > 1
             self.bar = tqdm(total=total, desc=f"eval[{procs.rank}/{procs.world}]" if multi else "eval", unit="answer",
                             position=procs.rank if multi else None, dynamic_ncols=True, file=sys.stderr)
@@ -471,9 +468,6 @@ def _haystack_for(task: str, haystack: Any) -> Any:
     """``haystack`` where the task takes one (NoLiMa, essay NIAH), else None."""
     if haystack is None:
         return None
-    from qgpm.samples.nolima import NOLIMA_TASKS
-    from qgpm.samples.ruler import NIAH_TASKS
-
     if task in NOLIMA_TASKS:
         return haystack
     if task in NIAH_TASKS and NIAH_TASKS[task].get("haystack") == "essay":
@@ -521,8 +515,6 @@ def _samples(pending: Sequence[tuple[WorkItem, list[str]]], tokenizer: Any, hays
 def _check_run(methods: Sequence[str], tasks: Sequence[str], n: int, on_error: str) -> list[str]:
     """The methods without repeats; ValueError for an unknown method or task, ``n < 1``
     or a bad ``on_error``."""
-    from qgpm.engine import METHODS
-
     methods = list(dict.fromkeys(methods))
     bad = [m for m in methods if m not in METHODS]
     if bad:
@@ -725,7 +717,7 @@ def run_eval(
         }
         update_manifest(out, entry, {hashes[m]: fps[m] for m in methods})
         if write_report:
-            from qgpm.eval.report import report
+            from qgpm.eval.report import report  # heavy: matplotlib and scipy, only when a report is written
 
             report(out)
     procs.barrier()

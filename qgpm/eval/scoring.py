@@ -59,7 +59,7 @@ def _golds(answers: Sequence[str] | str) -> list[str]:
 def _ruler_metric(name: str) -> Callable[[list[str], list[list[str]]], list[float]]:
     """RULER's per-sample metric ``name`` (scores in percent)."""
     try:
-        from long_context_eval.eval.synthetic import constants
+        from long_context_eval.eval.synthetic import constants  # optional: nvidia-long-context-eval (RULER's own metrics)
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
         raise ModuleNotFoundError(
             "Scoring RULER tasks uses RULER's own metrics from the package 'nvidia-long-context-eval'. "

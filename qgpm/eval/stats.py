@@ -61,7 +61,7 @@ def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, fl
         return (0.0, 1.0)
     if not 0 <= k <= n:
         raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # optional: qgpm[eval]
 
     ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
     return (float(ci.low), float(ci.high))
@@ -93,7 +93,7 @@ def bootstrap_ci(
     if x.size == 1:
         v = float(x[0] if stat is None else np.asarray(stat(x[None, :]))[0])
         return (v, v)
-    from scipy.stats import bootstrap
+    from scipy.stats import bootstrap  # optional: qgpm[eval]
 
     if stat is None:
         statistic = np.mean
@@ -148,7 +148,7 @@ def mcnemar_exact(b: int, c: int) -> float:
         raise ValueError("discordant counts must be >= 0")
     if b + c == 0:
         return 1.0
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # optional: qgpm[eval]
 
     return float(binomtest(int(b), int(b + c), 0.5, alternative="two-sided").pvalue)
 

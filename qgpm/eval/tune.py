@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from tqdm.auto import tqdm
 
 from qgpm.config import QGPMConfig, coerce_value, load_config  # load_config re-exported
 from qgpm.defaults import PASS1_FIELDS
@@ -331,8 +332,6 @@ def tune(
                if (s.task, s.length, norm_depth(s.depth), s.seed, m, h) not in existing)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=todo, desc="tune", unit="answer", dynamic_ncols=True, file=sys.stderr)
     cache = Pass1Cache(engine)
 
