@@ -71,7 +71,7 @@ from qgpm.serving import VLLMServer
 from qgpm.sources import parse_source
 from qgpm.tokens import encode_plain
 
-from .._common import check_generate_kwargs, check_heads, check_model_args, is_loaded_model, shared_engine
+from .._common import check_generate_kwargs, check_heads, check_model_args, is_loaded_model, iterate_in_thread, shared_engine
 from . import _tracing
 from ._prompt import PromptParts, read_prompt
 from ._tracing import QGPMTrace
@@ -158,7 +158,7 @@ def messages_to_prompt(messages: Sequence[ChatMessage]) -> str:
 
 
 @dataclass
-class _Call:
+class LLMCall:
     """One engine call: ``engine.answer`` (``parts`` found) or ``engine.chat`` (``parts is None``)."""
 
     parts: Optional[PromptParts]
@@ -213,7 +213,7 @@ class QGPMLLM(CustomLLM):
         evidence: For ``oracle``: exact substrings of the context to treat as evidence.
             Those absent from a call's context are ignored. A call whose context holds none
             of them (a refine step over another chunk, a retrieval that missed) answers with
-            ``vanilla``: its result says ``method == "vanilla"``, its
+            ``vanilla``: its result names that method, its
             ``details["llama_index"]["evidence_found"]`` is ``False``, and a warning is logged.
         vllm_url: Run pass 2 and decoding on a vLLM server at this address
             (:class:`qgpm.serving.VLLMServer`); pass 1 stays in this process. ``vllm_model``:
@@ -378,7 +378,7 @@ class QGPMLLM(CustomLLM):
         gen.update(self.generate_kwargs)
         return gen
 
-    def _prompt_call(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> _Call:
+    def _prompt_call(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> LLMCall:
         """The call for a completion prompt.
 
         An unformatted prompt goes through ``completion_to_prompt`` and gets
@@ -395,9 +395,9 @@ class QGPMLLM(CustomLLM):
         if parts is not None:
             return self._answer_call(parts, system, kwargs)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        return _Call(None, (messages,), self._decoding(kwargs), self._join_trace(), {"step": "plain"})
+        return LLMCall(None, (messages,), self._decoding(kwargs), self._join_trace(), {"step": "plain"})
 
-    def _answer_call(self, parts: PromptParts, system: Optional[str], kwargs: dict[str, Any]) -> _Call:
+    def _answer_call(self, parts: PromptParts, system: Optional[str], kwargs: dict[str, Any]) -> LLMCall:
         """The ``engine.answer`` call for ``parts``, with this LLM's method and prompt settings."""
         documents = list(parts.documents)
         details: dict[str, Any] = {"step": parts.step, "documents": len(documents), "prompt": parts.source}
@@ -425,7 +425,7 @@ class QGPMLLM(CustomLLM):
         if spec.stage is Stage.HEADS and self.relevance is not None:
             kw["config"] = self._engine.config.with_(relevance=self.relevance)
         kw["method"] = method
-        return _Call(parts, (documents, parts.question), {**kw, **self._decoding(kwargs)}, self._join_trace(), details)
+        return LLMCall(parts, (documents, parts.question), {**kw, **self._decoding(kwargs)}, self._join_trace(), details)
 
     @staticmethod
     def _join_trace() -> Optional[QGPMTrace]:
@@ -435,7 +435,7 @@ class QGPMLLM(CustomLLM):
             trace.call_started()
         return trace
 
-    def _finish(self, call: _Call, result: QGPMResult) -> QGPMResult:
+    def _finish(self, call: LLMCall, result: QGPMResult) -> QGPMResult:
         result.details["llama_index"] = dict(call.details)
         with self._lock:
             self._last = result
@@ -443,12 +443,12 @@ class QGPMLLM(CustomLLM):
             call.trace.add_result(result)
         return result
 
-    def _run(self, call: _Call) -> QGPMResult:
+    def _run(self, call: LLMCall) -> QGPMResult:
         """Run ``call`` to the end."""
         run = self._engine.chat if call.parts is None else self._engine.answer
         return self._finish(call, run(*call.args, **call.kwargs))
 
-    def _pieces(self, call: _Call) -> Iterator[tuple[str, Optional[QGPMResult]]]:
+    def _pieces(self, call: LLMCall) -> Iterator[tuple[str, Optional[QGPMResult]]]:
         """Start ``call`` streaming now; iterate ``(text piece, None)``, then ``("", result)`` once it ends.
 
         Closing the iterator early stops generation.
@@ -522,32 +522,3 @@ async def _acompletions(pieces: AsyncGenerator[tuple[str, Optional[QGPMResult]],
         yield CompletionResponse(text=text, delta=piece, **_result_fields(result))
 
 
-_END = object()
-
-
-async def iterate_in_thread(iterator: Iterator[T]) -> AsyncGenerator[T, None]:
-    """Step a blocking ``iterator`` (a generation stream) in worker threads, so the event loop stays free.
-
-    However the loop is left (exhausted, ``aclose()``, ``break``, cancelled) the iterator is
-    closed in a worker thread too, once a step still running there has returned.
-    """
-    guard = threading.Lock()  # a generator cannot be closed while a step runs
-
-    def step() -> Any:
-        with guard:
-            return next(iterator, _END)
-
-    def close() -> None:
-        with guard:
-            closer = getattr(iterator, "close", None)
-            if closer is not None:
-                closer()
-
-    try:
-        while True:
-            item = await asyncio.to_thread(step)
-            if item is _END:
-                break
-            yield item
-    finally:
-        await asyncio.shield(asyncio.to_thread(close))

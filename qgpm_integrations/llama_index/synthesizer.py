@@ -38,7 +38,8 @@ from llama_index.core.types import RESPONSE_TEXT_TYPE
 from qgpm import QGPMResult
 
 from ._prompt import PromptParts
-from .llm import QGPMLLM, _Call, iterate_in_thread
+from .._common import iterate_in_thread
+from .llm import QGPMLLM, LLMCall
 
 __all__ = ["QGPMSynthesizer"]
 
@@ -95,7 +96,7 @@ class QGPMSynthesizer(BaseSynthesizer):
     def _update_prompts(self, prompts: PromptDictType) -> None:
         """Nothing to update (see :meth:`_get_prompts`); QGPM's prompt is set on the LLM (``instruction``, ...)."""
 
-    def _call(self, query_str: str, text_chunks: Sequence[str], response_kwargs: dict[str, Any]) -> _Call:
+    def _call(self, query_str: str, text_chunks: Sequence[str], response_kwargs: dict[str, Any]) -> LLMCall:
         parts = PromptParts(documents=tuple(c for c in text_chunks if c.strip()), question=query_str, source="nodes")
         return self.llm._answer_call(parts, self.llm.system_prompt, response_kwargs)
 
