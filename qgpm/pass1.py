@@ -18,8 +18,8 @@ import torch
 
 from .config import QGPMConfig
 from .loading import parse_dtype
-from .plan import MapResult
-from .prefill import Prefill, continue_pays, fresh_cache
+from .plan import PlanOutcome
+from .prefill import Prefill, prefill_reuse_pays, fresh_cache
 from .prompt import Prompt
 from .relevance import Pass1Stats, head_token_logits, sentence_logits
 from .rerank import get_reranker
@@ -46,7 +46,7 @@ class Pass1Outcome:
     vanilla prefill pass 1 left behind (when it went on as one) and what ran."""
 
     z: torch.Tensor
-    mr: MapResult
+    planned: PlanOutcome
     pass1_s: float
     plan_s: float
     source: str
@@ -57,14 +57,14 @@ class Pass1Outcome:
 
 
 def qgpm_relevance(model: torch.nn.Module, prompt: Prompt, question: str, cfg: QGPMConfig, heads: Sequence[tuple[int, int]],
-                   plan_from: Callable[[torch.Tensor], MapResult], *, n_layers: int, precision: torch.dtype | None,
+                   plan_from: Callable[[torch.Tensor], PlanOutcome], *, n_layers: int, precision: torch.dtype | None,
                    reuse_prefill: bool) -> Pass1Outcome:
     """``z`` per context sentence from ``cfg.relevance`` and the plan ``plan_from(z)`` builds.
 
     A reranker source scores the sentences against the question with no pass 1; the heads
     run pass 1 over ``heads`` (at ``precision`` when it is not ``None``). With
     ``reuse_prefill`` (and the model's own precision) pass 1 goes on through every layer as
-    the vanilla prefill when :func:`continue_pays` says that is cheaper than pass 2 alone.
+    the vanilla prefill when :func:`prefill_reuse_pays` says that is cheaper than pass 2 alone.
     """
     t = time.perf_counter()
     source = parse_source(cfg.relevance)
@@ -72,18 +72,18 @@ def qgpm_relevance(model: torch.nn.Module, prompt: Prompt, question: str, cfg: Q
                 if source.reranker is not None else None)
     clock: dict[str, Any] = {}
 
-    def plan(sl: torch.Tensor | None) -> MapResult:  # relevance -> scores -> positions
+    def plan(sl: torch.Tensor | None) -> PlanOutcome:  # relevance -> scores -> positions
         clock["pass1_end"] = time.perf_counter()
         if sl is None:
             clock["z"] = z_rerank
         else:
             clock["z"] = fuse_heads(sl) if z_rerank is None else fuse_sources(fuse_heads(sl), z_rerank)
-        clock["mr"] = plan_from(clock["z"])
+        clock["planned"] = plan_from(clock["z"])
         clock["plan_end"] = time.perf_counter()
-        return clock["mr"]
+        return clock["planned"]
 
     def outcome(**kw: Any) -> Pass1Outcome:
-        return Pass1Outcome(clock["z"], clock["mr"], clock["pass1_end"] - t, clock["plan_end"] - clock["pass1_end"], source.spec, **kw)
+        return Pass1Outcome(clock["z"], clock["planned"], clock["pass1_end"] - t, clock["plan_end"] - clock["pass1_end"], source.spec, **kw)
 
     if not source.heads:
         plan(None)
@@ -95,8 +95,8 @@ def qgpm_relevance(model: torch.nn.Module, prompt: Prompt, question: str, cfg: Q
         deepest = max(layer for layer, _ in heads)
 
         def go_on(tl: torch.Tensor) -> bool:
-            mr = plan(sentence_logits(tl, prompt.token_sentence, len(prompt.sentences), ex))
-            return continue_pays(mr.plan.vanilla_prefix(), prompt.num_tokens, deepest, n_layers)
+            planned = plan(sentence_logits(tl, prompt.token_sentence, len(prompt.sentences), ex))
+            return prefill_reuse_pays(planned.plan.vanilla_prefix(), prompt.num_tokens, deepest, n_layers)
 
         head_token_logits(model, prompt.input_ids, list(heads), prompt.query_rows, stats=stats, cache=cache, go_on=go_on)
     else:

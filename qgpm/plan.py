@@ -16,7 +16,7 @@ from .positions import boundary_plane, cumulative_positions, ends_placement, fre
 from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, move_order, term_filter, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores, within_z_window
 
-__all__ = ["MapResult", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
+__all__ = ["PlanOutcome", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
 
 
 REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (Gemma 3's sliding-window and global layers) "
@@ -26,7 +26,7 @@ REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (
 
 
 @dataclass
-class MapResult:
+class PlanOutcome:
     """Everything computed for one plan, kept for explanations and tests."""
 
     ranks: torch.Tensor  # [units]
@@ -167,7 +167,7 @@ def build_plan(
     dense: bool = False,
     capacity: int = 0,
     unit_lexical: torch.Tensor | None = None,
-) -> MapResult:
+) -> PlanOutcome:
     """Shape unit relevance into broad/sharp token scores and per-plane positions.
 
     ``token_unit[j]`` is the unit (sentence) of token ``j`` or -1 outside the context;
@@ -248,7 +248,7 @@ def build_plan(
     plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity,
                         table_rotary=tuple(table_rotary) if rotary.layered else (),
                         orders=tuple(orders) if any(bool((o != torch.arange(o.numel())).any()) for o in orders) else ())
-    return MapResult(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low, solo=solo,
+    return PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low, solo=solo,
                      term_dropped=tuple(sorted({u for m in {m % 2 for m in layer_map if m is not None} for u in dropped[m]})))
 
 

@@ -3,7 +3,7 @@
 A ``qgpm`` call whose pass 2 starts with a run of tokens computed exactly as in a vanilla
 prefill (all of them when the call falls back to vanilla positions; under ``remap="reorder"``
 fed in slot order, the tokens before the first moved one) lets pass 1 go on through every
-layer when that is cheaper than stopping at the deepest head's layer (:func:`continue_pays`);
+layer when that is cheaper than stopping at the deepest head's layer (:func:`prefill_reuse_pays`);
 generation then starts from those tokens' cached states (:func:`take_prefill`).
 """
 
@@ -20,7 +20,7 @@ from .rope import PositionPlan
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["Prefill", "PREFIX_SAFE_ATTENTION", "continue_pays", "fresh_cache", "take_prefill", "rewind", "prefix_safe"]
+__all__ = ["Prefill", "PREFIX_SAFE_ATTENTION", "prefill_reuse_pays", "fresh_cache", "take_prefill", "rewind", "prefix_safe"]
 
 PREFIX_SAFE_ATTENTION = frozenset({"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"})
 """Attention implementations shipped with transformers, which offset the causal mask by a cached prefix."""
@@ -38,7 +38,7 @@ class Prefill:
     seconds: float
 
 
-def continue_pays(prefix: int, num_tokens: int, deepest: int, n_layers: int) -> bool:
+def prefill_reuse_pays(prefix: int, num_tokens: int, deepest: int, n_layers: int) -> bool:
     """Whether pass 1 should go on as a vanilla prefill (``QGPM.reuse_prefill``).
 
     Pass 1 has run ``deepest`` of ``n_layers`` layers over the ``num_tokens`` prompt tokens

@@ -29,7 +29,7 @@ from .limits import check_fits, check_input_size
 from .methods import Method, MethodSpec, Stage, method_spec
 from .pass1 import qgpm_relevance
 from .partial import check_heads_fit
-from .plan import REORDER_LAYERED_ERROR, MapResult, build_plan, check_local_layers, oracle_units, reorder_needs_masks
+from .plan import REORDER_LAYERED_ERROR, PlanOutcome, build_plan, check_local_layers, oracle_units, reorder_needs_masks
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, has_visible_text, render_chat
 from .lexical import bm25_scores, require_bm25
 from .rerank import get_reranker
@@ -41,7 +41,7 @@ from .tokens import count_plain, encode_prompt, special_token_ids
 logger = logging.getLogger("qgpm")
 
 __all__ = ["CallOptions", "ModelView", "check_config", "check_evidence", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
-           "note_flat"]
+           "warn_vanilla_kept"]
 
 
 @dataclass(frozen=True)
@@ -209,10 +209,10 @@ def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: st
             raise ValueError(f"method={spec.name!r} needs evidence=[exact substrings of the context]")
         t = time.perf_counter()
         units, rel = oracle_units(prompt.token_sentence, evidence_tokens(prompt, evidence))
-        mr, relevance, plan_details = plan_call(eng, prompt, rel, cfg, capacity, units=units)
+        planned, relevance, plan_details = plan_call(eng, prompt, rel, cfg, capacity, units=units)
         timings.plan_s = time.perf_counter() - t
         details.update(plan_details)
-        return PreparedCall(prompt, spec.name, mr.plan, relevance, timings, edit, details, z=rel, config=cfg, units=units)
+        return PreparedCall(prompt, spec.name, planned.plan, relevance, timings, edit, details, z=rel, config=cfg, units=units)
     plan = None
     if spec.stage is Stage.ATTENTION:  # positions change inside attention (qgpm.baselines)
         t = time.perf_counter()
@@ -228,22 +228,22 @@ def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfi
     view: dict[str, Any] = {}
     rules = confidence_config(eng, cfg)  # the thresholds this call's plan applies, resolved once
 
-    def plan_from(z: torch.Tensor) -> MapResult:
-        view["mr"], view["relevance"], view["details"] = plan_call(eng, prompt, z, rules, capacity, note=False)
-        return view["mr"]
+    def plan_from(z: torch.Tensor) -> PlanOutcome:
+        view["planned"], view["relevance"], view["details"] = plan_call(eng, prompt, z, rules, capacity, note=False)
+        return view["planned"]
 
     heads = eng.head_set.top(cfg.max_heads).heads if parse_source(cfg.relevance).heads and eng.head_set is not None else []
     # a pass 1 at another precision is not the model's prefill: never reused
     precision = eng.pass1_precision(cfg, prompt.context_tokens) if heads else None
-    found = qgpm_relevance(eng.model, prompt, question, cfg, heads, plan_from, n_layers=eng.n_layers, precision=precision,
+    ranked = qgpm_relevance(eng.model, prompt, question, cfg, heads, plan_from, n_layers=eng.n_layers, precision=precision,
                            reuse_prefill=precision is None and bool(heads) and eng.prefill_reuse_on())
-    timings.pass1_s, timings.plan_s = found.pass1_s, found.plan_s
-    note_flat(found.mr, rules)
-    details.update(found.details)
-    details.update(layers_run=found.layers_run, heads=found.heads, **view["details"], pass1_continued=found.prefill is not None)
-    if found.source != "heads":
-        details["relevance_source"] = found.source
-    return PreparedCall(prompt, "qgpm", found.mr.plan, view["relevance"], timings, edit, details, z=found.z, config=cfg, prefill=found.prefill)
+    timings.pass1_s, timings.plan_s = ranked.pass1_s, ranked.plan_s
+    warn_vanilla_kept(ranked.planned, rules)
+    details.update(ranked.details)
+    details.update(layers_run=ranked.layers_run, heads=ranked.heads, **view["details"], pass1_continued=ranked.prefill is not None)
+    if ranked.source != "heads":
+        details["relevance_source"] = ranked.source
+    return PreparedCall(prompt, "qgpm", ranked.planned.plan, view["relevance"], timings, edit, details, z=ranked.z, config=cfg, prefill=ranked.prefill)
 
 
 def confidence_config(eng: ModelView, cfg: QGPMConfig) -> QGPMConfig:
@@ -274,25 +274,25 @@ def _note_once(eng: ModelView, message: str) -> None:
 
 
 def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, capacity: int, *, units: torch.Tensor | None = None,
-              note: bool = True) -> tuple[MapResult, list[SentenceRelevance], dict[str, Any]]:
+              note: bool = True) -> tuple[PlanOutcome, list[SentenceRelevance], dict[str, Any]]:
     """Relevance -> scores -> positions for a qgpm call (``z`` per sentence) or an oracle call
     (``z`` per evidence unit, ``units`` mapping tokens to them): the plan, its sentence view and
-    its ``details`` entries. ``note``: log the fallback rules that fired (:func:`note_flat`)."""
+    its ``details`` entries. ``note``: log the fallback rules that fired (:func:`warn_vanilla_kept`)."""
     cfg = confidence_config(eng, cfg)
     if units is None:
-        mr = build_plan(prompt.token_sentence, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, capacity=capacity,
+        planned = build_plan(prompt.token_sentence, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, capacity=capacity,
                         unit_lexical=_unit_lexical(prompt, cfg))
     else:
-        mr = build_plan(units, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, dense=True, capacity=capacity)
+        planned = build_plan(units, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, dense=True, capacity=capacity)
     if note:
-        note_flat(mr, cfg)
-    details: dict[str, Any] = dict(boundary_plane=mr.boundary_plane, anchor_length=mr.anchor_length, s_low=mr.s_low)
+        warn_vanilla_kept(planned, cfg)
+    details: dict[str, Any] = dict(boundary_plane=planned.boundary_plane, anchor_length=planned.anchor_length, s_low=planned.s_low)
     if units is None:
-        details.update(flat_relevance=mr.flat, decisive_relevance=mr.decisive, solo_relevance=mr.solo)
+        details.update(flat_relevance=planned.flat, decisive_relevance=planned.decisive, solo_relevance=planned.solo)
         if cfg.term_ratio is not None:  # how many top-K sentences the query-term filter dropped
-            details["term_dropped"] = len(mr.term_dropped)
-    relevance = sentence_relevance(prompt, mr, z if units is None else None, units)
-    return mr, relevance, details
+            details["term_dropped"] = len(planned.term_dropped)
+    relevance = sentence_relevance(prompt, planned, z if units is None else None, units)
+    return planned, relevance, details
 
 
 def replan(eng: ModelView, call: PreparedCall, config: QGPMConfig) -> PreparedCall:
@@ -300,34 +300,34 @@ def replan(eng: ModelView, call: PreparedCall, config: QGPMConfig) -> PreparedCa
     t = time.perf_counter()
     prompt = call.prompt
     capacity = call.plan.capacity if call.plan is not None else prompt.num_tokens + 1
-    mr, relevance, plan_details = plan_call(eng, prompt, call.z, config, capacity, units=call.units if method_spec(call.method).evidence else None)
+    planned, relevance, plan_details = plan_call(eng, prompt, call.z, config, capacity, units=call.units if method_spec(call.method).evidence else None)
     timings = Timings(edit_s=call.timings.edit_s, pass1_s=call.timings.pass1_s, plan_s=time.perf_counter() - t)
     details = call.details.copy()
     details.term_dropped = None
     details.update(plan_details)
-    details.update(flat_relevance=mr.flat, decisive_relevance=mr.decisive, solo_relevance=mr.solo)
-    return PreparedCall(prompt, call.method, mr.plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units,
+    details.update(flat_relevance=planned.flat, decisive_relevance=planned.decisive, solo_relevance=planned.solo)
+    return PreparedCall(prompt, call.method, planned.plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units,
                         prefill=call.prefill)
 
 
-def note_flat(mr: MapResult, config: QGPMConfig) -> None:
+def warn_vanilla_kept(planned: PlanOutcome, config: QGPMConfig) -> None:
     """Log the three rules that make a call keep vanilla positions: the confidence rule
     (``config.min_top_z``), the dominance rule (``config.decisive_margin``) and the
     short-context rule (``config.keep_length``)."""
-    if mr.flat:
+    if planned.flat:
         logger.warning(
-            "qgpm: the head relevance is flat (top sentence z below min_top_z=%s), so this call keeps vanilla "
+            "qgpm: the relevance is flat (top sentence z below min_top_z=%s), so this call keeps vanilla "
             "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None) to always modulate.",
             config.min_top_z,
         )
-    elif mr.decisive:
+    elif planned.decisive:
         logger.warning(
             "qgpm: one sentence already stands out (top z exceeds the next by at least decisive_margin=%s), so this "
             "call keeps vanilla positions; result.details['decisive_relevance'] is True. Set decisive_margin=None in "
             "QGPMConfig to modulate such calls too.",
             config.decisive_margin,
         )
-    elif config.keep_length > 0 and mr.s_low >= 1.0:
+    elif config.keep_length > 0 and planned.s_low >= 1.0:
         logger.warning(
             "qgpm: the context is no longer than keep_length=%s tokens, so this call keeps vanilla positions "
             "(result.details['s_low'] is 1.0). Set keep_length=0 in QGPMConfig to modulate short contexts too.",
@@ -366,22 +366,22 @@ def evidence_tokens(prompt: Prompt, evidence: Sequence[str]) -> torch.Tensor:
     return marks
 
 
-def sentence_relevance(prompt: Prompt, mr: MapResult, z: torch.Tensor | None, token_unit: torch.Tensor | None = None) -> list[SentenceRelevance]:
+def sentence_relevance(prompt: Prompt, planned: PlanOutcome, z: torch.Tensor | None, token_unit: torch.Tensor | None = None) -> list[SentenceRelevance]:
     """Sentence-level view of a plan.
 
     Map scores are the max over the sentence's tokens. Ranks: QGPM's own sentence
     ranks; for Oracle, sentences holding evidence first (text order within ties).
     """
     ts = prompt.token_sentence
-    broad_t, sharp_t = mr.token_scores
+    broad_t, sharp_t = planned.token_scores
     if z is not None:
-        ranks = [int(r) for r in mr.ranks]
+        ranks = [int(r) for r in planned.ranks]
     else:
         best_unit_rank = []
         for s in prompt.sentences:
             units = token_unit[ts == s.index]
             units = units[units >= 0]
-            best_unit_rank.append(int(mr.ranks[units].min()) if units.numel() else 1 << 30)
+            best_unit_rank.append(int(planned.ranks[units].min()) if units.numel() else 1 << 30)
         order = sorted(range(len(prompt.sentences)), key=lambda i: (best_unit_rank[i], i))
         ranks = [0] * len(order)
         for r, i in enumerate(order):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qgpm import QGPM, QGPMConfig
-from qgpm.prefill import continue_pays
+from qgpm.prefill import prefill_reuse_pays
 from qgpm.relevance import Pass1Stats, head_token_logits
 from qgpm.runtime import decoder_layers
 from qgpm_testing import NEEDLE_QUESTION, needle_context, FAMILIES, LAYERED_FAMILIES, tiny_model
@@ -30,13 +30,13 @@ def test_continue_pays_charges_the_chunk_after_the_prefix():
     # 30 layers, pass 1 stopped at layer 23: going on costs 7/30 of a prefill, then the chunk
     # of the f = 1 - prefix/N tokens after the reused ones f * (1 + f/2)
     n, layers, deepest = 1000, 30, 23
-    assert not continue_pays(400, n, deepest, layers)  # f 0.6: 0.233 + 0.78 > 1
-    assert continue_pays(420, n, deepest, layers)  # f 0.58: 0.233 + 0.748 < 1
-    assert continue_pays(750, n, deepest, layers) and not continue_pays(260, n, deepest, layers)
-    assert continue_pays(n, n, deepest, layers) and continue_pays(n, n, 0, layers)  # nothing moves: one prefill in all
-    assert not continue_pays(0, n, deepest, layers)
-    assert not continue_pays(999, n, 0, layers)  # a head on layer 0: going on is a whole prefill, no saving
-    paying = [p for p in range(1, n + 1) if continue_pays(p, n, deepest, layers)]
+    assert not prefill_reuse_pays(400, n, deepest, layers)  # f 0.6: 0.233 + 0.78 > 1
+    assert prefill_reuse_pays(420, n, deepest, layers)  # f 0.58: 0.233 + 0.748 < 1
+    assert prefill_reuse_pays(750, n, deepest, layers) and not prefill_reuse_pays(260, n, deepest, layers)
+    assert prefill_reuse_pays(n, n, deepest, layers) and prefill_reuse_pays(n, n, 0, layers)  # nothing moves: one prefill in all
+    assert not prefill_reuse_pays(0, n, deepest, layers)
+    assert not prefill_reuse_pays(999, n, 0, layers)  # a head on layer 0: going on is a whole prefill, no saving
+    paying = [p for p in range(1, n + 1) if prefill_reuse_pays(p, n, deepest, layers)]
     assert paying == list(range(paying[0], n + 1))  # a longer reusable prefix never stops paying
 
 
@@ -103,7 +103,7 @@ def test_reused_prefill_gives_the_full_pass2_answer(family, tokenizer):
             a = on.prepare(ctx, QUESTION, method="qgpm", config=cfg)
             b = off.prepare(ctx, QUESTION, method="qgpm", config=cfg)
             assert torch.equal(a.z, b.z) and torch.equal(a.plan.positions[0], b.plan.positions[0])
-            pays = continue_pays(a.plan.vanilla_prefix(), a.num_tokens, 3, 4)
+            pays = prefill_reuse_pays(a.plan.vanilla_prefix(), a.num_tokens, 3, 4)
             assert a.details["pass1_continued"] is pays and not b.details["pass1_continued"]
             assert pays or cfg is not FALLBACK
             ra = on.generate_prepared(a, max_new_tokens=6, score=" tangerine")
@@ -138,7 +138,7 @@ def test_an_early_moved_sentence_stops_pass1_and_prefills_everything(tokenizer):
     stopped = 0
     for where in (0, 6, 12, 18):
         call = on.prepare(context(where), QUESTION, method="qgpm")
-        if continue_pays(call.plan.vanilla_prefix(), call.num_tokens, deepest, on.n_layers):
+        if prefill_reuse_pays(call.plan.vanilla_prefix(), call.num_tokens, deepest, on.n_layers):
             continue
         stopped += 1
         assert call.prefill is None and not call.details["pass1_continued"] and call.details["layers_run"] == deepest + 1
