@@ -1,8 +1,7 @@
 """Pieces every ``qgpm`` subcommand shares: the parser class, flag types and error handling.
 
-Besides the standard library, module level imports only the two tables the flag types
-check against: the methods (:mod:`qgpm.defaults`) and the evaluation tasks
-(:mod:`qgpm.samples.tasks`).
+Besides the standard library, module level imports only modules of the package (``import
+qgpm`` has loaded all of them but :mod:`qgpm.samples.tasks`, the tasks ``tasks_arg`` checks).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from .baselines import resolve_options
 from .batching import aanswer, answer_many
 from .config import QGPMConfig
 from .decoding import Decoding
-from .defaults import DEFAULT_K, METHODS, PASS1_FIELDS
+from .defaults import DEFAULT_K, METHODS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .generation import Generated, Generator, TransformersGenerator, build_result
 from .heads import HeadSet, HeadSetMissingError, choose_head_set, known_model_name
@@ -46,7 +46,8 @@ from .partial import (NoLocalGenerator, check_heads_fit, check_pass1_layers_only
                       loaded_layers, weight_bytes_not_loaded)
 from .pass1 import pass1_precision
 from .prefill import reuse_applies
-from .preparing import CallOptions, check_config, check_evidence, edit_context_stage, plain_chat_call, prepare_stage, replan as replan_call
+from .preparing import (CallOptions, check_config, check_evidence, check_replan, edit_context_stage, plain_chat_call, prepare_stage,
+                        replan as replan_call)
 from .prompt import DEFAULT_TEMPLATE, PromptSpec, build_prompt, check_prompt_inputs, check_template
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import rotary_info
@@ -61,23 +62,13 @@ __all__ = ["QGPM", "QGPMResult", "SentenceRelevance", "Usage", "Timings", "METHO
 
 
 class QGPM:
-    """QGPM over one loaded HF causal LM and its tokenizer.
+    """QGPM over one loaded HF causal LM and its tokenizer (reference: ``docs/api.md``).
 
-    Build it with :meth:`from_pretrained` (model id, folder, .gguf file, or ``None`` for
-    the embedded SmolLM2-135M-Instruct), or directly from a loaded model + fast tokenizer.
-    One engine may be shared by many threads and framework adapters: calls on one model
-    are serialized, and every call leaves the model unpatched. ``engine.fingerprint``
-    (:class:`~qgpm.fingerprint.ModelFingerprint`) identifies the model: its stored head
-    set and config preset are found by ``fingerprint.key``, with or without ``name=``.
-
-    ``reuse_prefill`` (default ``True``): pass 1 may go on through every layer as the vanilla
-    prefill where pass 2 starts with tokens computed exactly so, and generation starts from those
-    cached states (:mod:`qgpm.prefill`; ``result.details["prefill_reused"]`` says how many).
-    ``False``: pass 1 always stops at the deepest head's layer and pass 2 prefills the whole prompt.
-
-    ``generator`` (default: this process, :class:`~qgpm.generation.TransformersGenerator`):
-    where pass 2 and decoding run, e.g. :class:`qgpm.serving.VLLMServer` for a vLLM server;
-    see :meth:`use_generator`.
+    Build it with :meth:`from_pretrained` or from a loaded model + fast tokenizer. Calls on one
+    model are serialized and leave it unpatched, so threads and adapters may share an engine.
+    ``fingerprint`` identifies the model (its head set and preset are found by its key).
+    ``reuse_prefill``: pass 1 may go on as the prefill generation starts from (:mod:`qgpm.prefill`).
+    ``generator``: where pass 2 and decoding run (default this process; :meth:`use_generator`).
     """
 
     def __init__(
@@ -333,15 +324,8 @@ class QGPM:
         split layer) costs one pass 1 per prompt. Settings that change pass 1 itself
         (:data:`~qgpm.defaults.PASS1_FIELDS`) need a new :meth:`prepare`.
         """
-        if not isinstance(call, PreparedCall):
-            raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
-        if call.method not in METHODS or not method_spec(call.method).config or call.z is None or call.prompt is None:
-            raise ValueError(f"replan needs a qgpm or oracle call from QGPM.prepare(), got method={call.method!r}")
+        check_replan(call, config, self.config)
         self._check_config(config, method_spec(call.method))
-        old = call.config or self.config
-        changed = [f for f in PASS1_FIELDS if getattr(old, f) != getattr(config, f)]
-        if changed:
-            raise ValueError(f"{', '.join(changed)} change pass 1 or the prompt: call prepare() again with config= instead of replan()")
         return replan_call(self, call, config)
 
     def chat(self, messages: Sequence[dict[str, str]], **decoding: Any) -> QGPMResult:
@@ -377,7 +361,7 @@ class QGPM:
         dec = Decoding.take(kw, max_new_tokens=opts.max_new_tokens)
         spec = self._check_ready(opts.method)
         self.generator.check(spec, self._check_config(opts.config, spec))
-        check_evidence(opts.evidence)
+        check_evidence(opts.evidence, spec)
         check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
         check_template(opts.template)
 
@@ -429,11 +413,7 @@ class QGPM:
         spec = self._check_ready(opts.method)
         options = resolve_options(spec.name, opts.options)  # bad settings fail before any work
         cfg = self._check_config(opts.config, spec)
-        evidence = check_evidence(opts.evidence)
-        if evidence is not None and not spec.evidence:
-            raise ValueError("evidence= is only used by method='oracle'")
-        if spec.evidence and not evidence:
-            raise ValueError(f"method={spec.name!r} needs evidence=[exact substrings of the context]")
+        evidence = check_evidence(opts.evidence, spec)
         docs = check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
         check_template(opts.template)
         others = [question, opts.instruction or "", opts.system or "", opts.answer_prefix or ""]

@@ -21,12 +21,12 @@ import torch
 
 from .baselines import build_baseline_plan
 from .config import CALIBRATED, QGPMConfig
-from .defaults import DEFAULT_K, DEFAULT_RERANKER
+from .defaults import DEFAULT_K, DEFAULT_RERANKER, PASS1_FIELDS
 from .diagnostics import Diagnostics
 from .editing import edit_context
 from .heads import HeadSet
 from .limits import check_fits, check_input_size
-from .methods import Method, MethodSpec, Stage, method_spec
+from .methods import METHOD_SPECS, Method, MethodSpec, Stage, method_spec
 from .pass1 import qgpm_relevance
 from .partial import check_heads_fit
 from .plan import REORDER_LAYERED_ERROR, PlanOutcome, build_plan, check_local_layers, oracle_units, reorder_needs_masks
@@ -40,7 +40,7 @@ from .tokens import count_plain, encode_prompt, special_token_ids
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["CallOptions", "ModelView", "check_config", "check_evidence", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
+__all__ = ["CallOptions", "ModelView", "check_config", "check_evidence", "check_replan", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
            "warn_vanilla_kept"]
 
 
@@ -165,8 +165,14 @@ def plain_chat_call(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, wi
     return PreparedCall(None, "plain", None, [], Timings(), None, {}, input_ids=ids)
 
 
-def check_evidence(evidence: Any) -> list[str] | None:
-    """Oracle evidence as a list of strings; a single string is one evidence item."""
+def check_evidence(evidence: Any, spec: MethodSpec | None = None) -> list[str] | None:
+    """Oracle evidence as a list of strings; a single string is one evidence item. With the
+    call's ``spec``: evidence only for a method that reads it, and required by one."""
+    if spec is not None:
+        if evidence is not None and not spec.evidence:
+            raise ValueError("evidence= is only used by method='oracle'")
+        if spec.evidence and not evidence:
+            raise ValueError(f"method={spec.name!r} needs evidence=[exact substrings of the context]")
     if evidence is None:
         return None
     if isinstance(evidence, str):
@@ -293,6 +299,21 @@ def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, 
             details["term_dropped"] = len(planned.term_dropped)
     relevance = sentence_relevance(prompt, planned, z if units is None else None, units)
     return planned, relevance, details
+
+
+def check_replan(call: Any, config: Any, engine_config: QGPMConfig) -> None:
+    """Refuse what :meth:`QGPM.replan <qgpm.QGPM.replan>` cannot do: a call that is not a
+    prepared qgpm / oracle call, or a config that changes pass 1 or the prompt."""
+    if not isinstance(call, PreparedCall):
+        raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
+    if call.method not in METHOD_SPECS or not method_spec(call.method).config or call.z is None or call.prompt is None:
+        raise ValueError(f"replan needs a qgpm or oracle call from QGPM.prepare(), got method={call.method!r}")
+    if not isinstance(config, QGPMConfig):
+        raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(config).__name__}")
+    old = call.config or engine_config
+    changed = [f for f in PASS1_FIELDS if getattr(old, f) != getattr(config, f)]
+    if changed:
+        raise ValueError(f"{', '.join(changed)} change pass 1 or the prompt: call prepare() again with config= instead of replan()")
 
 
 def replan(eng: ModelView, call: PreparedCall, config: QGPMConfig) -> PreparedCall:
