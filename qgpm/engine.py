@@ -160,7 +160,7 @@ class QGPM:
             mdl = load_model(source, dtype=dtype, device_map=device_map, **model_kwargs)
         tok = load_tokenizer(source)
         engine = cls(mdl, tok, heads=None if heads == "calibrate" else heads, config=config, name=source.name,
-                     reuse_prefill=reuse_prefill and not pass1_layers_only, generator=generator)
+                     reuse_prefill=reuse_prefill, generator=generator)
         engine.source = source
         if heads == "calibrate":
             engine.set_heads("calibrate")

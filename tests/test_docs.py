@@ -33,7 +33,7 @@ def test_the_history_rule_catches_what_it_should_and_passes_ordinary_uses():
     assert HISTORY.search("as measured in the seventeenth " + _S)
     assert HISTORY.search("see iss" + "ue 37 for the plan") and HISTORY.search("This " + _S + " ran the grid")
     assert not HISTORY.search("a pytest " + _S + "-scoped fixture") and not HISTORY.search("an HTTP " + _S + " with retries")
-    assert not HISTORY.search("requests." + _S.capitalize() + "()") and not HISTORY.search("tissue 12")
+    assert not HISTORY.search("requests." + _S.capitalize() + "()") and not HISTORY.search("tis" + "sue 12")  # a word that ends in the same letters
 
 
 def test_no_development_history_in_the_projects_own_text():

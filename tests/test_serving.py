@@ -118,10 +118,10 @@ def test_the_server_is_checked_when_attached(pair, server, caplog):
     with_heads = QGPM.from_pretrained(generator=VLLMServer(server[0]), config=local.config.with_(relevance="heads"))
     assert with_heads.layers_loaded == max(layer for layer, _ in local.heads) + 1 and 0 < with_heads.weights_not_loaded < remote.weights_not_loaded
     with caplog.at_level(logging.WARNING, logger="qgpm"):
-        QGPM.from_pretrained(generator=VLLMServer(server[0]))  # pass 1's layers only: no prefill to reuse, nothing to warn of
+        QGPM.from_pretrained(generator=VLLMServer(server[0]))  # reuse_prefill (default True) cannot apply remotely: said
         QGPM.from_pretrained(generator=VLLMServer(server[0]), pass1_layers_only=False)
         QGPM.from_pretrained(generator=VLLMServer(server[0]), pass1_layers_only=False, reuse_prefill=False)
-    assert len([r for r in caplog.records if "reuse_prefill does not apply with the vllm generator" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "reuse_prefill does not apply with the vllm generator" in r.getMessage()]) == 2
 
 
 def test_greedy_answers_and_token_ids_equal_the_in_process_path(pair):
