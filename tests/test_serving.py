@@ -117,6 +117,7 @@ def test_the_server_is_checked_when_attached(pair, server, caplog):
     assert local.config.relevance == "minilm" and (remote.layers_loaded, remote.n_layers) == (1, local.n_layers)
     with_heads = QGPM.from_pretrained(generator=VLLMServer(server[0]), config=local.config.with_(relevance="heads"))
     assert with_heads.layers_loaded == max(layer for layer, _ in local.heads) + 1 and 0 < with_heads.weights_not_loaded < remote.weights_not_loaded
+    caplog.clear()  # only the three engines below
     with caplog.at_level(logging.WARNING, logger="qgpm"):
         QGPM.from_pretrained(generator=VLLMServer(server[0]))  # reuse_prefill (default True) cannot apply remotely: said
         QGPM.from_pretrained(generator=VLLMServer(server[0]), pass1_layers_only=False)
