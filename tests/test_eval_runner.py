@@ -767,3 +767,28 @@ def test_targets_and_diagnosis_on_hand_made_rows(tmp_path):
     assert "## Targets" in text and "## Diagnosis: head signal vs position remapping" in text
     assert "| 0.5 | 43 (14) |" in text  # all tasks by depth: vanilla at 0.5 = 4/10 multikey + 2/4 qa
     assert json.loads((tmp_path / "stats.json").read_text())["targets"]
+
+
+def test_plain_text_models_answer_with_their_first_paragraph(tiny_engine, tokenizer, monkeypatch):
+    """A model without a chat template has no end of turn: the harness stops its answer at the
+    first blank line, and the stop rule is part of the rows' config hash (chat models' hashes
+    do not carry it)."""
+    import copy
+
+    plain_tok = copy.deepcopy(tokenizer)
+    plain_tok.chat_template = None
+    plain = QGPM(tiny_engine.model, plain_tok, heads=HEADS, name="tiny-llama")
+    assert runner_mod.answer_stop(tiny_engine) == ()
+    assert runner_mod.answer_stop(plain) == ("\n\n",)
+    assert "stop" not in runner_mod.method_fingerprint(tiny_engine, "vanilla")
+    assert runner_mod.method_fingerprint(plain, "vanilla")["stop"] == ["\n\n"]
+
+    seen = []
+    real = plain.generate_prepared
+    monkeypatch.setattr(plain, "generate_prepared", lambda call, **kw: seen.append(kw.get("stop")) or real(call, **kw))
+    s = generate("niah_single_2", n=1, length=LENGTH, tokenizer=plain_tok, seed=0, max_new_tokens=NEW)[0]
+    got = answer_sample(plain, s, "vanilla", logprob=False)
+    assert seen == [("\n\n",)]
+    ref = plain.answer(s.context, s.question, max_new_tokens=s.max_new_tokens, instruction=s.instruction, template=s.template,
+                       answer_prefix=s.answer_prefix, stop=["\n\n"])
+    assert got["answer"] == ref.text

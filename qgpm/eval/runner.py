@@ -83,6 +83,7 @@ __all__ = [
     "WorkItem",
     "work_items",
     "method_fingerprint",
+    "answer_stop",
     "config_hash",
     "load_engine",
     "parse_heads",
@@ -202,10 +203,25 @@ def method_fingerprint(
         fp["k"] = int(k)
     if spec.options:
         fp["options"] = resolve_options(method, _options_for(method, options)).to_dict()
+    stop = answer_stop(engine)
+    if stop:  # absent for chat models (earlier rows keep their hashes)
+        fp["stop"] = list(stop)
     generator = getattr(getattr(engine, "generator", None), "name", "transformers")
     if generator != "transformers":  # absent for this process's own generator (earlier rows keep their hashes)
         fp["generator"] = generator
     return fp
+
+
+PLAIN_TEXT_STOP = ("\n\n",)
+
+
+def answer_stop(engine) -> tuple[str, ...]:
+    """The harness's stop strings for ``engine``'s model: none for a model with a chat template
+    (its end-of-turn token ends the answer); ``PLAIN_TEXT_STOP`` for a model prompted as plain
+    text (a base model such as Gemma-3-270M), whose answer is its first paragraph: such a model
+    has no end of turn and writes on past the answer (another "The special magic number for ...
+    is: ..." line, often with another number), which a substring metric would otherwise score."""
+    return () if getattr(engine.tokenizer, "chat_template", None) else PLAIN_TEXT_STOP
 
 
 def _options_for(method: str, options: Any) -> Any:
@@ -310,7 +326,8 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
     if call is None:
         call = engine.prepare(sample.context, sample.question, **prepare_kwargs(sample, method, config=config, reranker=reranker, k=k, options=options))
     t_run = time.perf_counter()
-    res = engine.generate_prepared(call, max_new_tokens=sample.max_new_tokens, score=gold_continuation(sample) if logprob else None)
+    res = engine.generate_prepared(call, max_new_tokens=sample.max_new_tokens, stop=answer_stop(engine),
+                                   score=gold_continuation(sample) if logprob else None)
     tm = res.timings
     out = {
         "answer": res.text,
