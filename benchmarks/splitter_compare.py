@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import random
-import re
 import sys
 import time
 from pathlib import Path

@@ -17,7 +17,6 @@ import argparse
 import json
 import shlex
 import sys
-from pathlib import Path
 
 from qgpm import QGPM, HeadSet
 from qgpm.calibrate import flat_relevance_threshold

@@ -73,6 +73,7 @@ class _Engine:
     """What method_fingerprint reads from an engine for a qgpm row."""
 
     name, heads, head_set, model = "stub", [(1, 0)], None, None
+    tokenizer = type("ChatTokenizer", (), {"chat_template": "{{ messages }}"})()  # a chat model: no harness stop
 
     def pass1_precision(self, cfg: QGPMConfig) -> None:
         return None

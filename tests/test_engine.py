@@ -202,7 +202,7 @@ def test_empty_inputs_raise_clear_errors(tiny, context, question):
 
 def test_single_sentence_context_is_vanilla(tiny):
     ctx = "The password is tangerine."
-    q = res = tiny.answer(ctx, QUESTION, method="qgpm", max_new_tokens=6)
+    res = tiny.answer(ctx, QUESTION, method="qgpm", max_new_tokens=6)
     assert len(res.relevance) == 1 and res.relevance[0].broad == 1.0 and res.relevance[0].sharp == 1.0
     assert res.text == tiny.answer(ctx, QUESTION, method="vanilla", max_new_tokens=6).text
 

@@ -11,7 +11,7 @@ import torch
 
 from qgpm import QGPM, HeadSet, QGPMConfig
 from qgpm.config import PRESET_NAMES, PRESETS, RECIPE, SMOLLM2_KEY
-from qgpm.fingerprint import ModelFingerprint, model_fingerprint
+from qgpm.fingerprint import ModelFingerprint
 from qgpm.heads import (
     HeadSetMismatchError,
     HeadSetMissingError,

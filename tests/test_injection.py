@@ -13,7 +13,6 @@ import contextlib
 import copy
 
 import pytest
-import torch
 
 from qgpm import QGPM, QGPMConfig
 from qgpm.prompt import PromptSpec, build_prompt

@@ -12,7 +12,6 @@ import torch
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from pydantic import ValidationError
 
-from qgpm import QGPM
 from qgpm_integrations.langchain import QGPMChatModel, clear_engine_cache
 
 from qgpm_testing import save_tiny, spy_load_model, tiny_model

@@ -1,7 +1,7 @@
 # dev-split pass-1 check: where the heads rank the queried key in the
 # three new essay multi-key misses of the preset in the solo stage (12 contents x 3 depths).
 #   python rank_misses.py
-import json, sys, torch
+import torch
 torch.set_num_threads(1)
 from qgpm.eval.runner import load_engine, work_items, make_sample, prepare_kwargs
 eng = load_engine("smollm2", device="cpu", dtype="float32")
