@@ -1,0 +1,82 @@
+"""NoLiMa association (``nolima_direct``) rows read by needle content: each method's right
+answers, by depth and by content, how many different answers it gives across a content's
+depths, and wins / losses against a base method with the exact McNemar p.
+
+    # the committed 4K test rows (contents 0-11, depths 0 / 0.25 / 0.5 / 0.75 / 1):
+    python benchmarks/nolima_table.py benchmarks/results/eval_smollm2_test/rows.jsonl \
+        --series vanilla=6cbe99679449,heads=921a8ecd9903,minilm=5b41b7289667,reorder=255ab11124e8,topk=afacc4e2ce2f,oracle=cf83ac075e0a
+    # the dev rows of scripts/nolima_cause.sh (series as the run's manifest names them):
+    python benchmarks/nolima_table.py benchmarks/results/tune_smollm2_dev_4k/nolima_cause/rows.jsonl --series ...
+
+A sample is one (content, depth); ``index`` is the needle content. A method whose answer is
+the same at every depth of a content answers that content, not five samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+from qgpm.eval.stats import mcnemar_exact
+
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def load(paths: list[Path], series: dict[str, str], length: int) -> dict[str, dict[tuple[int, float], dict]]:
+    """method label -> {(content, depth): row} for the NoLiMa rows of each labelled series."""
+    by_hash = {h: m for m, h in series.items()}
+    out: dict[str, dict[tuple[int, float], dict]] = collections.defaultdict(dict)
+    for p in paths:
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("task") == "nolima_direct" and r.get("length") == length and r.get("config_hash") in by_hash and r.get("answer") is not None:
+                out[by_hash[r["config_hash"]]][(r["index"], float(r["depth"]))] = r
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("rows", nargs="+", type=Path)
+    ap.add_argument("--series", required=True, help="label=config_hash,... (the first label is the base of the wins / losses)")
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--base", default=None, help="label the others are paired against (default: the first)")
+    ap.add_argument("--contents", default=None, help="only these needle contents, e.g. 0-5")
+    args = ap.parse_args(argv)
+    series = dict(item.split("=", 1) for item in args.series.split(",") if item)
+    rows = load(args.rows, series, args.length)
+    if args.contents:
+        lo, hi = (int(x) for x in args.contents.split("-"))
+        rows = {m: {k: r for k, r in v.items() if lo <= k[0] <= hi} for m, v in rows.items()}
+    labels = [m for m in series if rows.get(m)]
+    base = args.base or labels[0]
+    common = set.intersection(*(set(rows[m]) for m in labels))
+    contents = sorted({c for c, _ in common})
+    print(f"{len(common)} samples every method ran ({len(contents)} contents x depths), {args.length} tokens\n")
+    print("| method | right | by depth " + " / ".join(f"{d:g}" for d in DEPTHS) + f" | contents right at least once | answers per content | vs {base} (wins/losses, p) |")
+    print("|---|---:|---|---:|---:|---|")
+    for m in labels:
+        rs = {k: rows[m][k] for k in common}
+        right = sum(bool(r["correct"]) for r in rs.values())
+        by_depth = [sum(bool(r["correct"]) for (c, d), r in rs.items() if d == dep) for dep in DEPTHS]
+        any_right = sum(any(rs[(c, d)]["correct"] for d in DEPTHS if (c, d) in rs) for c in contents)
+        distinct = sum(len({rs[(c, d)]["answer"] for d in DEPTHS if (c, d) in rs}) for c in contents) / len(contents)
+        vs = "–"
+        if m != base:
+            b = sum(bool(rs[k]["correct"]) and not rows[base][k]["correct"] for k in common)
+            c_ = sum(bool(rows[base][k]["correct"]) and not rs[k]["correct"] for k in common)
+            vs = f"{b}/{c_}, {mcnemar_exact(b, c_):.2g}"
+        print(f"| {m} | {right}/{len(rs)} | {' / '.join(map(str, by_depth))} | {any_right}/{len(contents)} | {distinct:.1f} | {vs} |")
+    print("\nRight answers per needle content (of its depths):\n")
+    print("| content | gold | " + " | ".join(labels) + " |")
+    print("|---:|---|" + "---:|" * len(labels))
+    for c in contents:
+        gold = next(rows[labels[0]][(c, d)]["gold"][0] for d in DEPTHS if (c, d) in common)
+        cells = [str(sum(bool(rows[m][(c, d)]["correct"]) for d in DEPTHS if (c, d) in common)) for m in labels]
+        print(f"| {c} | {gold} | " + " | ".join(cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
