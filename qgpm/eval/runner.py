@@ -220,7 +220,9 @@ def answer_stop(engine) -> tuple[str, ...]:
     (its end-of-turn token ends the answer); ``PLAIN_TEXT_STOP`` for a model prompted as plain
     text (a base model such as Gemma-3-270M), whose answer is its first paragraph: such a model
     has no end of turn and writes on past the answer (another "The special magic number for ...
-    is: ..." line, often with another number), which a substring metric would otherwise score."""
+    is: ..." line, often with another number), which a substring metric would otherwise score.
+    A stop string keeps its usual meaning (as on a vLLM server): an answer that begins with a
+    blank line ends empty."""
     return () if getattr(engine.tokenizer, "chat_template", None) else PLAIN_TEXT_STOP
 
 
