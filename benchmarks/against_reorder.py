@@ -1,0 +1,57 @@
+"""The shipped preset against Reorder on a test grid, task by task, on the samples both ran:
+right answers, wins / losses and the exact McNemar p, and whether QGPM's target against Reorder
+holds (at least Reorder's count on every task, and at least Reorder + 5 over all tasks).
+
+    python benchmarks/against_reorder.py                       # 4K, preset 5b41b7 vs Reorder 255ab1
+    python benchmarks/against_reorder.py --length 2048
+    python benchmarks/against_reorder.py --qgpm 921a8ecd9903   # the heads series
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+from qgpm.eval.stats import mcnemar_exact
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test" / "rows.jsonl"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=Path, default=RESULTS)
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--qgpm", default="5b41b7289667", help="config hash of the QGPM series")
+    ap.add_argument("--reorder", default="255ab11124e8", help="config hash of the Reorder series")
+    ap.add_argument("--margin", type=int, default=5, help="the overall lead the target asks for")
+    args = ap.parse_args(argv)
+    got: dict[str, dict[tuple, bool]] = {args.qgpm: {}, args.reorder: {}}
+    for line in args.rows.read_text().splitlines():
+        r = json.loads(line)
+        if r["length"] == args.length and r["config_hash"] in got and r.get("answer") is not None:
+            got[r["config_hash"]][(r["task"], r["depth"], r["seed"], r["index"])] = bool(r["correct"])
+    q, o = got[args.qgpm], got[args.reorder]
+    common = sorted(set(q) & set(o))
+    by_task = collections.defaultdict(list)
+    for k in common:
+        by_task[k[0]].append(k)
+    print(f"| task | n | QGPM ({args.qgpm[:6]}) | Reorder ({args.reorder[:6]}) | QGPM wins / losses, p | QGPM >= Reorder |")
+    print("|---|---:|---:|---:|---|---|")
+    every = True
+    for task, keys in sorted(by_task.items()):
+        a, b = sum(q[k] for k in keys), sum(o[k] for k in keys)
+        w, l_ = sum(q[k] and not o[k] for k in keys), sum(o[k] and not q[k] for k in keys)
+        every &= a >= b
+        print(f"| {task} | {len(keys)} | {a} | {b} | {w}/{l_}, {mcnemar_exact(w, l_):.2g} | {'yes' if a >= b else 'no'} |")
+    a, b = sum(q[k] for k in common), sum(o[k] for k in common)
+    w, l_ = sum(q[k] and not o[k] for k in common), sum(o[k] and not q[k] for k in common)
+    print(f"| **all** | {len(common)} | **{a}** | **{b}** | {w}/{l_}, {mcnemar_exact(w, l_):.2g} | {'yes' if a >= b else 'no'} |")
+    print(f"\ntarget: at least Reorder on every task: {'met' if every else 'not met'}; "
+          f"at least Reorder + {args.margin} over all: {'met' if a >= b + args.margin else 'not met'} ({a} against {b} + {args.margin})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
