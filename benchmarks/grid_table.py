@@ -1,0 +1,83 @@
+"""One test grid as a table: per task, each series' right answers with wins / losses against a
+base series and the exact McNemar p, on the samples every series ran; the mean seconds per
+answer from the rows' timings; and, for models prompted as plain text, how many right answers
+hold the gold only after the answer's first line.
+
+    python benchmarks/grid_table.py benchmarks/results/eval_gemma3_270m_test/rows.jsonl --length 2048 \\
+        --series vanilla=HASH,qgpm=HASH,oracle=HASH,reorder=HASH,topk=HASH --against reorder
+
+The seconds are the rows' ``timings.wall_s`` (preparation, pass 1, prefill and decoding of one
+answer in a one-thread process, two such processes sharing the machine): a cost per answer as
+the grid ran, not a timing benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+from pathlib import Path
+
+from qgpm.eval.scoring import is_correct
+from qgpm.eval.stats import mcnemar_exact
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("rows", nargs="+", type=Path)
+    ap.add_argument("--length", type=int, required=True)
+    ap.add_argument("--series", required=True, help="label=config_hash,... (the first label is the base)")
+    ap.add_argument("--against", default=None, help="a second label every series is also paired against")
+    args = ap.parse_args(argv)
+    series = dict(item.split("=", 1) for item in args.series.split(",") if item)
+    label_of = {h: m for m, h in series.items()}
+    rows: dict[str, dict[tuple, dict]] = collections.defaultdict(dict)
+    for p in args.rows:
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            if r["length"] == args.length and r["config_hash"] in label_of and r.get("answer") is not None:
+                rows[label_of[r["config_hash"]]][(r["task"], r["depth"], r["seed"], r["index"])] = r
+    labels = list(series)
+    missing = [m for m in labels if not rows.get(m)]
+    if missing:
+        raise SystemExit(f"no rows at {args.length} tokens for {missing}")
+    base, other = labels[0], args.against
+    common = set.intersection(*(set(rows[m]) for m in labels))
+    tasks = sorted({k[0] for k in common})
+
+    def pair(m: str, ref: str, keys: list) -> str:
+        w = sum(rows[m][k]["correct"] and not rows[ref][k]["correct"] for k in keys)
+        l_ = sum(rows[ref][k]["correct"] and not rows[m][k]["correct"] for k in keys)
+        return f"{w}/{l_}, {mcnemar_exact(w, l_):.2g}"
+
+    head = "| task | n | " + " | ".join(labels) + " |"
+    print(f"{len(common)} samples every series ran, {args.length} tokens. Cells: right (wins / losses, p against {base}"
+          + (f"; then against {other}" if other else "") + ")\n")
+    print(head)
+    print("|---|---:|" + "---|" * len(labels))
+    for task in tasks + ["all"]:
+        keys = sorted(k for k in common if task in ("all", k[0]))
+        cells = []
+        for m in labels:
+            right = sum(bool(rows[m][k]["correct"]) for k in keys)
+            cell = str(right)
+            if m != base:
+                cell += f" ({pair(m, base, keys)}" + (f"; {pair(m, other, keys)}" if other and m != other else "") + ")"
+            cells.append(cell)
+        name = "**all**" if task == "all" else task
+        print(f"| {name} | {len(keys)} | " + " | ".join(cells) + " |")
+    keys = sorted(common)
+    base_s = statistics.mean(rows[base][k]["timings"]["wall_s"] for k in keys)
+    print("\n| series | mean seconds per answer | against " + base + " | right only after the first line |")
+    print("|---|---:|---:|---:|")
+    for m in labels:
+        s = statistics.mean(rows[m][k]["timings"]["wall_s"] for k in keys)
+        late = sum(bool(r["correct"]) and not is_correct(r["metric"], r["answer"].strip().split("\n")[0], r["gold"])
+                   for r in (rows[m][k] for k in keys))
+        print(f"| {m} | {s:.1f} | {s / base_s:.2f}x | {late} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
