@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
+import sys
 from pathlib import Path
 
 from qgpm.eval.stats import mcnemar_exact
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grid_table import load_rows, wins_losses  # noqa: E402  (the sibling table: the same rows and pairs)
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test" / "rows.jsonl"
 
@@ -27,12 +30,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reorder", default="255ab11124e8", help="config hash of the Reorder series")
     ap.add_argument("--margin", type=int, default=5, help="the overall lead the target asks for")
     args = ap.parse_args(argv)
-    got: dict[str, dict[tuple, bool]] = {args.qgpm: {}, args.reorder: {}}
-    for line in args.rows.read_text().splitlines():
-        r = json.loads(line)
-        if r["length"] == args.length and r["config_hash"] in got and r.get("answer") is not None:
-            got[r["config_hash"]][(r["task"], r["depth"], r["seed"], r["index"])] = bool(r["correct"])
-    q, o = got[args.qgpm], got[args.reorder]
+    rows = load_rows([args.rows], {"qgpm": args.qgpm, "reorder": args.reorder}, args.length)
+    q, o = rows["qgpm"], rows["reorder"]
     common = sorted(set(q) & set(o))
     by_task = collections.defaultdict(list)
     for k in common:
@@ -41,12 +40,12 @@ def main(argv=None) -> int:
     print("|---|---:|---:|---:|---|---|")
     every = True
     for task, keys in sorted(by_task.items()):
-        a, b = sum(q[k] for k in keys), sum(o[k] for k in keys)
-        w, l_ = sum(q[k] and not o[k] for k in keys), sum(o[k] and not q[k] for k in keys)
+        a, b = sum(bool(q[k]["correct"]) for k in keys), sum(bool(o[k]["correct"]) for k in keys)
+        w, l_ = wins_losses(q, o, keys)
         every &= a >= b
         print(f"| {task} | {len(keys)} | {a} | {b} | {w}/{l_}, {mcnemar_exact(w, l_):.2g} | {'yes' if a >= b else 'no'} |")
-    a, b = sum(q[k] for k in common), sum(o[k] for k in common)
-    w, l_ = sum(q[k] and not o[k] for k in common), sum(o[k] and not q[k] for k in common)
+    a, b = sum(bool(q[k]["correct"]) for k in common), sum(bool(o[k]["correct"]) for k in common)
+    w, l_ = wins_losses(q, o, common)
     print(f"| **all** | {len(common)} | **{a}** | **{b}** | {w}/{l_}, {mcnemar_exact(w, l_):.2g} | {'yes' if a >= b else 'no'} |")
     print(f"\ntarget: at least Reorder on every task: {'met' if every else 'not met'}; "
           f"at least Reorder + {args.margin} over all: {'met' if a >= b + args.margin else 'not met'} ({a} against {b} + {args.margin})")

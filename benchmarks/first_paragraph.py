@@ -18,13 +18,14 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from qgpm.decoding import cut_at_stop
 from qgpm.eval.runner import PLAIN_TEXT_STOP
 from qgpm.eval.scoring import is_correct
 
 
 def first_paragraph(answer: str) -> str:
-    cut = min((answer.index(s) for s in PLAIN_TEXT_STOP if s in answer), default=len(answer))
-    return answer[:cut].strip()
+    """``answer`` cut where the harness's stop would have ended it, stripped as the engine strips."""
+    return cut_at_stop(answer, PLAIN_TEXT_STOP)[0].strip()
 
 
 def main() -> None:

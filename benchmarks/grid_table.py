@@ -23,6 +23,32 @@ from qgpm.eval.scoring import is_correct
 from qgpm.eval.stats import mcnemar_exact
 
 
+def parse_series(spec: str) -> dict[str, str]:
+    """``"label=config_hash,..."`` -> ``{label: config_hash}`` in the given order."""
+    return dict(item.split("=", 1) for item in spec.split(",") if item)
+
+
+def load_rows(paths: list[Path], series: dict[str, str], length: int, task: str | None = None) -> dict[str, dict[tuple, dict]]:
+    """label -> {(task, depth, seed, index): row} for the answered rows of each labelled series at
+    ``length`` tokens (only ``task``'s rows when given)."""
+    label_of = {h: m for m, h in series.items()}
+    rows: dict[str, dict[tuple, dict]] = collections.defaultdict(dict)
+    for p in paths:
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            if (r["length"] == length and r["config_hash"] in label_of and r.get("answer") is not None
+                    and task in (None, r["task"])):
+                rows[label_of[r["config_hash"]]][(r["task"], r["depth"], r["seed"], r["index"])] = r
+    return rows
+
+
+def wins_losses(a: dict[tuple, dict], b: dict[tuple, dict], keys) -> tuple[int, int]:
+    """Samples among ``keys`` that ``a`` answers right and ``b`` wrong, and the other way round."""
+    w = sum(bool(a[k]["correct"]) and not b[k]["correct"] for k in keys)
+    l_ = sum(bool(b[k]["correct"]) and not a[k]["correct"] for k in keys)
+    return w, l_
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rows", nargs="+", type=Path)
@@ -30,14 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--series", required=True, help="label=config_hash,... (the first label is the base)")
     ap.add_argument("--against", default=None, help="a second label every series is also paired against")
     args = ap.parse_args(argv)
-    series = dict(item.split("=", 1) for item in args.series.split(",") if item)
-    label_of = {h: m for m, h in series.items()}
-    rows: dict[str, dict[tuple, dict]] = collections.defaultdict(dict)
-    for p in args.rows:
-        for line in p.read_text().splitlines():
-            r = json.loads(line)
-            if r["length"] == args.length and r["config_hash"] in label_of and r.get("answer") is not None:
-                rows[label_of[r["config_hash"]]][(r["task"], r["depth"], r["seed"], r["index"])] = r
+    series = parse_series(args.series)
+    rows = load_rows(args.rows, series, args.length)
     labels = list(series)
     missing = [m for m in labels if not rows.get(m)]
     if missing:
@@ -47,8 +67,7 @@ def main(argv=None) -> int:
     tasks = sorted({k[0] for k in common})
 
     def pair(m: str, ref: str, keys: list) -> str:
-        w = sum(rows[m][k]["correct"] and not rows[ref][k]["correct"] for k in keys)
-        l_ = sum(rows[ref][k]["correct"] and not rows[m][k]["correct"] for k in keys)
+        w, l_ = wins_losses(rows[m], rows[ref], keys)
         return f"{w}/{l_}, {mcnemar_exact(w, l_):.2g}"
 
     head = "| task | n | " + " | ".join(labels) + " |"

@@ -15,25 +15,21 @@ the same at every depth of a content answers that content, not five samples.
 from __future__ import annotations
 
 import argparse
-import collections
-import json
+import sys
 from pathlib import Path
 
 from qgpm.eval.stats import mcnemar_exact
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grid_table import load_rows, parse_series, wins_losses  # noqa: E402  (the sibling table: the same rows and pairs)
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def load(paths: list[Path], series: dict[str, str], length: int) -> dict[str, dict[tuple[int, float], dict]]:
     """method label -> {(content, depth): row} for the NoLiMa rows of each labelled series."""
-    by_hash = {h: m for m, h in series.items()}
-    out: dict[str, dict[tuple[int, float], dict]] = collections.defaultdict(dict)
-    for p in paths:
-        for line in p.read_text().splitlines():
-            r = json.loads(line)
-            if r.get("task") == "nolima_direct" and r.get("length") == length and r.get("config_hash") in by_hash and r.get("answer") is not None:
-                out[by_hash[r["config_hash"]]][(r["index"], float(r["depth"]))] = r
-    return out
+    rows = load_rows(paths, series, length, task="nolima_direct")
+    return {m: {(r["index"], float(r["depth"])): r for r in v.values()} for m, v in rows.items()}
 
 
 def main(argv=None) -> int:
@@ -44,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--base", default=None, help="label the others are paired against (default: the first)")
     ap.add_argument("--contents", default=None, help="only these needle contents, e.g. 0-5")
     args = ap.parse_args(argv)
-    series = dict(item.split("=", 1) for item in args.series.split(",") if item)
+    series = parse_series(args.series)
     rows = load(args.rows, series, args.length)
     if args.contents:
         lo, hi = (int(x) for x in args.contents.split("-"))
@@ -64,8 +60,7 @@ def main(argv=None) -> int:
         distinct = sum(len({rs[(c, d)]["answer"] for d in DEPTHS if (c, d) in rs}) for c in contents) / len(contents)
         vs = "–"
         if m != base:
-            b = sum(bool(rs[k]["correct"]) and not rows[base][k]["correct"] for k in common)
-            c_ = sum(bool(rows[base][k]["correct"]) and not rs[k]["correct"] for k in common)
+            b, c_ = wins_losses(rs, rows[base], common)
             vs = f"{b}/{c_}, {mcnemar_exact(b, c_):.2g}"
         print(f"| {m} | {right}/{len(rs)} | {' / '.join(map(str, by_depth))} | {any_right}/{len(contents)} | {distinct:.1f} | {vs} |")
     print("\nRight answers per needle content (of its depths):\n")
