@@ -1,7 +1,8 @@
 """One test grid as a table: per task, each series' right answers with wins / losses against a
 base series and the exact McNemar p, on the samples every series ran; the mean seconds per
 answer from the rows' timings; and, for models prompted as plain text, how many right answers
-hold the gold only after the answer's first line.
+hold the gold only after the answer's first line, and per task how many answers are empty
+(nothing, or only an ``Answer:`` prefix the model wrote itself) and how many of the others are right.
 
     python benchmarks/grid_table.py benchmarks/results/eval_gemma3_270m_test/rows.jsonl --length 2048 \\
         --series vanilla=HASH,qgpm=HASH,oracle=HASH,reorder=HASH,topk=HASH --against reorder
@@ -95,7 +96,23 @@ def main(argv=None) -> int:
         late = sum(bool(r["correct"]) and not is_correct(r["metric"], r["answer"].strip().split("\n")[0], r["gold"])
                    for r in (rows[m][k] for k in keys))
         print(f"| {m} | {s:.1f} | {s / base_s:.2f}x | {late} |")
+    print("\nEmpty answers; right / answered among the others")
+    print("\n| task | " + " | ".join(labels) + " |")
+    print("|---|" + "---:|" * len(labels))
+    for task in sorted({k[0] for k in common}):
+        keys = sorted(k for k in common if k[0] == task)
+        cells = []
+        for m in labels:
+            answered = [r for r in (rows[m][k] for k in keys) if not is_empty(r["answer"])]
+            cells.append(f"{len(keys) - len(answered)}; {sum(bool(r['correct']) for r in answered)} / {len(answered)}")
+        print(f"| {task} | " + " | ".join(cells) + " |")
     return 0
+
+
+def is_empty(answer: str) -> bool:
+    """True for an answer with nothing in it but, at most, an ``Answer:`` prefix."""
+    text = answer.strip()
+    return not text or text.rstrip(":").strip().lower() == "answer"
 
 
 if __name__ == "__main__":
