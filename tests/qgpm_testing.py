@@ -104,3 +104,15 @@ def needle_context(where: int, n: int = 24) -> str:
     sents = [NEEDLE_FILLER[i % len(NEEDLE_FILLER)] for i in range(n)]
     sents.insert(where, NEEDLE)
     return " ".join(sents)
+
+
+def benchmark_module(name: str):
+    """The script ``benchmarks/<name>.py`` imported as a module (the folder is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"qgpm_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from qgpm_testing import benchmark_module
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("qgpm_grid_table", REPO / "benchmarks" / "grid_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("grid_table")
 
 
 def _row(index: int, h: str, answer: str, correct: bool, task: str = "nolima_direct") -> dict:

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from qgpm_testing import benchmark_module
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("qgpm_merge_runs", REPO / "benchmarks" / "merge_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("merge_runs")
 
 
 def _row(index: int, method: str = "qgpm", h: str = "aaa") -> dict:
