@@ -6,8 +6,9 @@
 Rows are added and deduplicated by their key (task, length, depth, seed, method, config
 hash; a row already there is kept unless the new one replaces an error row). Each run
 folder's manifest entries and fingerprints go into the target manifest, the command of each
-entry suffixed with ``(note)`` so the committed record says how the run was started. The
-report, stats and plots are then regenerated (``qgpm report``). The manifest is written at
+entry suffixed with ``(note)`` so the committed record says how the run was started; an entry
+merged before (the same finish time and command: a resumed run folder merged again) is kept
+once. The report, stats and plots are then regenerated (``qgpm report``). The manifest is written at
 indent 2, the format of the committed results folders.
 """
 
@@ -20,6 +21,28 @@ import sys
 from pathlib import Path
 
 from qgpm.eval.rows import ROWS_FILE, dedupe_rows, read_manifest, read_rows, update_manifest
+
+
+def _run_key(entry: dict) -> tuple | None:
+    """What names one eval run in a manifest: its finish time and its command without the
+    ``(note)`` a merge appended (an eval command has no `` (`` of its own; a note may hold
+    more parentheses); None for an entry without a finish time."""
+    if entry.get("finished") is None:
+        return None
+    return entry["finished"], str(entry.get("command", "")).split(" (", 1)[0]
+
+
+def _once(entries: list[dict]) -> list[dict]:
+    """``entries`` with each run kept once, at its first (earliest merged) entry."""
+    seen: set[tuple] = set()
+    kept = []
+    for entry in entries:
+        key = _run_key(entry)
+        if key is None or key not in seen:
+            kept.append(entry)
+        if key is not None:
+            seen.add(key)
+    return kept
 
 
 def merge(into: Path, runs: list[Path], note: str | None) -> int:
@@ -42,7 +65,9 @@ def merge(into: Path, runs: list[Path], note: str | None) -> int:
             update_manifest(into, entry, man.get("configs", {}))
     # the committed results folders keep their manifests at indent 2, so a merge only adds lines
     path = into / "manifest.json"
-    path.write_text(json.dumps(json.loads(path.read_text()), indent=2, default=str) + "\n")
+    man = json.loads(path.read_text())
+    man["runs"] = _once(man.get("runs", []))  # a resumed run folder merged again adds its new runs only
+    path.write_text(json.dumps(man, indent=2, default=str) + "\n")
     new = sum((r["task"], r["length"], r.get("depth"), r["seed"], r["method"], r["config_hash"]) not in keys for r in added)
     print(f"{into}: {len(before)} rows before, {len(rows)} after ({new} new of {len(added)} merged)")
     return subprocess.call([sys.executable, "-m", "qgpm.eval.cli", "report", "--out", str(into)])

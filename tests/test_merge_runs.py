@@ -55,3 +55,25 @@ def test_merge_refuses_an_unfinished_run(tmp_path):
     (tmp_path / "run").mkdir()
     with pytest.raises(SystemExit, match="manifest"):
         mod.merge(tmp_path / "into", [tmp_path / "run"], None)
+
+
+def test_a_resumed_run_folder_merged_again_adds_only_its_new_entries(tmp_path, monkeypatch):
+    mod = _module()
+    monkeypatch.setattr(mod.subprocess, "call", lambda *a, **k: 0)
+    into = tmp_path / "results"
+    into.mkdir()
+    (into / "rows.jsonl").write_text("")
+    (into / "manifest.json").write_text(json.dumps({"configs": {}, "runs": []}))
+    run = _run(tmp_path / "a", [_row(0)], "eval a")
+    first = {"command": "eval a", "finished": "2026-12-05T19:42:38+00:00"}
+    (run / "manifest.json").write_text(json.dumps({"configs": {}, "runs": [first]}))
+    assert mod.merge(into, [run], "first stage") == 0
+    # the folder is resumed with more rows and a second entry, then merged again with another note
+    (run / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [_row(0), _row(1)]))
+    second = {"command": "eval a", "finished": "2026-12-06T00:54:10+00:00"}
+    (run / "manifest.json").write_text(json.dumps({"configs": {}, "runs": [first, second]}))
+    assert mod.merge(into, [run], "resumed (stage 2, shards I = 0, 1)") == 0
+    man = json.loads((into / "manifest.json").read_text())
+    assert [(r["finished"], r["command"]) for r in man["runs"]] == [
+        ("2026-12-05T19:42:38+00:00", "eval a (first stage)"), ("2026-12-06T00:54:10+00:00", "eval a (resumed (stage 2, shards I = 0, 1))")]
+    assert len((into / "rows.jsonl").read_text().splitlines()) == 2
