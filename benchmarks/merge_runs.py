@@ -38,10 +38,11 @@ def _once(entries: list[dict]) -> list[dict]:
     kept = []
     for entry in entries:
         key = _run_key(entry)
-        if key is None or key not in seen:
-            kept.append(entry)
+        if key in seen:
+            continue
         if key is not None:
             seen.add(key)
+        kept.append(entry)
     return kept
 
 
@@ -66,7 +67,10 @@ def merge(into: Path, runs: list[Path], note: str | None) -> int:
     # the committed results folders keep their manifests at indent 2, so a merge only adds lines
     path = into / "manifest.json"
     man = json.loads(path.read_text())
+    runs_before = len(man.get("runs", []))
     man["runs"] = _once(man.get("runs", []))  # a resumed run folder merged again adds its new runs only
+    if len(man["runs"]) < runs_before:
+        print(f"{path}: {runs_before - len(man['runs'])} run entries merged before are kept once")
     path.write_text(json.dumps(man, indent=2, default=str) + "\n")
     new = sum((r["task"], r["length"], r.get("depth"), r["seed"], r["method"], r["config_hash"]) not in keys for r in added)
     print(f"{into}: {len(before)} rows before, {len(rows)} after ({new} new of {len(added)} merged)")
