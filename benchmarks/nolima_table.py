@@ -1,4 +1,4 @@
-"""NoLiMa association (``nolima_direct``) rows read by needle content: each method's right
+"""NoLiMa direct-question (``nolima_direct``) rows read by needle content: each method's right
 answers, by depth and by content, how many different answers it gives across a content's
 depths, and wins / losses against a base method with the exact McNemar p.
 
