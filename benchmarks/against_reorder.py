@@ -5,6 +5,7 @@ holds (at least Reorder's count on every task, and at least Reorder + 5 over all
     python benchmarks/against_reorder.py                       # 4K, preset 5b41b7 vs Reorder 255ab1
     python benchmarks/against_reorder.py --length 2048
     python benchmarks/against_reorder.py --qgpm 921a8ecd9903   # the heads series
+    python benchmarks/against_reorder.py --indices 0-11        # samples 0-11 of each task only
 """
 
 from __future__ import annotations
@@ -22,6 +23,17 @@ from grid_table import load_rows, wins_losses  # noqa: E402  (the sibling table:
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test" / "rows.jsonl"
 
 
+def parse_range(text: str) -> tuple[int, int]:
+    """``"LO-HI"`` (both included) as ``(LO, HI)``."""
+    try:
+        lo, hi = (int(x) for x in text.split("-"))
+    except ValueError:
+        raise SystemExit(f"--indices takes LO-HI (two integers, e.g. 0-11), got {text!r}") from None
+    if lo > hi:
+        raise SystemExit(f"--indices {text}: LO must not exceed HI")
+    return lo, hi
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=Path, default=RESULTS)
@@ -29,10 +41,15 @@ def main(argv=None) -> int:
     ap.add_argument("--qgpm", default="5b41b7289667", help="config hash of the QGPM series")
     ap.add_argument("--reorder", default="255ab11124e8", help="config hash of the Reorder series")
     ap.add_argument("--margin", type=int, default=5, help="the overall lead the target asks for")
+    ap.add_argument("--indices", default=None, help="only samples whose index (a task's content) is in LO-HI, e.g. 0-11")
     args = ap.parse_args(argv)
+    lo, hi = parse_range(args.indices) if args.indices else (0, None)
     rows = load_rows([args.rows], {"qgpm": args.qgpm, "reorder": args.reorder}, args.length)
     q, o = rows["qgpm"], rows["reorder"]
-    common = sorted(set(q) & set(o))
+    common = sorted(k for k in set(q) & set(o) if lo <= k[3] and (hi is None or k[3] <= hi))
+    if not common:
+        ap.error(f"no sample at {args.length} tokens has rows of both series {args.qgpm} and {args.reorder}"
+                 + (f" with an index in {args.indices}" if args.indices else ""))
     by_task = collections.defaultdict(list)
     for k in common:
         by_task[k[0]].append(k)
