@@ -64,7 +64,8 @@ def main(argv=None) -> int:
     a, b = sum(bool(q[k]["correct"]) for k in common), sum(bool(o[k]["correct"]) for k in common)
     w, l_ = wins_losses(q, o, common)
     print(f"| **all** | {len(common)} | **{a}** | **{b}** | {w}/{l_}, {mcnemar_exact(w, l_):.2g} | {'yes' if a >= b else 'no'} |")
-    print(f"\ntarget: at least Reorder on every task: {'met' if every else 'not met'}; "
+    scope = f"samples with index {args.indices}" if args.indices else "every sample both series ran"
+    print(f"\ntarget, on {scope}: at least Reorder on every task: {'met' if every else 'not met'}; "
           f"at least Reorder + {args.margin} over all: {'met' if a >= b + args.margin else 'not met'} ({a} against {b} + {args.margin})")
     return 0
 
