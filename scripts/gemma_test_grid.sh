@@ -12,6 +12,10 @@
 # Stage names after the shard run those stages only, in the order given; METHODS narrows the
 # methods (a narrower run resumes into the same folder), e.g.
 #   METHODS=vanilla,qgpm,reorder bash scripts/gemma_test_grid.sh 0 2k_guards 8k 16k 4k_mk_qa
+# Stages 8k_more (multi-key and QA at 8K) and 16k_more (multi-key at 16K) add indices 4-7 at the
+# same depths (12 more samples per task and length, 24 in all), decided on 2026-12-06 after the
+# 12-sample rows, for vanilla, qgpm and Reorder; they choose nothing:
+#   METHODS=vanilla,qgpm,reorder bash scripts/gemma_test_grid.sh I 8k_more 16k_more
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -35,6 +39,8 @@ args() {  # the run arguments of stage $1
     4k_guards) echo --tasks niah_single_2,niah_multivalue,nolima_direct --lengths 4096 ;;
     8k) echo --tasks niah_multikey_1,qa_1 --lengths 8192 --depths 0.25,0.5,0.75 --n 4 ;;
     16k) echo --tasks niah_multikey_1,qa_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 4 ;;
+    8k_more) echo --tasks niah_multikey_1,qa_1 --lengths 8192 --depths 0.25,0.5,0.75 --n 8 --only benchmarks/results/ids_gemma_8k_4_7.jsonl ;;
+    16k_more) echo --tasks niah_multikey_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 8 --only benchmarks/results/ids_gemma_16k_mk_4_7.jsonl ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
 }
