@@ -12,26 +12,16 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 import sys
 from pathlib import Path
 
 from qgpm.eval.stats import mcnemar_exact
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid_table import load_rows, wins_losses  # noqa: E402  (the sibling table: the same rows and pairs)
+from grid_table import load_rows, parse_range, wins_losses  # noqa: E402  (the sibling table: the same rows and pairs)
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test" / "rows.jsonl"
-
-
-def parse_range(text: str) -> tuple[int, int]:
-    """``"LO-HI"`` (both included) as ``(LO, HI)``."""
-    try:
-        lo, hi = (int(x) for x in text.split("-"))
-    except ValueError:
-        raise SystemExit(f"--indices takes LO-HI (two integers, e.g. 0-11), got {text!r}") from None
-    if lo > hi:
-        raise SystemExit(f"--indices {text}: LO must not exceed HI")
-    return lo, hi
 
 
 def main(argv=None) -> int:
@@ -43,10 +33,10 @@ def main(argv=None) -> int:
     ap.add_argument("--margin", type=int, default=5, help="the overall lead the target asks for")
     ap.add_argument("--indices", default=None, help="only samples whose index (a task's content) is in LO-HI, e.g. 0-11")
     args = ap.parse_args(argv)
-    lo, hi = parse_range(args.indices) if args.indices else (0, None)
+    lo, hi = parse_range(args.indices, "--indices") if args.indices else (0, math.inf)
     rows = load_rows([args.rows], {"qgpm": args.qgpm, "reorder": args.reorder}, args.length)
     q, o = rows["qgpm"], rows["reorder"]
-    common = sorted(k for k in set(q) & set(o) if lo <= k[3] and (hi is None or k[3] <= hi))
+    common = sorted(k for k in set(q) & set(o) if lo <= k[3] <= hi)
     if not common:
         ap.error(f"no sample at {args.length} tokens has rows of both series {args.qgpm} and {args.reorder}"
                  + (f" with an index in {args.indices}" if args.indices else ""))

@@ -29,6 +29,17 @@ def parse_series(spec: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in spec.split(",") if item)
 
 
+def parse_range(text: str, flag: str) -> tuple[int, int]:
+    """``"LO-HI"`` (both included) as ``(LO, HI)``; ``flag`` names the option in the error."""
+    try:
+        lo, hi = (int(x) for x in text.split("-"))
+    except ValueError:
+        raise SystemExit(f"{flag} takes LO-HI (two integers, e.g. 0-11), got {text!r}") from None
+    if lo > hi:
+        raise SystemExit(f"{flag} {text}: LO must not exceed HI")
+    return lo, hi
+
+
 def load_rows(paths: list[Path], series: dict[str, str], length: int, task: str | None = None) -> dict[str, dict[tuple, dict]]:
     """label -> {(task, depth, seed, index): row} for the answered rows of each labelled series at
     ``length`` tokens (only ``task``'s rows when given)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from qgpm.eval.stats import mcnemar_exact
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid_table import load_rows, parse_series, wins_losses  # noqa: E402  (the sibling table: the same rows and pairs)
+from grid_table import load_rows, parse_range, parse_series, wins_losses  # noqa: E402  (the sibling table: the same rows and pairs)
 
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     series = parse_series(args.series)
     rows = load(args.rows, series, args.length)
     if args.contents:
-        lo, hi = (int(x) for x in args.contents.split("-"))
+        lo, hi = parse_range(args.contents, "--contents")
         rows = {m: {k: r for k, r in v.items() if lo <= k[0] <= hi} for m, v in rows.items()}
     labels = [m for m in series if rows.get(m)]
     base = args.base or labels[0]

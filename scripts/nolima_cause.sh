@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Why Reorder leads QGPM on the 4K test grid's NoLiMa direct-question task (nolima_direct) (contents 0-5: Reorder 9 of
+# Why Reorder leads QGPM on the 4K test grid's NoLiMa direct-question task, nolima_direct (contents 0-5: Reorder 9 of
 # 30, the shipped preset 4; contents 0-11: Reorder 12 of 60, the heads 10, 8 / 10 discordant).
 # What the committed test answers show (docs/tuning/nolima.md): every relevance source ranks the
 # needle first and the query-term filter moves it alone, right before the question; Reorder also
