@@ -1,5 +1,5 @@
 """Committed rows rescored with the harness's plain-text stop rule (the answer is its first
-paragraph, ``qgpm.eval.runner.PLAIN_TEXT_STOP``), beside their stored scores.
+paragraph, ``qgpm.eval.answering.PLAIN_TEXT_STOP``), beside their stored scores.
 
 A model prompted as plain text has no end of turn and writes on past its answer; rows made
 before the rule scored the whole 48-token text, so a later line could carry the gold string
@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from qgpm.decoding import cut_at_stop
-from qgpm.eval.runner import PLAIN_TEXT_STOP
+from qgpm.eval.answering import PLAIN_TEXT_STOP
 from qgpm.eval.scoring import is_correct
 
 

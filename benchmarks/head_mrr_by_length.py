@@ -7,7 +7,7 @@ head set by context length, on the test grid's samples (pass 1 only, no generati
 For each (task, length, depth, index) sample of the test split (the same seeds as the
 test grid in ``benchmarks/results/eval_smollm2_test``), ``engine.prepare(method="qgpm")``
 runs pass 1 with the shipped heads and the best rank of a sentence holding the evidence
-is read off (``qgpm.eval.runner._evidence_rank``, the ``evidence_rank`` field of the
+is read off (``qgpm.eval.answering.evidence_rank``, the ``evidence_rank`` field of the
 grid's rows). MRR = mean of 1 / (rank + 1); top-1 = share ranked first.
 """
 
@@ -20,7 +20,8 @@ from collections import defaultdict
 
 import torch
 
-from qgpm.eval.runner import _evidence_rank, load_engine, prepare_kwargs
+from qgpm.eval.answering import evidence_rank, prepare_kwargs
+from qgpm.eval.runner import load_engine
 from qgpm.samples.base import split_seed
 from qgpm.samples.tasks import generate
 
@@ -51,7 +52,7 @@ def main(argv=None) -> int:
                     t = time.perf_counter()
                     call = engine.prepare(s.context, s.question, **prepare_kwargs(s, "qgpm"))
                     secs[length].append(time.perf_counter() - t)
-                    ranks[(task, length)].append(_evidence_rank(call, s))
+                    ranks[(task, length)].append(evidence_rank(call, s))
                     print(task, length, d, i, ranks[(task, length)][-1], flush=True)
 
     def stats(rs):

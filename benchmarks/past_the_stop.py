@@ -19,8 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-import qgpm.eval.runner as runner
+from qgpm.eval.answering import prepare_kwargs
+from qgpm.eval.runner import load_engine
 from qgpm.eval.scoring import is_correct
+from qgpm.eval.work import WorkItem, make_sample
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grid_table import is_empty  # noqa: E402  (the sibling table's rule for an empty answer)
@@ -43,13 +45,13 @@ def main() -> None:
             and r["config_hash"] == config_hash and is_empty(r.get("answer") or "")][: a.n]
     if not todo:
         raise SystemExit("no row of that series, task and length ended empty")
-    engine = runner.load_engine(a.model, device="cpu", dtype="float32")
+    engine = load_engine(a.model, device="cpu", dtype="float32")
     for r in todo:
-        item = runner.WorkItem(r["task"], r["length"], r["depth"], r["index"], r["seed"])
-        sample = runner.make_sample(engine.tokenizer, item, None, r["max_new_tokens"])
+        item = WorkItem(r["task"], r["length"], r["depth"], r["index"], r["seed"])
+        sample = make_sample(engine.tokenizer, item, None, r["max_new_tokens"])
         if list(sample.answers) != list(r["gold"]):
             raise SystemExit(f"the regenerated sample does not match the row (gold {sample.answers} against {r['gold']})")
-        call = engine.prepare(sample.context, sample.question, **runner.prepare_kwargs(sample, method))
+        call = engine.prepare(sample.context, sample.question, **prepare_kwargs(sample, method))
         full = engine.generate_prepared(call, max_new_tokens=sample.max_new_tokens).text
         print(json.dumps({"task": r["task"], "length": r["length"], "depth": r["depth"], "index": r["index"],
                           "gold": r["gold"], "stored": r["answer"], "without_stop": full,

@@ -20,7 +20,8 @@ import json
 
 import torch
 
-from qgpm.eval.runner import load_engine, prepare_kwargs
+from qgpm.eval.answering import prepare_kwargs
+from qgpm.eval.runner import load_engine
 from qgpm.samples.base import split_seed
 from qgpm.samples.tasks import generate
 

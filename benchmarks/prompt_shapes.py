@@ -104,7 +104,7 @@ def answer_route(llm: Any, engine: Any, route: str, sample: Any) -> dict[str, An
 def run(args: argparse.Namespace) -> None:
     import torch
 
-    from qgpm.eval.runner import make_sample, work_items
+    from qgpm.eval.work import make_sample, work_items
     from qgpm.eval.scoring import is_correct
     from qgpm_integrations.langchain import QGPMChatModel
     from qgpm_integrations.langchain.chat_models import _get_engine

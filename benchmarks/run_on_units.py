@@ -18,7 +18,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from qgpm.eval.runner import make_sample, work_items
+from qgpm.eval.work import make_sample, work_items
 from qgpm.loading import load_tokenizer, resolve_source
 from qgpm.prompt import check_prompt_inputs
 from qgpm.segment import split_documents

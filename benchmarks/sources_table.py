@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from qgpm.config import QGPMConfig
-from qgpm.eval.runner import _config_dict
+from qgpm.eval.hashes import config_dict
 from qgpm.eval.stats import mcnemar_exact
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test"
@@ -39,7 +39,7 @@ def source_series(manifest: dict, heads_series: str) -> dict[str, str]:
     base = QGPMConfig(**configs[heads_series]["config"])
     out = {"heads": heads_series}
     for src in SOURCES[1:]:
-        want = _config_dict(base.with_(relevance=src))
+        want = config_dict(base.with_(relevance=src))
         for h, fp in configs.items():
             if fp.get("method") == "qgpm" and fp.get("config") == want and fp.get("model") == configs[heads_series].get("model"):
                 out[src] = h

@@ -4,7 +4,7 @@
 # and the flat-relevance threshold of the shipped Gemma head set. Test split; five methods;
 # depths 0 / 0.25 / 0.5 / 0.75 / 1 with n = 12 each, i.e. 60 samples per task and length.
 # Gemma is prompted as plain text, so each answer stops at its first blank line
-# (qgpm.eval.runner.PLAIN_TEXT_STOP; an answer that begins with one ends empty).
+# (qgpm.eval.answering.PLAIN_TEXT_STOP; an answer that begins with one ends empty).
 # Stages, each resumable in its own folder: multi-key and QA at 2K, then 4K, then the other
 # three tasks at 2K and 4K; then multi-key and QA at 8K and 16K (depths 0.25 / 0.5 / 0.75,
 # n = 4 each: 12 samples per task and length). Two processes (shards 0 and 1), one thread each:

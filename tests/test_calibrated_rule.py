@@ -60,7 +60,7 @@ def test_no_threshold_turns_the_rule_off_with_a_warning(tokenizer, caplog):
 
 
 def test_the_eval_fingerprint_names_the_calibrated_threshold(tokenizer):
-    from qgpm.eval.runner import config_hash, method_fingerprint
+    from qgpm.eval.hashes import config_hash, method_fingerprint
 
     a, b = engine_with(tokenizer, {"min_top_z": 1.5}), engine_with(tokenizer, {"min_top_z": 2.0})
     fa, fb = method_fingerprint(a, "qgpm"), method_fingerprint(b, "qgpm")

@@ -14,7 +14,7 @@ import qgpm
 from qgpm import ConfidenceRules, MoveRemap, Pass1Settings, QGPMConfig, ReorderRemap, ShapingSettings, StrideRemap
 from qgpm.config import PRESETS, RECIPE, load_config
 from qgpm.defaults import PASS1_FIELDS
-from qgpm.eval.runner import config_hash, method_fingerprint
+from qgpm.eval.hashes import config_hash, method_fingerprint
 from qgpm.settings import REMAPS, REPLANNABLE_FIELDS, SETTING_GROUPS, fields_of
 
 # Taken from the flat QGPMConfig before the groups existed: (config_hash of the fingerprint's

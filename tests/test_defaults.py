@@ -32,13 +32,15 @@ def test_reranker_default_is_the_measured_one():
 def test_every_core_entry_point_uses_the_one_reranker_default():
     from qgpm.editing import edit_context
     from qgpm.eval.cli import build_parser
-    from qgpm.eval.runner import _reranker_name, answer_sample, method_fingerprint, prepare_kwargs, run_eval
+    from qgpm.eval.answering import answer_sample, prepare_kwargs
+    from qgpm.eval.hashes import method_fingerprint, reranker_name
+    from qgpm.eval.runner import run_eval
     from qgpm.rerank import get_reranker
 
     for fn in (edit_context, get_reranker, run_eval, answer_sample, prepare_kwargs, method_fingerprint):
         name = "spec" if fn is get_reranker else "reranker"
         assert _default(fn, name) == DEFAULT_RERANKER, fn.__qualname__
-    assert _reranker_name(None) == DEFAULT_RERANKER  # what the engine runs for reranker=None
+    assert reranker_name(None) == DEFAULT_RERANKER  # what the engine runs for reranker=None
     assert build_parser().parse_args(["eval", "--out", "x"]).reranker == DEFAULT_RERANKER
     assert build_parser().parse_args(["eval", "--out", "x"]).methods == list(COMPARISON_METHODS)
 

@@ -11,7 +11,9 @@ import pytest
 from qgpm_testing import tiny_model
 
 from qgpm import QGPM, MsPoEOptions, SelfExtendOptions, StringOptions
-from qgpm.eval.runner import answer_sample, config_hash, gold_continuation, method_fingerprint, run_eval
+from qgpm.eval.answering import answer_sample, gold_continuation
+from qgpm.eval.hashes import config_hash, method_fingerprint
+from qgpm.eval.runner import run_eval
 from qgpm.samples.base import split_seed
 from qgpm.samples.tasks import generate
 

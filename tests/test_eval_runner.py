@@ -22,13 +22,12 @@ from qgpm_testing import FALLBACK_HEADS, tiny_model
 from qgpm import QGPM
 from qgpm.config import QGPMConfig
 from qgpm.eval import runner as runner_mod
+from qgpm.eval import work as work_mod
 from qgpm.eval.report import report
 from qgpm.eval.rows import merge_rows, read_rows, row_key
-from qgpm.eval.runner import (
-    answer_sample,
-    gold_continuation,
-    run_eval,
-)
+from qgpm.eval.answering import answer_sample, answer_stop, gold_continuation
+from qgpm.eval.hashes import method_fingerprint
+from qgpm.eval.runner import run_eval
 from qgpm.eval.stats import (
     accuracy,
     bootstrap_ci,
@@ -131,13 +130,13 @@ def test_resume_skips_done_rows_and_reruns_only_changed_methods(tiny_engine, tmp
     assert len(first) == 4
 
     calls = []
-    real = runner_mod.generate
+    real = work_mod.generate
 
     def counting(task, **kw):
         calls.append((task, kw["seed"], tuple(kw["depths"] or ())))
         return real(task, **kw)
 
-    monkeypatch.setattr(runner_mod, "generate", counting)
+    monkeypatch.setattr(work_mod, "generate", counting)
     _run(tiny_engine, out, methods=["vanilla", "qgpm"])
     assert calls == []  # nothing left to do: no sample even generated
     assert _rows(out) == first
@@ -389,7 +388,7 @@ def test_tune_caches_pass1_and_writes_summary(tiny_engine, tmp_path, monkeypatch
     rows = [json.loads(x) for x in (tmp_path / "tune_rows.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * (4 + 4 + 1) and all(r["split"] == "dev" for r in rows)
     # the oracle rows are the Oracle's answers under each trial's config (evidence labels, not heads)
-    from qgpm.eval.runner import gold_continuation, prepare_kwargs
+    from qgpm.eval.answering import prepare_kwargs
 
     s0 = generate("niah_multikey_1", n=1, length=LENGTH, tokenizer=tiny_engine.tokenizer, seed=split_seed("dev", 0), depths=[1.0], max_new_tokens=NEW)[0]
     refs = {}
@@ -666,7 +665,7 @@ def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
 
 def test_only_answers_the_named_samples_and_refuses_unknown_ones(tiny_engine, tmp_path):
     from qgpm.eval.cli import main
-    from qgpm.eval.runner import read_sample_ids
+    from qgpm.eval.work import read_sample_ids
 
     ids = tmp_path / "ids.jsonl"
     ids.write_text(json.dumps({"task": "niah_multikey_1", "length": LENGTH, "depth": 1.0, "index": 1, "note": "extra keys are fine"}) + "\n\n")
@@ -778,10 +777,10 @@ def test_plain_text_models_answer_with_their_first_paragraph(tiny_engine, tokeni
     plain_tok = copy.deepcopy(tokenizer)
     plain_tok.chat_template = None
     plain = QGPM(tiny_engine.model, plain_tok, heads=HEADS, name="tiny-llama")
-    assert runner_mod.answer_stop(tiny_engine) == ()
-    assert runner_mod.answer_stop(plain) == ("\n\n",)
-    assert "stop" not in runner_mod.method_fingerprint(tiny_engine, "vanilla")
-    assert runner_mod.method_fingerprint(plain, "vanilla")["stop"] == ["\n\n"]
+    assert answer_stop(tiny_engine) == ()
+    assert answer_stop(plain) == ("\n\n",)
+    assert "stop" not in method_fingerprint(tiny_engine, "vanilla")
+    assert method_fingerprint(plain, "vanilla")["stop"] == ["\n\n"]
 
     seen = []
     real = plain.generate_prepared

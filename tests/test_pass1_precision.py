@@ -129,7 +129,7 @@ def test_hardware_without_fast_lower_precision_is_warned_about_once(model, token
 
 def test_the_eval_fingerprint_names_a_lower_precision_pass1_only(model, tokenizer, monkeypatch):
     import qgpm.pass1 as pass1_mod
-    from qgpm.eval.runner import config_hash, method_fingerprint
+    from qgpm.eval.hashes import config_hash, method_fingerprint
 
     exact = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
     low = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP.with_(pass1_dtype="bfloat16"))

@@ -116,7 +116,7 @@ def test_engine_units_follow_the_setting_and_replan_refuses_to_change_it(tiny):
 
 
 def test_rows_made_before_the_setting_keep_their_hash():
-    from qgpm.eval.runner import _config_dict
+    from qgpm.eval.hashes import config_dict
 
-    assert "split_run_ons" not in _config_dict(QGPMConfig())
-    assert _config_dict(QGPMConfig(split_run_ons=True))["split_run_ons"] is True
+    assert "split_run_ons" not in config_dict(QGPMConfig())
+    assert config_dict(QGPMConfig(split_run_ons=True))["split_run_ons"] is True

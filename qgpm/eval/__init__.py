@@ -1,5 +1,8 @@
 """The evaluation harness: runs methods on samples and scores them (:mod:`qgpm.eval.scoring`,
-RULER / NoLiMa scorers), writes rows (:mod:`qgpm.eval.runner`, :mod:`qgpm.eval.rows`),
+RULER / NoLiMa scorers), writes rows (:mod:`qgpm.eval.runner`, which answers the work items of
+:mod:`qgpm.eval.work` with :mod:`qgpm.eval.answering`, hashes each method's settings with
+:mod:`qgpm.eval.hashes` and splits the items with :mod:`qgpm.eval.processes`;
+:mod:`qgpm.eval.rows` reads and merges them),
 statistics and reports (:mod:`qgpm.eval.stats`, :mod:`qgpm.eval.report`), tunes
 hyperparameters (:mod:`qgpm.eval.tune`) and holds the evaluation subcommands
 (:mod:`qgpm.eval.cli`).

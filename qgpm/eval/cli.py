@@ -45,9 +45,11 @@ from qgpm.baselines import options_from_strings
 from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options
 from qgpm.config import check_config_args, load_config
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
+from qgpm.eval.processes import partial_state
 from qgpm.eval.report import report
-from qgpm.eval.runner import load_engine, partial_state, read_sample_ids, run_eval
+from qgpm.eval.runner import load_engine, run_eval
 from qgpm.eval.tune import parse_grid, tune
+from qgpm.eval.work import read_sample_ids
 from qgpm.heads import HeadSet, head_set_file_name, stored_head_set_path, user_head_dir
 from qgpm.samples import calibration_samples, check_data_packages
 

@@ -41,16 +41,9 @@ from tqdm.auto import tqdm
 
 from qgpm.config import QGPMConfig, coerce_value, load_config  # load_config re-exported
 from qgpm.defaults import PASS1_FIELDS
-from qgpm.eval.runner import (
-    DEFAULT_DEPTHS,
-    answer_sample,
-    config_hash,
-    engine_dtype,
-    make_sample,
-    method_fingerprint,
-    prepare_kwargs,
-    work_items,
-)
+from qgpm.eval.answering import answer_sample, prepare_kwargs
+from qgpm.eval.hashes import config_hash, engine_dtype, method_fingerprint
+from qgpm.eval.work import DEFAULT_DEPTHS, make_sample, work_items
 from qgpm.eval.rows import norm_depth, row_key
 from qgpm.eval.stats import mcnemar_exact
 from qgpm.samples.base import EvalSample, split_seed

@@ -5,7 +5,9 @@
 #   python heads4.py TASKS N OUT.jsonl SHARD/NSHARDS
 import json, sys, torch
 torch.set_num_threads(1)
-from qgpm.eval.runner import load_engine, work_items, make_sample, prepare_kwargs
+from qgpm.eval.answering import prepare_kwargs
+from qgpm.eval.runner import load_engine
+from qgpm.eval.work import make_sample, work_items
 eng = load_engine("smollm2", device="cpu", dtype="float32")
 tasks = sys.argv[1].split(","); n = int(sys.argv[2])
 try:  # resumable: skip the (sample, head set) rows OUT already holds

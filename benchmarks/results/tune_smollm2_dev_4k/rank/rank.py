@@ -1,7 +1,9 @@
 # dev-split pass-1 diagnostic: where the heads rank the queried key's needle under pass-1 settings
 import json, sys, torch
 torch.set_num_threads(1)
-from qgpm.eval.runner import load_engine, work_items, make_sample, prepare_kwargs
+from qgpm.eval.answering import prepare_kwargs
+from qgpm.eval.runner import load_engine
+from qgpm.eval.work import make_sample, work_items
 from qgpm.config import coerce_value
 eng = load_engine("smollm2", device="cpu", dtype="float32")
 variants = [dict(kv.split("=", 1) for kv in v.split(";") if kv) for v in sys.argv[2].split("|")]

@@ -3,7 +3,9 @@
 #   python rank_misses.py
 import torch
 torch.set_num_threads(1)
-from qgpm.eval.runner import load_engine, work_items, make_sample, prepare_kwargs
+from qgpm.eval.answering import prepare_kwargs
+from qgpm.eval.runner import load_engine
+from qgpm.eval.work import make_sample, work_items
 eng = load_engine("smollm2", device="cpu", dtype="float32")
 want = {(0.25, 5), (0.25, 10), (0.5, 7)}
 for it in work_items(["niah_multikey_1"], [4096], [0.25, 0.5, 0.75], 12, "dev"):

@@ -1,7 +1,9 @@
 # dev-split pass-1 analysis: z of evidence vs look-alike needles
 import json, sys, torch
 torch.set_num_threads(1)
-from qgpm.eval.runner import load_engine, work_items, make_sample, prepare_kwargs
+from qgpm.eval.answering import prepare_kwargs
+from qgpm.eval.runner import load_engine
+from qgpm.eval.work import make_sample, work_items
 eng = load_engine("smollm2", device="cpu", dtype="float32")
 tasks = sys.argv[1].split(","); n = int(sys.argv[2]); out = open(sys.argv[3], "a")
 for it in work_items(tasks, [4096], [0.25, 0.5, 0.75], n, "dev"):
