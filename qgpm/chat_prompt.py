@@ -19,7 +19,7 @@ with QGPM unchanged. Three sources, in this order:
    * any of these with chat history between them: earlier turns are kept as
      conversation text before the instruction, never ranked as context.
 
-   A context block starts after a marker near the start of its message: a tag such as
+   A context block (:mod:`qgpm.context_block`) starts after a marker near the start of its message: a tag such as
    ``<context>``, a label line (``Context:``, ``Documents:``, ``Sources:``, ...), a rule
    line (``-----``) after an instruction that mentions the context, or a blank line after
    such an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS`
@@ -39,10 +39,10 @@ raise; ``reasoning`` / ``thinking`` blocks are skipped).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
+from .context_block import DOCUMENT_SEPARATOR, MIN_WEAK_CONTEXT_CHARS, QUESTION_LABEL, ContextBlock, escape_template, find_context_block
 from .prompt import has_visible_text
 
 __all__ = [
@@ -63,36 +63,8 @@ ROLE_KEY = "qgpm_role"
 """Extra key of a text content block that marks it as the context or the question."""
 CONTEXT_ROLE = "context"
 QUESTION_ROLE = "question"
-DOCUMENT_SEPARATOR = "\n\n"
-"""How stuffed documents are joined (LangChain's ``DEFAULT_DOCUMENT_SEPARATOR``)."""
-MIN_WEAK_CONTEXT_CHARS = 200
-"""A block found only by a blank line after a context-mentioning instruction must be this long
-(or half the instruction's length) to count as context."""
-HEAD_LIMIT = 2000
-"""The marker must start within this many characters of its message (instructions are short)."""
 
 Shape = Literal["kwargs", "marked", "system_context", "one_message", "earlier_message"]
-
-_NOUNS = r"(?:context|contexts|documents?|docs|passages?|sources?|excerpts?|snippets?|references?|information|background|knowledge)"
-_CUE = re.compile(
-    r"\b(?:context|contexts|documents?|passages?|sources?|excerpts?|snippets?|retrieved|references?|knowledge base|"
-    r"(?:information|text|texts) (?:below|provided)|(?:following|provided|given) (?:information|text|texts|data))\b",
-    re.I,
-)
-_TAG = re.compile(r"<(context|contexts|documents?|docs|sources?|passages?|retrieved_context|information)>[ \t]*\n?", re.I)
-_LABEL = re.compile(
-    rf"^[ \t]*(?:#{{1,6}}[ \t]*|\*\*)?(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))",
-    re.I | re.M,
-)
-_RULE = re.compile(r"^[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*(?:\n|$)", re.M)
-_PARA = re.compile(r"\n[ \t]*\n")
-_Q_LABEL = re.compile(
-    r"^[ \t]*(?:#{1,6}[ \t]*|\*\*)?(?:user[ \t]+)?(?:question|query|q|input)(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*",
-    re.I | re.M,
-)
-_Q_TAG = re.compile(r"<(question|query)>(.*?)</\1>", re.I | re.S)
-_ANSWER_CUE = re.compile(r"\s*\n[ \t]*(?:helpful[ \t]+)?(?:answer|a|response|assistant)[ \t]*:[ \t]*$", re.I)
-_SHORT_QUESTION = 500
 
 
 # --------------------------------------------------------------------------- message text
@@ -143,162 +115,6 @@ def history_text(messages: Sequence[Mapping[str, Any]]) -> str:
 def _join(parts: Sequence[str | None]) -> str | None:
     text = "\n\n".join(p.strip() for p in parts if p and p.strip())
     return text or None
-
-
-def _escape(literal: str) -> str:
-    """Template text that renders as ``literal`` (braces doubled for ``str.format``)."""
-    return literal.replace("{", "{{").replace("}", "}}")
-
-
-# --------------------------------------------------------------------------- the shape of one message
-
-
-@dataclass(frozen=True)
-class ContextBlock:
-    """Where the context (and, if asked for, the question) sits in one message's text.
-
-    ``text[:instruction_end]`` is the instruction, ``text[start:end]`` the context,
-    ``text[question_start:question_end]`` the question (``None`` when not looked for or
-    not found). ``marker`` says how the start was found: ``"tag"``, ``"label"``,
-    ``"rule"`` or ``"paragraph"``.
-    """
-
-    text: str
-    instruction_end: int
-    start: int
-    end: int
-    marker: str
-    question_start: int | None = None
-    question_end: int | None = None
-
-    @property
-    def instruction(self) -> str:
-        return self.text[: self.instruction_end]
-
-    @property
-    def context(self) -> str:
-        return self.text[self.start : self.end]
-
-    @property
-    def question(self) -> str | None:
-        if self.question_start is None or self.question_end is None:
-            return None
-        return self.text[self.question_start : self.question_end]
-
-    @property
-    def empty(self) -> bool:
-        return not has_visible_text(self.context)
-
-    def documents(self, separator: str = DOCUMENT_SEPARATOR) -> list[str]:
-        """The context split at ``separator``; one document when a part would be blank."""
-        parts = self.context.split(separator)
-        return parts if all(has_visible_text(p) for p in parts) else [self.context]
-
-    def template(self, *, question_here: bool) -> str:
-        """A QGPM user-message template that renders this message's text exactly.
-
-        With ``question_here=False`` (the question comes from another message) the
-        question follows the context after a blank line.
-        """
-        t = self.text
-        out = ["{instruction}" if self.instruction_end else "", _escape(t[self.instruction_end : self.start]), "{context}"]
-        if question_here:
-            out += [_escape(t[self.end : self.question_start]), "{question}", _escape(t[self.question_end :])]
-        else:
-            out += [_escape(t[self.end :].rstrip()), "\n\n{question}"]
-        return "".join(out)
-
-
-def _question_span(text: str) -> tuple[int, int, int] | None:
-    """(question start, end, start of the text around it) of a question at the end of
-    ``text``: after a ``Question:``-style label, inside ``<question>`` tags, or a short last
-    paragraph ending with ``?``. ``None`` if there is none."""
-    labels = [m for m in _Q_LABEL.finditer(text) if m.start() > 0]
-    if labels:
-        m = labels[-1]
-        q0, q1 = m.end(), len(text)
-        cue = _ANSWER_CUE.search(text, q0)
-        if cue is not None:
-            q1 = cue.start()
-        q1 = q0 + len(text[q0:q1].rstrip())
-        if has_visible_text(text[q0:q1]):
-            return q0, q1, m.start()
-    tags = list(_Q_TAG.finditer(text))
-    if tags:
-        m = tags[-1]
-        inner = m.group(2)
-        lead = len(inner) - len(inner.lstrip())
-        q0 = m.start(2) + lead
-        q1 = q0 + len(inner.strip())
-        if q1 > q0:
-            return q0, q1, m.start()
-    paras = list(_PARA.finditer(text))
-    if paras:
-        m = paras[-1]
-        last = text[m.end() :]
-        stripped = last.strip()
-        if stripped.endswith("?") and len(stripped) <= _SHORT_QUESTION:
-            q0 = m.end() + (len(last) - len(last.lstrip()))
-            return q0, q0 + len(stripped), m.start()
-    return None
-
-
-def _context_start(text: str, limit: int) -> tuple[int, int, str, str | None] | None:
-    """(instruction end, context start, marker, tag name) of the first context marker before ``limit``."""
-    window = text[: min(limit, HEAD_LIMIT)]
-    m = _TAG.search(window)
-    if m:
-        return len(text[: m.start()].rstrip()), m.end(), "tag", m.group(1)
-    m = _LABEL.search(window)
-    if m:
-        return len(text[: m.start()].rstrip()), m.end(), "label", None
-    for kind, pattern in (("rule", _RULE), ("paragraph", _PARA)):
-        for m in pattern.finditer(window):
-            head = text[: m.start()]
-            if _CUE.search(head):
-                return len(head.rstrip()), m.end(), kind, None
-    return None
-
-
-def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None:
-    """Find a context block in one message's text (see the module docs for the markers).
-
-    With ``with_question=True`` the message must also end with its question (after a
-    ``Question:``-style label, in ``<question>`` tags, or as a short last paragraph ending
-    with ``?``); the context then ends where the question's part begins. Returns ``None``
-    where no block (or, with ``with_question``, no question after it) is found.
-    """
-    if not isinstance(text, str) or not text.strip():
-        return None
-    end = len(text)
-    q = None
-    if with_question:
-        q = _question_span(text)
-        if q is None:
-            return None
-        end = q[2]
-    found = _context_start(text, end)
-    if found is None:
-        return None
-    head_end, start, marker, tag = found
-    if start > end:
-        return None
-    if tag is not None:
-        c = re.compile(r"</" + re.escape(tag) + r">", re.I).search(text, start, end)
-        if c is not None:
-            end = c.start()
-    body = text[start:end]
-    lead = len(body) - len(body.lstrip())
-    c0, c1 = start + lead, start + len(body.rstrip())
-    if c1 < c0:
-        c1 = c0
-    if marker == "paragraph" and has_visible_text(text[c0:c1]):
-        if c1 - c0 < min(MIN_WEAK_CONTEXT_CHARS, max(1, head_end // 2)):
-            return None
-    return ContextBlock(
-        text=text, instruction_end=head_end, start=c0, end=c1, marker=marker,
-        question_start=None if q is None else q[0], question_end=None if q is None else q[1],
-    )
 
 
 # --------------------------------------------------------------------------- a whole conversation
@@ -375,7 +191,7 @@ def _preview(text: str, width: int = 60) -> str:
 
 def _strip_question_label(text: str) -> tuple[str, str]:
     """(label, question) of a question message such as ``"Question: ..."``."""
-    m = _Q_LABEL.match(text)
+    m = QUESTION_LABEL.match(text)
     if m and has_visible_text(text[m.end() :]):
         return text[: m.end()], text[m.end() :].strip()
     return "", text.strip()
@@ -493,7 +309,7 @@ def read_chat(
             used = {i, last_user}
         template = block.template(question_here=False)
         if label:
-            template = template[: -len("{question}")] + _escape(label) + "{question}"
+            template = template[: -len("{question}")] + escape_template(label) + "{question}"
         info = found_at(i, block)
         if question is None:
             q0 = len(last_text) - len(last_text.lstrip()) + len(label)

@@ -1,0 +1,202 @@
+"""The shape of one message: where its context block (and its question) sits.
+
+:func:`find_context_block` finds a context after a marker near the start of the message
+text: a tag such as ``<context>``, a label line (``Context:``, ``Documents:``, ...), a rule
+line (``-----``) after an instruction that mentions the context, or a blank line after such
+an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS` characters or
+half the instruction's length). With ``with_question=True`` the message must also end with
+its question: after a ``Question:``-style label, in ``<question>`` tags, or as a short last
+paragraph ending with ``?``. :mod:`qgpm.chat_prompt` applies it to whole conversations.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .prompt import has_visible_text
+
+__all__ = ["ContextBlock", "find_context_block", "escape_template", "DOCUMENT_SEPARATOR", "MIN_WEAK_CONTEXT_CHARS", "HEAD_LIMIT", "QUESTION_LABEL"]
+
+DOCUMENT_SEPARATOR = "\n\n"
+"""How stuffed documents are joined (LangChain's ``DEFAULT_DOCUMENT_SEPARATOR``)."""
+MIN_WEAK_CONTEXT_CHARS = 200
+"""A block found only by a blank line after a context-mentioning instruction must be this long
+(or half the instruction's length) to count as context."""
+HEAD_LIMIT = 2000
+"""The marker must start within this many characters of its message (instructions are short)."""
+
+_NOUNS = r"(?:context|contexts|documents?|docs|passages?|sources?|excerpts?|snippets?|references?|information|background|knowledge)"
+_CUE = re.compile(
+    r"\b(?:context|contexts|documents?|passages?|sources?|excerpts?|snippets?|retrieved|references?|knowledge base|"
+    r"(?:information|text|texts) (?:below|provided)|(?:following|provided|given) (?:information|text|texts|data))\b",
+    re.I,
+)
+_TAG = re.compile(r"<(context|contexts|documents?|docs|sources?|passages?|retrieved_context|information)>[ \t]*\n?", re.I)
+_LABEL = re.compile(
+    rf"^[ \t]*(?:#{{1,6}}[ \t]*|\*\*)?(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))",
+    re.I | re.M,
+)
+_RULE = re.compile(r"^[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*(?:\n|$)", re.M)
+_PARA = re.compile(r"\n[ \t]*\n")
+# A question's label line ("Question:", "**Query:**", "Q:", ...); chat_prompt strips it too.
+QUESTION_LABEL = re.compile(
+    r"^[ \t]*(?:#{1,6}[ \t]*|\*\*)?(?:user[ \t]+)?(?:question|query|q|input)(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*",
+    re.I | re.M,
+)
+_Q_TAG = re.compile(r"<(question|query)>(.*?)</\1>", re.I | re.S)
+_ANSWER_CUE = re.compile(r"\s*\n[ \t]*(?:helpful[ \t]+)?(?:answer|a|response|assistant)[ \t]*:[ \t]*$", re.I)
+_SHORT_QUESTION = 500
+
+
+def escape_template(literal: str) -> str:
+    """Template text that renders as ``literal`` (braces doubled for ``str.format``)."""
+    return literal.replace("{", "{{").replace("}", "}}")
+
+
+@dataclass(frozen=True)
+class ContextBlock:
+    """Where the context (and, if asked for, the question) sits in one message's text.
+
+    ``text[:instruction_end]`` is the instruction, ``text[start:end]`` the context,
+    ``text[question_start:question_end]`` the question (``None`` when not looked for or
+    not found). ``marker`` says how the start was found: ``"tag"``, ``"label"``,
+    ``"rule"`` or ``"paragraph"``.
+    """
+
+    text: str
+    instruction_end: int
+    start: int
+    end: int
+    marker: str
+    question_start: int | None = None
+    question_end: int | None = None
+
+    @property
+    def instruction(self) -> str:
+        return self.text[: self.instruction_end]
+
+    @property
+    def context(self) -> str:
+        return self.text[self.start : self.end]
+
+    @property
+    def question(self) -> str | None:
+        if self.question_start is None or self.question_end is None:
+            return None
+        return self.text[self.question_start : self.question_end]
+
+    @property
+    def empty(self) -> bool:
+        return not has_visible_text(self.context)
+
+    def documents(self, separator: str = DOCUMENT_SEPARATOR) -> list[str]:
+        """The context split at ``separator``; one document when a part would be blank."""
+        parts = self.context.split(separator)
+        return parts if all(has_visible_text(p) for p in parts) else [self.context]
+
+    def template(self, *, question_here: bool) -> str:
+        """A QGPM user-message template that renders this message's text exactly.
+
+        With ``question_here=False`` (the question comes from another message) the
+        question follows the context after a blank line.
+        """
+        t = self.text
+        out = ["{instruction}" if self.instruction_end else "", escape_template(t[self.instruction_end : self.start]), "{context}"]
+        if question_here:
+            out += [escape_template(t[self.end : self.question_start]), "{question}", escape_template(t[self.question_end :])]
+        else:
+            out += [escape_template(t[self.end :].rstrip()), "\n\n{question}"]
+        return "".join(out)
+
+
+def _question_span(text: str) -> tuple[int, int, int] | None:
+    """(question start, end, start of the text around it) of a question at the end of
+    ``text``: after a ``Question:``-style label, inside ``<question>`` tags, or a short last
+    paragraph ending with ``?``. ``None`` if there is none."""
+    labels = [m for m in QUESTION_LABEL.finditer(text) if m.start() > 0]
+    if labels:
+        m = labels[-1]
+        q0, q1 = m.end(), len(text)
+        cue = _ANSWER_CUE.search(text, q0)
+        if cue is not None:
+            q1 = cue.start()
+        q1 = q0 + len(text[q0:q1].rstrip())
+        if has_visible_text(text[q0:q1]):
+            return q0, q1, m.start()
+    tags = list(_Q_TAG.finditer(text))
+    if tags:
+        m = tags[-1]
+        inner = m.group(2)
+        lead = len(inner) - len(inner.lstrip())
+        q0 = m.start(2) + lead
+        q1 = q0 + len(inner.strip())
+        if q1 > q0:
+            return q0, q1, m.start()
+    paras = list(_PARA.finditer(text))
+    if paras:
+        m = paras[-1]
+        last = text[m.end() :]
+        stripped = last.strip()
+        if stripped.endswith("?") and len(stripped) <= _SHORT_QUESTION:
+            q0 = m.end() + (len(last) - len(last.lstrip()))
+            return q0, q0 + len(stripped), m.start()
+    return None
+
+
+def _context_start(text: str, limit: int) -> tuple[int, int, str, str | None] | None:
+    """(instruction end, context start, marker, tag name) of the first context marker before ``limit``."""
+    window = text[: min(limit, HEAD_LIMIT)]
+    m = _TAG.search(window)
+    if m:
+        return len(text[: m.start()].rstrip()), m.end(), "tag", m.group(1)
+    m = _LABEL.search(window)
+    if m:
+        return len(text[: m.start()].rstrip()), m.end(), "label", None
+    for kind, pattern in (("rule", _RULE), ("paragraph", _PARA)):
+        for m in pattern.finditer(window):
+            head = text[: m.start()]
+            if _CUE.search(head):
+                return len(head.rstrip()), m.end(), kind, None
+    return None
+
+
+def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None:
+    """Find a context block in one message's text (see the module docs for the markers).
+
+    With ``with_question=True`` the message must also end with its question (after a
+    ``Question:``-style label, in ``<question>`` tags, or as a short last paragraph ending
+    with ``?``); the context then ends where the question's part begins. Returns ``None``
+    where no block (or, with ``with_question``, no question after it) is found.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return None
+    end = len(text)
+    q = None
+    if with_question:
+        q = _question_span(text)
+        if q is None:
+            return None
+        end = q[2]
+    found = _context_start(text, end)
+    if found is None:
+        return None
+    head_end, start, marker, tag = found
+    if start > end:
+        return None
+    if tag is not None:
+        c = re.compile(r"</" + re.escape(tag) + r">", re.I).search(text, start, end)
+        if c is not None:
+            end = c.start()
+    body = text[start:end]
+    lead = len(body) - len(body.lstrip())
+    c0, c1 = start + lead, start + len(body.rstrip())
+    if c1 < c0:
+        c1 = c0
+    if marker == "paragraph" and has_visible_text(text[c0:c1]):
+        if c1 - c0 < min(MIN_WEAK_CONTEXT_CHARS, max(1, head_end // 2)):
+            return None
+    return ContextBlock(
+        text=text, instruction_end=head_end, start=c0, end=c1, marker=marker,
+        question_start=None if q is None else q[0], question_end=None if q is None else q[1],
+    )
