@@ -1,0 +1,121 @@
+"""How the QA task's right answers were earned: RULER's QA metric counts an answer right when
+any gold string occurs anywhere in it, so two kinds of right answer say nothing about reading
+the context:
+
+* **gold in the question**: the sample's gold string is a word of its own question (``"Where is
+  the home of the Sunnyside Country Club?"``, gold ``Sunnyside``): an answer that repeats the
+  question's words is right;
+* **gold only after the first sentence**: the answer's first sentence lacks the gold and a later
+  one holds it, as when a model recites context sentences (the moved evidence among them) instead
+  of answering.
+
+Per series the table gives the right answers as scored, how many are of each kind, and the
+**strict** count (right in the first sentence, on a question that does not contain its gold),
+paired against the first series (and ``--against``) on the samples every series ran.
+
+    python benchmarks/qa_check.py benchmarks/results/eval_gemma3_270m_test/rows.jsonl --length 16384 \\
+        --series vanilla=HASH,qgpm=HASH,reorder=HASH --against reorder
+
+Questions are drawn again from the rows' split and sample index (a QA sample's question does not
+depend on its length or depth); a regenerated gold that differs from the row's stops the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from qgpm.eval.scoring import is_correct
+from qgpm.eval.stats import mcnemar_exact
+from qgpm.segment import split_sentences
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grid_table import load_rows, parse_series  # noqa: E402  (the sibling table's row loading)
+
+QA_TASKS = ("qa_1", "qa_2")
+
+
+def first_sentence(answer: str) -> str:
+    """The answer's first sentence (its first line first: a plain-text answer may run on)."""
+    line = answer.strip().split("\n")[0]
+    sentences = split_sentences(line)
+    return sentences[0].text if sentences else ""
+
+
+def gold_in_question(question: str, gold: list[str]) -> bool:
+    """True when a gold string occurs in the question (case-insensitive)."""
+    q = question.lower()
+    return any(g.strip() and g.strip().lower() in q for g in gold)
+
+
+def kinds(row: dict, question: str) -> dict[str, bool]:
+    """What a row's answer earned: ``right`` as scored, ``in_question``, ``late`` (right only
+    after the first sentence) and ``strict`` (right in the first sentence, gold not in the question)."""
+    right = bool(row["correct"])
+    in_q = gold_in_question(question, row["gold"])
+    early = right and is_correct(row["metric"], first_sentence(row["answer"] or ""), row["gold"])
+    return {"right": right, "in_question": right and in_q, "late": right and not early, "strict": early and not in_q}
+
+
+def questions(samples: dict[tuple[str, int], tuple[str, list[str]]]) -> dict[tuple[str, int], str]:
+    """``(task, index) -> question`` for ``samples`` (``(task, index) -> (split, gold)``), drawn
+    again with the embedded tokenizer (the question is the same at every length and depth)."""
+    from qgpm.loading import load_tokenizer, resolve_source  # heavy: only when there are QA rows
+    from qgpm.samples.base import split_seed
+    from qgpm.samples.tasks import generate
+
+    tok = load_tokenizer(resolve_source(None))
+    out: dict[tuple[str, int], str] = {}
+    for (task, index), (split, gold) in sorted(samples.items()):
+        s = generate(task, n=1, length=2048, tokenizer=tok, seed=split_seed(split, index), depths=[0.5])[0]
+        if list(s.answers) != list(gold):
+            raise SystemExit(f"{task} sample {index}: the regenerated gold {list(s.answers)} differs from the row's {gold}")
+        out[(task, index)] = s.question
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("rows", nargs="+", type=Path)
+    ap.add_argument("--length", type=int, required=True)
+    ap.add_argument("--series", required=True, help="label=config_hash,... (the first label is the base)")
+    ap.add_argument("--against", default=None, help="a second label every series is also paired against")
+    args = ap.parse_args(argv)
+    series = parse_series(args.series)
+    labels = list(series)
+    if args.against is not None and args.against not in labels:
+        raise SystemExit(f"--against {args.against!r} is not a label of --series ({', '.join(labels)})")
+    rows = {m: {k: r for k, r in by_key.items() if k[0] in QA_TASKS}
+            for m, by_key in load_rows(args.rows, series, args.length).items()}
+    missing = [m for m in labels if not rows.get(m)]
+    if missing:
+        raise SystemExit(f"no QA rows at {args.length} tokens for {missing}")
+    common = sorted(set.intersection(*(set(rows[m]) for m in labels)), key=str)
+    samples = {(k[0], k[3]): (rows[labels[0]][k]["split"], rows[labels[0]][k]["gold"]) for k in common}
+    qs = questions(samples)
+    got = {m: {k: kinds(rows[m][k], qs[(k[0], k[3])]) for k in common} for m in labels}
+    in_q = [f"{t} {i}" for (t, i), (_, gold) in sorted(samples.items()) if gold_in_question(qs[(t, i)], gold)]
+    print(f"{len(common)} QA samples every series ran ({len(samples)} questions), {args.length} tokens. "
+          f"Questions that contain their gold: {', '.join(in_q) or 'none'}.\n")
+
+    def pair(m: str, ref: str) -> str:
+        w = sum(got[m][k]["strict"] and not got[ref][k]["strict"] for k in common)
+        l_ = sum(got[ref][k]["strict"] and not got[m][k]["strict"] for k in common)
+        return f"{w}/{l_}, {mcnemar_exact(w, l_):.2g}"
+
+    base, other = labels[0], args.against
+    print("| series | right as scored | of them: gold in the question | of them: right only after the first sentence | strict right"
+          f" (wins / losses, p against {base}" + (f"; then against {other}" if other else "") + ") |")
+    print("|---|---:|---:|---:|---|")
+    for m in labels:
+        count = {kind: sum(got[m][k][kind] for k in common) for kind in ("right", "in_question", "late", "strict")}
+        cell = str(count["strict"])
+        if m != base:
+            cell += f" ({pair(m, base)}" + (f"; {pair(m, other)}" if other and m != other else "") + ")"
+        print(f"| {m} | {count['right']} | {count['in_question']} | {count['late']} | {cell} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
