@@ -19,10 +19,10 @@ with QGPM unchanged. Three sources, in this order:
    * any of these with chat history between them: earlier turns are kept as
      conversation text before the instruction, never ranked as context.
 
-   A context block (:mod:`qgpm.context_block`) starts after a marker near the start of its message: a tag such as
-   ``<context>``, a label line (``Context:``, ``Documents:``, ``Sources:``, ...), a rule
-   line (``-----``) after an instruction that mentions the context, or a blank line after
-   such an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS`
+   A context block (:mod:`qgpm.message_shape`) starts after a marker near the start of its
+   message: a tag such as ``<context>``, a label line (``Context:``, ``Documents:``,
+   ``Sources:``, ...), a rule line (``-----``) after an instruction that mentions the context,
+   or a blank line after such an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS`
    characters or half the instruction's length, so that a short system prompt is not
    taken for documents). The documents are the block's parts between blank lines
    (LangChain's stuffed-document separator). The text before the marker is the
@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
-from .context_block import DOCUMENT_SEPARATOR, MIN_WEAK_CONTEXT_CHARS, QUESTION_LABEL, ContextBlock, escape_template, find_context_block
+from .message_shape import DOCUMENT_SEPARATOR, MIN_WEAK_CONTEXT_CHARS, QUESTION_LABEL, ContextBlock, escape_template, find_context_block
 from .prompt import has_visible_text
 
 __all__ = [

@@ -79,7 +79,7 @@ def make_sample(tokenizer: Any, item: WorkItem, haystack: Any, max_new_tokens: i
 
 
 def prefetched_samples(pending: Sequence[tuple[WorkItem, list[str]]], tokenizer: Any, haystack: Any, max_new_tokens: int | None,
-             prefetch: bool) -> Iterator[tuple[WorkItem, list[str], EvalSample | BudgetError]]:
+                       prefetch: bool) -> Iterator[tuple[WorkItem, list[str], EvalSample | BudgetError]]:
     """``(item, methods, sample)`` for every pending item, in order. With ``prefetch`` a
     worker thread generates the next sample while the caller answers the current one."""
     if not (prefetch and pending):
@@ -96,7 +96,6 @@ def prefetched_samples(pending: Sequence[tuple[WorkItem, list[str]]], tokenizer:
             yield item, todo, sample
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-
 
 
 def read_sample_ids(path: str | os.PathLike[str]) -> list[tuple[str, int, float | None, int]]:
