@@ -2,7 +2,7 @@
 any gold string occurs anywhere in it, so two kinds of right answer say nothing about reading
 the context:
 
-* **gold in the question**: the sample's gold string is a word of its own question (``"Where is
+* **gold in the question**: the sample's gold string occurs in its own question (``"Where is
   the home of the Sunnyside Country Club?"``, gold ``Sunnyside``): an answer that repeats the
   question's words is right;
 * **gold only after the first sentence**: the answer's first sentence lacks the gold and a later
@@ -16,13 +16,14 @@ paired against the first series (and ``--against``) on the samples every series 
     python benchmarks/qa_check.py benchmarks/results/eval_gemma3_270m_test/rows.jsonl --length 16384 \\
         --series vanilla=HASH,qgpm=HASH,reorder=HASH --against reorder
 
-Questions are drawn again from the rows' split and sample index (a QA sample's question does not
-depend on its length or depth); a regenerated gold that differs from the row's stops the script.
+Questions are drawn again from the rows' split, seed and length (a QA sample's question does not
+depend on its depth); a regenerated gold that differs from the row's stops the script.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -36,11 +37,18 @@ from grid_table import load_rows, parse_series  # noqa: E402  (the sibling table
 QA_TASKS = ("qa_1", "qa_2")
 
 
+_LABEL_LINE = re.compile(r"^\s*answer\s*:\s*$", re.I)
+_ENUMERATOR = re.compile(r"^\(?\d+[.)]$")
+
+
 def first_sentence(answer: str) -> str:
-    """The answer's first sentence (its first line first: a plain-text answer may run on)."""
-    line = answer.strip().split("\n")[0]
-    sentences = split_sentences(line)
-    return sentences[0].text if sentences else ""
+    """The answer's first sentence: in its first line that is not a bare ``Answer:`` label (a
+    plain-text answer may run on), with a list number (``1.``) joined to what follows it."""
+    lines = [ln for ln in answer.strip().split("\n") if ln.strip() and not _LABEL_LINE.match(ln)]
+    sentences = [x.text for x in split_sentences(lines[0])] if lines else []
+    while len(sentences) > 1 and _ENUMERATOR.match(sentences[0]):
+        sentences[:2] = [sentences[0] + " " + sentences[1]]
+    return sentences[0] if sentences else ""
 
 
 def gold_in_question(question: str, gold: list[str]) -> bool:
@@ -58,17 +66,16 @@ def kinds(row: dict, question: str) -> dict[str, bool]:
     return {"right": right, "in_question": right and in_q, "late": right and not early, "strict": early and not in_q}
 
 
-def questions(samples: dict[tuple[str, int], tuple[str, list[str]]]) -> dict[tuple[str, int], str]:
-    """``(task, index) -> question`` for ``samples`` (``(task, index) -> (split, gold)``), drawn
-    again with the embedded tokenizer (the question is the same at every length and depth)."""
+def questions(samples: dict[tuple[str, int], tuple[int, int, list[str]]]) -> dict[tuple[str, int], str]:
+    """``(task, index) -> question`` for ``samples`` (``(task, index) -> (seed, length, gold)``),
+    drawn again with the embedded tokenizer (the question is the same at every depth)."""
     from qgpm.loading import load_tokenizer, resolve_source  # heavy: only when there are QA rows
-    from qgpm.samples.base import split_seed
     from qgpm.samples.tasks import generate
 
     tok = load_tokenizer(resolve_source(None))
     out: dict[tuple[str, int], str] = {}
-    for (task, index), (split, gold) in sorted(samples.items()):
-        s = generate(task, n=1, length=2048, tokenizer=tok, seed=split_seed(split, index), depths=[0.5])[0]
+    for (task, index), (seed, length, gold) in sorted(samples.items()):
+        s = generate(task, n=1, length=length, tokenizer=tok, seed=seed, depths=[0.5])[0]
         if list(s.answers) != list(gold):
             raise SystemExit(f"{task} sample {index}: the regenerated gold {list(s.answers)} differs from the row's {gold}")
         out[(task, index)] = s.question
@@ -92,10 +99,14 @@ def main(argv=None) -> int:
     if missing:
         raise SystemExit(f"no QA rows at {args.length} tokens for {missing}")
     common = sorted(set.intersection(*(set(rows[m]) for m in labels)), key=str)
-    samples = {(k[0], k[3]): (rows[labels[0]][k]["split"], rows[labels[0]][k]["gold"]) for k in common}
+    first = rows[labels[0]]
+    splits = sorted({first[k]["split"] for k in common})
+    if len(splits) > 1:
+        raise SystemExit(f"the rows hold several splits ({', '.join(splits)}): give rows of one split")
+    samples = {(k[0], k[3]): (first[k]["seed"], first[k]["length"], first[k]["gold"]) for k in common}
     qs = questions(samples)
     got = {m: {k: kinds(rows[m][k], qs[(k[0], k[3])]) for k in common} for m in labels}
-    in_q = [f"{t} {i}" for (t, i), (_, gold) in sorted(samples.items()) if gold_in_question(qs[(t, i)], gold)]
+    in_q = [f"{t} {i}" for (t, i), (_, _, gold) in sorted(samples.items()) if gold_in_question(qs[(t, i)], gold)]
     print(f"{len(common)} QA samples every series ran ({len(samples)} questions), {args.length} tokens. "
           f"Questions that contain their gold: {', '.join(in_q) or 'none'}.\n")
 
