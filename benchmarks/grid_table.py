@@ -61,13 +61,18 @@ def wins_losses(a: dict[tuple, dict], b: dict[tuple, dict], keys) -> tuple[int, 
     return w, l_
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def grid_parser(description: str | None) -> argparse.ArgumentParser:
+    """The arguments of a table over one grid length: rows files, ``--length``, ``--series``, ``--against``."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("rows", nargs="+", type=Path)
     ap.add_argument("--length", type=int, required=True)
     ap.add_argument("--series", required=True, help="label=config_hash,... (the first label is the base)")
     ap.add_argument("--against", default=None, help="a second label every series is also paired against")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = grid_parser(__doc__).parse_args(argv)
     series = parse_series(args.series)
     rows = load_rows(args.rows, series, args.length)
     labels = list(series)

@@ -22,7 +22,6 @@ depend on its depth); a regenerated gold that differs from the row's stops the s
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
@@ -32,7 +31,7 @@ from qgpm.eval.stats import mcnemar_exact
 from qgpm.segment import split_sentences
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid_table import load_rows, parse_series  # noqa: E402  (the sibling table's row loading)
+from grid_table import grid_parser, load_rows, parse_series  # noqa: E402  (the sibling table's arguments and row loading)
 
 QA_TASKS = ("qa_1", "qa_2")
 
@@ -83,12 +82,7 @@ def questions(samples: dict[tuple[str, int], tuple[int, int, list[str]]]) -> dic
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("rows", nargs="+", type=Path)
-    ap.add_argument("--length", type=int, required=True)
-    ap.add_argument("--series", required=True, help="label=config_hash,... (the first label is the base)")
-    ap.add_argument("--against", default=None, help="a second label every series is also paired against")
-    args = ap.parse_args(argv)
+    args = grid_parser(__doc__).parse_args(argv)
     series = parse_series(args.series)
     labels = list(series)
     if args.against is not None and args.against not in labels:
