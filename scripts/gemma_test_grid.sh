@@ -23,6 +23,8 @@
 # the gold sentence instead of the heads' choice) it checks whether QGPM's misses there are the
 # heads' ranking (decided on 2026-12-06 after the qgpm and Reorder rows):
 #   METHODS=oracle bash scripts/gemma_test_grid.sh I 16k_mk
+# and stage 16k_qa does the same for QA at 16K (indices 0-7):
+#   METHODS=oracle bash scripts/gemma_test_grid.sh I 16k_qa
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -49,6 +51,7 @@ args() {  # the run arguments of stage $1
     8k_more) echo --tasks niah_multikey_1,qa_1 --lengths 8192 --depths 0.25,0.5,0.75 --n 8 --only benchmarks/results/ids_gemma_8k_4_7.jsonl ;;
     16k_more) echo --tasks niah_multikey_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 8 --only benchmarks/results/ids_gemma_16k_mk_4_7.jsonl ;;
     16k_mk) echo --tasks niah_multikey_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 8 ;;
+    16k_qa) echo --tasks qa_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 8 ;;
     16k_qa_more) echo --tasks qa_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 8 --only benchmarks/results/ids_gemma_16k_qa_4_7.jsonl ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
