@@ -426,21 +426,35 @@ def check_config_args(spec: str | Path | None, overrides: Sequence[str] = ()) ->
         raise first
 
 
+def _config_file(spec: str | Path, fields: set[str]) -> QGPMConfig:
+    """The config a JSON file holds: an object of ``QGPMConfig`` fields, or one with them under
+    ``"config"`` (``best_config.json``). A key that is no field raises, naming it."""
+    d = json.loads(Path(spec).read_text(encoding="utf-8"))
+    d = d.get("config", d) if isinstance(d, dict) else d
+    if not isinstance(d, dict):
+        raise ValueError(f"config file {str(spec)!r} must hold a JSON object of QGPMConfig fields (or one under \"config\"), "
+                         f"got {type(d).__name__}")
+    unknown = sorted(set(d) - fields)
+    if unknown:
+        raise ValueError(f"config file {str(spec)!r} has keys that are no QGPMConfig field: {', '.join(map(repr, unknown))}; "
+                         f"fields: {', '.join(sorted(fields))}")
+    return QGPMConfig(**d)
+
+
 def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base: QGPMConfig | None = None) -> QGPMConfig | None:
     """A config from a JSON file (``best_config.json`` or ``QGPMConfig.to_dict()``) and/or
     ``field=value`` overrides; ``None`` when neither is given (engine preset).
 
     Overrides apply on top of the file, else on top of ``base`` (the CLI passes the
-    model's preset; ``None`` = the generic defaults).
+    model's preset; ``None`` = ``QGPMConfig()``, the paper's settings). A file key or an
+    override name that is no ``QGPMConfig`` field raises ``ValueError`` naming it.
     """
     if spec is None and not overrides:
         return None
     cfg = base if base is not None else QGPMConfig()
     fields = {f.name for f in dataclasses.fields(QGPMConfig)}
     if spec is not None:
-        d = json.loads(Path(spec).read_text())
-        d = d.get("config", d)
-        cfg = QGPMConfig(**{k: v for k, v in d.items() if k in fields})
+        cfg = _config_file(spec, fields)
     changes = {}
     for ov in overrides:
         name, eq, value = ov.partition("=")

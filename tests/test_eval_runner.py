@@ -467,6 +467,12 @@ def test_grid_and_config_parsing(tmp_path):
     p.write_text(json.dumps(QGPMConfig(s_low=0.2).to_dict()))
     assert load_config(p, ["tau=2"]) == QGPMConfig(s_low=0.2, tau=2.0)
     assert load_config(None) is None
+    p.write_text(json.dumps({"config": {"s_low": 0.2, "k_sharpp": 1}}))
+    with pytest.raises(ValueError, match="'k_sharpp'"):  # a misspelt key is not dropped
+        load_config(p)
+    p.write_text(json.dumps([0.2]))
+    with pytest.raises(ValueError, match="JSON object"):
+        load_config(p)
 
 
 def test_config_args_are_checked_before_loading_against_every_base(tmp_path):
