@@ -16,7 +16,7 @@ from qgpm.defaults import METHODS
 from qgpm.loading import resolve_source, source_fingerprint
 from qgpm.samples.tasks import TASKS
 
-__all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP", "VLLM_URL_HELP", "VLLM_MODEL_HELP"]
+__all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_cli", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP", "VLLM_URL_HELP", "VLLM_MODEL_HELP"]
 
 DEVICE_HELP = "cpu | cuda | cuda:N | auto (default auto: the first GPU if torch sees one, else the CPU; under accelerate launch, cuda = each process's own GPU)"
 DTYPE_HELP = "float32 | bfloat16 | float16 | auto (default auto: the checkpoint's dtype)"
@@ -93,6 +93,17 @@ def split_config_args(values: Sequence[str] | None, overrides: Sequence[str] = (
     if files and not os.path.isfile(files[0]):
         raise UsageError(f"--config {files[0]}: no such file (give a JSON file or FIELD=VALUE)")
     return (files[0] if files else None), sets
+
+
+def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` (``None``: the process's arguments) and run the command it names, as a
+    ``main`` returns it: ``--help`` / ``--version`` 0, a usage error 2 (one line)."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a one-line usage error (exit code 2)
+        return int(exc.code or 0)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    return run_command(args)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -36,7 +36,7 @@ from ._cliutil import (
     UsageError,
     methods_arg,
     remote_call_config,
-    run_command,
+    run_cli,
     split_config_args,
 )
 from . import QGPM, __version__
@@ -316,16 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-_parser = build_parser  # old name
-
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help, --version, or a one-line usage error (exit code 2)
-        return int(exc.code or 0)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]
-    return run_command(args)
+    return run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -227,12 +227,9 @@ def _load_path(source: ModelSource) -> tuple[str, dict[str, Any]]:
     return source.path, source.load_kwargs()
 
 
-def load_tokenizer(source: ModelSource):
-    """Load (once per process) the fast tokenizer of ``source``."""
-    # heavy: transformers' auto classes, about 0.3 s more than `import qgpm` (itself 1.4 s here); only loading needs them
-    from transformers import AutoTokenizer
-
-    key = ("tok", source.path, source.gguf_file)
+def _cached(key: tuple, source: ModelSource, build: Callable[[str, dict[str, Any]], Any]) -> Any:
+    """``_CACHE[key]``, made once per process by ``build(path, from_pretrained_kwargs)`` of ``source``
+    (the path is resolved outside the lock: a GGUF source may first build its cache entry)."""
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
     if hit is not None:
@@ -240,13 +237,22 @@ def load_tokenizer(source: ModelSource):
     path, kw = _load_path(source)
     with _CACHE_LOCK:
         if key not in _CACHE:
-            tok = AutoTokenizer.from_pretrained(path, **kw)
-            if not getattr(tok, "is_fast", False):
-                raise TypeError(
-                    f"{source.path}: QGPM needs a fast tokenizer (character offsets); got {type(tok).__name__}."
-                )
-            _CACHE[key] = tok
+            _CACHE[key] = build(path, kw)
         return _CACHE[key]
+
+
+def load_tokenizer(source: ModelSource):
+    """Load (once per process) the fast tokenizer of ``source``."""
+    # heavy: transformers' auto classes, about 0.3 s more than `import qgpm` (itself 1.4 s here); only loading needs them
+    from transformers import AutoTokenizer
+
+    def build(path: str, kw: dict[str, Any]) -> Any:
+        tok = AutoTokenizer.from_pretrained(path, **kw)
+        if not getattr(tok, "is_fast", False):
+            raise TypeError(f"{source.path}: QGPM needs a fast tokenizer (character offsets); got {type(tok).__name__}.")
+        return tok
+
+    return _cached(("tok", source.path, source.gguf_file), source, build)
 
 
 def load_model(source: ModelSource, *, dtype: torch.dtype | str | None = None, device_map: Any = None, **kwargs: Any):
@@ -255,23 +261,16 @@ def load_model(source: ModelSource, *, dtype: torch.dtype | str | None = None, d
     A GGUF source is read from its de-quantized cache entry (built on first use)."""
     from transformers import AutoModelForCausalLM  # heavy: transformers' auto classes, see load_tokenizer
 
+    def build(path: str, kw: dict[str, Any]) -> Any:
+        extra: dict[str, Any] = dict(kwargs)
+        if dtype is not None:
+            extra["dtype"] = dtype
+        if device_map is not None:
+            extra["device_map"] = device_map
+        return AutoModelForCausalLM.from_pretrained(path, **kw, **extra).eval()
+
     key = ("model", source.path, source.gguf_file, str(dtype), repr(device_map), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-    if hit is not None:
-        return hit
-    path, kw = _load_path(source)
-    with _CACHE_LOCK:
-        if key not in _CACHE:
-            extra: dict[str, Any] = dict(kwargs)
-            if dtype is not None:
-                extra["dtype"] = dtype
-            if device_map is not None:
-                extra["device_map"] = device_map
-            model = AutoModelForCausalLM.from_pretrained(path, **kw, **extra)
-            model.eval()
-            _CACHE[key] = model
-        return _CACHE[key]
+    return _cached(key, source, build)
 
 
 def load_model_and_tokenizer(model: str | os.PathLike[str] | None = None, **kwargs: Any):

@@ -37,7 +37,7 @@ from qgpm._cliutil import (
     csv_list,
     methods_arg,
     remote_call_config,
-    run_command,
+    run_cli,
     split_config_args,
     tasks_arg,
 )
@@ -339,12 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # --help, --version, or a one-line usage error (exit code 2)
-        return int(exc.code or 0)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]
-    return run_command(args)
+    return run_cli(build_parser(), argv)
 
 
 if __name__ == "__main__":
