@@ -31,7 +31,7 @@ from .results import PreparedCall, QGPMResult, Usage
 from .rope import PositionPlan
 from .runtime import apply_plan, cache_kwarg
 
-__all__ = ["build_result", "Generated", "Generator", "PieceStream", "TransformersGenerator", "pass2_inputs", "pass2_kind", "score_prefill"]
+__all__ = ["build_result", "check_generate_extras", "Generated", "Generator", "PieceStream", "TransformersGenerator", "pass2_inputs", "pass2_kind", "score_prefill"]
 
 
 @dataclass
@@ -170,6 +170,34 @@ class _TimingStreamer:
             self.inner.end()
 
 
+# generate() arguments qgpm sets itself for every call
+_GENERATE_OWN = frozenset({"input_ids", "attention_mask", "streamer", "tokenizer", "stop_strings", "do_sample"})
+# sampling settings SeededSampler does not apply (generate() itself decodes greedily, so they would do nothing)
+_SAMPLING_NOT_APPLIED = frozenset({"typical_p", "epsilon_cutoff", "eta_cutoff", "top_h"})
+# generate() keyword arguments that are no GenerationConfig field
+_GENERATE_ARGS = frozenset({"logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "negative_prompt_ids",
+                            "negative_prompt_attention_mask"})
+
+
+def check_generate_extras(extra: Any) -> None:
+    """Raise, before any model work, for a ``generate()`` extra the transformers generator would
+    not apply: one that is neither a ``GenerationConfig`` field nor a ``generate()`` argument, one
+    qgpm sets itself, or a sampling setting its sampler does not apply."""
+    from transformers import GenerationConfig
+
+    own = sorted(set(extra) & _GENERATE_OWN)
+    if own:
+        raise ValueError(f"{', '.join(own)}: set by qgpm itself for every call (sampling: temperature > 0; stop strings: stop=)")
+    unapplied = sorted(set(extra) & _SAMPLING_NOT_APPLIED)
+    if unapplied:
+        raise ValueError(f"{', '.join(unapplied)}: qgpm samples with temperature, top_p, top_k and min_p only; drop {', '.join(unapplied)}")
+    known = (set(GenerationConfig().to_dict()) - {"_from_model_config", "transformers_version"}) | _GENERATE_ARGS
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise TypeError(f"unexpected arguments {unknown}: neither answer() arguments nor transformers generate() settings "
+                        "(GenerationConfig fields such as repetition_penalty, min_new_tokens, top_k, or logits_processor)")
+
+
 class TransformersGenerator:
     """Pass 2 and decoding with transformers' ``generate()`` on the engine's own model."""
 
@@ -185,6 +213,10 @@ class TransformersGenerator:
 
     def check(self, spec: MethodSpec | None, config: QGPMConfig) -> None:
         """Every method runs here."""
+
+    def check_decoding(self, decoding: Decoding) -> None:
+        """Raise, before any work, for ``generate()`` extras this generator would not apply."""
+        check_generate_extras(decoding.extra)
 
     def require(self, what: str) -> None:
         """Everything runs here (:class:`qgpm.partial.NoLocalGenerator` refuses instead)."""

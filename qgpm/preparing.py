@@ -40,7 +40,7 @@ from .tokens import count_plain, encode_prompt, special_token_ids
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["CallOptions", "ModelView", "check_config", "check_evidence", "check_replan", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
+__all__ = ["CallOptions", "ModelView", "check_config", "check_evidence", "check_reranker_args", "check_replan", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
            "warn_vanilla_kept"]
 
 
@@ -61,7 +61,7 @@ class CallOptions:
     answer_prefix: str | None = None
     template: str = DEFAULT_TEMPLATE
     reranker: Any = None
-    k: int = DEFAULT_K
+    k: int | None = None  # None: DEFAULT_K
     config: QGPMConfig | None = None
     max_new_tokens: int = 0
     options: Any = None
@@ -186,13 +186,22 @@ def check_evidence(evidence: Any, spec: MethodSpec | None = None) -> list[str] |
     return items
 
 
+def check_reranker_args(spec: MethodSpec, reranker: Any, k: Any) -> None:
+    """``reranker=`` / ``k=`` only for a method that edits the context with a reranker."""
+    if not spec.reranker and (reranker is not None or k is not None):
+        given = " and ".join(n for n, v in (("reranker=", reranker), ("k=", k)) if v is not None)
+        raise ValueError(f"{given} set the reranker of method='topk' / 'reorder'; method={spec.name!r} takes none"
+                         + (" (it ranks sentences by config.relevance, e.g. QGPMConfig(relevance='bm25'))" if spec.stage is Stage.HEADS else ""))
+
+
 def edit_context_stage(spec: MethodSpec, context: Any, question: str, *, reranker: Any, k: int, options: Any, tokenizer: Any
                        ) -> tuple[Any, Any, float, dict[str, Any]]:
     """The context a method reads, edited by its reranker (``EDIT``) or compressor (``COMPRESS``):
     ``(context, edit, seconds, details)``; other stages get the context back unchanged."""
     if spec.stage is Stage.EDIT:
         t = time.perf_counter()
-        edit = edit_context(context, question, mode=spec.name, reranker=reranker if reranker is not None else DEFAULT_RERANKER, k=k,
+        edit = edit_context(context, question, mode=spec.name, reranker=reranker if reranker is not None else DEFAULT_RERANKER,
+                            k=DEFAULT_K if k is None else k,
                             count_tokens=lambda s: count_plain(tokenizer, s))
         return edit.text, edit, time.perf_counter() - t, {}
     if spec.stage is Stage.COMPRESS:

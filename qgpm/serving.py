@@ -166,6 +166,13 @@ class VLLMServer:
                 f"{config.unmodulated_layers} needs per-layer attention masks, which a vLLM server cannot apply: set split_layer=0 "
                 "and unmodulated_layers=0 (one map on every layer), or run in process (engine.use_generator(None))")
 
+    def check_decoding(self, decoding: Decoding) -> None:
+        """Raise, before any work, for decoding extras a vLLM server does not take."""
+        unknown = sorted(k for k in decoding.extra if k not in _PASSED_EXTRAS)
+        if unknown:
+            raise TypeError(f"{', '.join(unknown)}: not decoding settings a vLLM server takes (it takes {', '.join(_PASSED_EXTRAS)}); "
+                            "run in process for transformers' generate() arguments")
+
     def generate(self, call: PreparedCall, decoding: Decoding, *, score: list[int] | None = None) -> Generated:
         if score is not None:
             raise RemoteGenerationUnsupported("score= runs in process: the engine computes it with its own model")
@@ -190,10 +197,7 @@ class VLLMServer:
             raise ContextTooLongError(f"the prompt is {n} tokens and max_new_tokens is {decoding.max_new_tokens}: more than the server's "
                                       f"window of {self.max_model_len} tokens (its --max-model-len). Shorten the context, lower "
                                       "max_new_tokens, or start the server with a longer --max-model-len.")
-        unknown = sorted(k for k in decoding.extra if k not in _PASSED_EXTRAS)
-        if unknown:
-            raise TypeError(f"{', '.join(unknown)}: not decoding settings a vLLM server takes (it takes {', '.join(_PASSED_EXTRAS)}); "
-                            "run in process for transformers' generate() arguments")
+        self.check_decoding(decoding)
         body: dict[str, Any] = {
             "model": self.model, "prompt": ids[0].tolist(), "max_tokens": decoding.max_new_tokens, "temperature": float(decoding.temperature),
             "top_p": float(decoding.top_p), "stop": list(decoding.stop), "stream": True, "return_token_ids": True, "skip_special_tokens": True,

@@ -111,7 +111,7 @@ PROMPT_CASES = [
 @pytest.mark.parametrize("method", ["qgpm", "vanilla", "topk"])
 @pytest.mark.parametrize("name,change,exc,match", PROMPT_CASES, ids=[c[0] for c in PROMPT_CASES])
 def test_bad_prompt_parts(engine, stays_vanilla, name, change, exc, match, method):
-    kw = dict(context=CTX, question=Q, method=method, max_new_tokens=4, reranker="bm25")
+    kw = dict(context=CTX, question=Q, method=method, max_new_tokens=4, **({"reranker": "bm25"} if method == "topk" else {}))
     kw.update(change)
     raises(exc, match, engine.answer, **kw)
     # the stream raises the same at the call, before anything runs
@@ -138,6 +138,9 @@ GEN_CASES = [
     (dict(seed=-1), ValueError, r"seed must be in \[0, 2\*\*64\)"),
     (dict(stop=5), TypeError, "stop must be a string or a list of strings, got int"),
     (dict(stop=["ok", 3]), TypeError, "stop must be a string or a list of strings; it holds int"),
+    (dict(max_tokens=32), TypeError, r"unexpected arguments \['max_tokens'\]: neither answer\(\) arguments nor"),
+    (dict(typical_p=0.9), ValueError, "typical_p: qgpm samples with temperature, top_p, top_k and min_p only"),
+    (dict(do_sample=True), ValueError, r"do_sample: set by qgpm itself"),
 ]
 
 
@@ -352,6 +355,16 @@ def test_oracle_evidence_string_is_one_item(engine, stays_vanilla):
 
 def test_evidence_with_another_method(engine, stays_vanilla):
     raises(ValueError, "only used by method='oracle'", engine.answer, CTX, Q, method="qgpm", evidence=[EVIDENCE])
+
+
+@pytest.mark.parametrize("method", ["qgpm", "vanilla", "oracle"])
+@pytest.mark.parametrize("given", [{"reranker": "bm25"}, {"k": 3}], ids=["reranker", "k"])
+def test_reranker_args_with_a_method_that_has_no_reranker(engine, stays_vanilla, method, given):
+    extra = {"evidence": [EVIDENCE]} if method == "oracle" else {}
+    name = next(iter(given))
+    raises(ValueError, f"{name}= set the reranker of method='topk'", engine.answer, CTX, Q, method=method, **given, **extra)
+    with pytest.raises(ValueError, match=f"{name}= set the reranker"):  # the stream says so before its first piece
+        engine.stream(CTX, Q, method=method, **given, **extra)
 
 
 @pytest.mark.parametrize("k,exc,match", [(0, ValueError, "k must be >= 1"), ("3", TypeError, "k must be an int")])

@@ -192,6 +192,8 @@ def test_plans_the_server_cannot_run_are_refused_before_pass1(pair, monkeypatch)
         remote.stream(ctx, QUESTION, method="self-extend")
     with pytest.raises(TypeError, match="logits_processor"):
         remote.answer(ctx, QUESTION, method="vanilla", logits_processor=[])
+    with pytest.raises(TypeError, match="not decoding settings a vLLM server takes"):  # a qgpm call: refused before pass 1
+        remote.answer(ctx, QUESTION, typical_p=0.5)
 
 
 def test_faults_get_named_errors_in_bounded_time_and_the_engine_stays_usable(pair, server):
