@@ -215,7 +215,7 @@ class QGPMChatModel(BaseChatModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     seed: int | None = None
-    timeout: float | None = Field(default=None, description="Seconds after which generation stops (transformers max_time).")
+    timeout: float | None = Field(default=None, gt=0, description="Seconds after which generation stops (transformers max_time).")
     system: str | None = Field(default=None, description="System prompt used in context mode when the messages carry none.")
     instruction: str | None = Field(default=None, description="Instruction before the context (None = qgpm's default).")
     answer_prefix: str | None = None
@@ -375,11 +375,12 @@ class QGPMChatModel(BaseChatModel):
     def get_engine(self, model: str | None = None) -> Any:
         """The ``qgpm.QGPM`` engine (loaded on first use, shared per process).
 
-        ``model``: another model id for this call (the per-call ``model=`` override),
-        loaded with default settings.
+        ``model``: another model id for this call (the per-call ``model=`` override), loaded
+        with this instance's ``model_kwargs`` (device, dtype, ...) and that model's stored head
+        set; ``heads=`` and ``vllm_url=`` belong to this instance's own model and do not carry over.
         """
         if model is not None and _model_key(model) != self._own_model_key():
-            return _get_engine(model, None)
+            return _get_engine(model, None, self._load_kwargs)
         if self.engine is not None:
             return self.engine
         if self._engine is None:
@@ -442,6 +443,8 @@ class QGPMChatModel(BaseChatModel):
             logger.warning(UNMARKED_WARNING)
         engine = self.get_engine(kwargs.get("model"))
         stops = [s for s in (stop if stop is not None else []) if s] + [s for s in (self.stop or []) if s]
+        if kwargs.get("max_tokens") is not None and kwargs.get("max_new_tokens") is not None and kwargs["max_tokens"] != kwargs["max_new_tokens"]:
+            raise ValueError(f"max_tokens={kwargs['max_tokens']!r} and max_new_tokens={kwargs['max_new_tokens']!r} name one budget: pass one")
         gen: dict[str, Any] = dict(
             max_new_tokens=int(kwargs.get("max_tokens", kwargs.get("max_new_tokens", self.max_tokens))),
             temperature=float(kwargs.get("temperature", self.temperature)),
@@ -451,7 +454,9 @@ class QGPMChatModel(BaseChatModel):
         )
         gen.update(self.generate_kwargs or {})
         timeout = kwargs.get("timeout", self.timeout)
-        if timeout:
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+                raise ValueError(f"timeout must be a number of seconds > 0 (None: no limit), got {timeout!r}")
             gen["max_time"] = float(timeout)
         call = self._answer_kwargs(engine, request, kwargs) if request.mode == "context" else {}
         return engine, request, gen, call
@@ -473,6 +478,8 @@ class QGPMChatModel(BaseChatModel):
             raise ValueError("evidence= is only used with method='oracle'")
         if spec.reranker:
             call.update(reranker=kwargs.get("reranker", self.reranker), k=int(kwargs.get("k", self.k)))
+        else:  # a call's own reranker= / k= reach the engine, which refuses them for this method
+            call.update({n: kwargs[n] for n in ("reranker", "k") if kwargs.get(n) is not None})
         if kwargs.get("relevance") is not None and spec.stage is not Stage.HEADS:
             raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
         relevance = kwargs.get("relevance", self.relevance)

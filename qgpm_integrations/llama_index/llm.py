@@ -99,6 +99,7 @@ _ROLES = {
 _CALL_KEYS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
 
 # generate arguments that have a field of their own on QGPMLLM
+_CALL_ARGS = frozenset(_CALL_KEYS) | {"max_tokens"}
 _GENERATE_FIELDS = {"max_new_tokens": "max_new_tokens", "max_tokens": "max_new_tokens", "temperature": "temperature",
                     "top_p": "top_p", "seed": "seed", "stop": "stop"}
 
@@ -255,6 +256,7 @@ class QGPMLLM(CustomLLM):
     _engine: Any = PrivateAttr()
     _lock: Any = PrivateAttr(default=None)
     _last: Optional[QGPMResult] = PrivateAttr(default=None)
+    _warned_plain: bool = PrivateAttr(default=False)
 
     def __init__(
         self,
@@ -282,6 +284,11 @@ class QGPMLLM(CustomLLM):
         spec = method_spec(method)
         if spec.evidence and not kwargs.get("evidence"):
             raise ValueError(f"method={method!r} needs evidence=[exact substrings of the context]")
+        if kwargs.get("evidence") is not None and not spec.evidence:
+            raise ValueError(f"evidence= is only used with method='oracle', not method={method!r}")
+        given = [n for n in ("reranker", "k") if n in kwargs]
+        if given and not spec.reranker:
+            raise ValueError(f"{'= and '.join(given)}= set the reranker of method='topk' / 'reorder'; method={method!r} takes none")
         resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
         if kwargs.get("relevance") is not None:
             parse_source(kwargs["relevance"])
@@ -323,7 +330,7 @@ class QGPMLLM(CustomLLM):
         window = engine.max_length
         if self.context_window is not None and window and self.context_window > window:
             raise ValueError(f"context_window={self.context_window} is larger than the model window ({window} tokens)")
-        if spec.stage is Stage.HEADS:
+        if spec.stage is Stage.HEADS and parse_source(self.relevance or engine.config.relevance).heads:
             engine.heads  # raise HeadSetMissingError now rather than at the first query
         self._engine = engine
         self._lock = threading.Lock()
@@ -371,7 +378,11 @@ class QGPMLLM(CustomLLM):
 
     # ------------------------------------------------------------------ one call
     def _decoding(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Decoding arguments: the fields, overridden by the call's own (other call arguments are ignored)."""
+        """Decoding arguments: the fields, overridden by the call's own; any other call argument raises."""
+        unknown = sorted(set(kwargs) - _CALL_ARGS)
+        if unknown:
+            raise TypeError(f"QGPMLLM got unexpected call arguments {unknown}; a call takes {', '.join(sorted(_CALL_ARGS))} "
+                            "(the method and its settings are the LLM's own fields)")
         gen = {k: kwargs.get(k, getattr(self, k)) for k in _CALL_KEYS}
         if "max_tokens" in kwargs:
             gen["max_new_tokens"] = kwargs["max_tokens"]
@@ -394,6 +405,12 @@ class QGPMLLM(CustomLLM):
         parts = None if self.output_parser is not None else read_prompt(prompt)
         if parts is not None:
             return self._answer_call(parts, system, kwargs)
+        if not self._warned_plain:
+            self._warned_plain = True
+            why = ("an output_parser is set" if self.output_parser is not None
+                   else "the prompt is not one of LlamaIndex's QA / refine templates and has no 'Context:' block before a question")
+            logger.warning("QGPMLLM answers a prompt as plain chat without QGPM (%s; result.method == 'plain'). To answer over "
+                           "nodes with QGPM, use QGPMSynthesizer or the default templates. Logged once per LLM instance.", why)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return LLMCall(None, (messages,), self._decoding(kwargs), self._join_trace(), {"step": "plain"})
 
@@ -470,7 +487,7 @@ class QGPMLLM(CustomLLM):
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Answer ``prompt`` (see the module docs); keyword arguments: ``max_new_tokens`` /
-        ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed`` (others are ignored)."""
+        ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed`` (any other raises ``TypeError``)."""
         return _completion(self._run(self._prompt_call(prompt, formatted, kwargs)))
 
     @llm_completion_callback()

@@ -274,6 +274,12 @@ def test_wrong_arguments_are_clear_errors(llm, prompt_value):
         llm.invoke(prompt_value, method="bogus")
     with pytest.raises(ValueError, match="evidence"):
         llm.invoke(prompt_value, evidence=[EVIDENCE])
+    with pytest.raises(ValueError, match="reranker= set the reranker of method='topk'"):  # qgpm ranks by its config.relevance
+        llm.invoke(prompt_value, reranker="bm25")
+    with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):  # 0 is no "no limit"
+        llm.invoke(prompt_value, timeout=0)
+    with pytest.raises(ValueError, match="name one budget"):
+        llm.invoke(prompt_value, max_tokens=3, max_new_tokens=5)
     with pytest.raises(ValueError, match="text only"):
         llm.invoke([HumanMessage(content=[{"type": "image", "url": "https://example.com/x.png"}])])
 

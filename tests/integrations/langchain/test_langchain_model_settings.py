@@ -59,6 +59,17 @@ def test_model_kwargs_reach_the_engine(tiny_dir, load_calls):
     assert other is not engine and other.model.dtype == torch.float32
 
 
+def test_a_per_call_model_loads_with_the_instance_model_kwargs(tiny_dir, tokenizer, tmp_path, load_calls):
+    """get_engine(model=) for another model: this instance's model_kwargs (device, dtype) apply
+    to it too, not the loader's defaults."""
+    other_dir = save_tiny(tmp_path / "other", tokenizer, seed=5)
+    llm = QGPMChatModel(model_id=str(tiny_dir), heads=[(1, 0)], model_kwargs={"dtype": "bfloat16", "device_map": "cpu"})
+    other = llm.get_engine(str(other_dir))
+    (path, kwargs), = load_calls
+    assert path == str(other_dir) and kwargs["dtype"] == torch.bfloat16 and kwargs["device_map"] == "cpu"
+    assert other.model.dtype == torch.bfloat16 and other is not llm.get_engine()
+
+
 def test_from_model_id_loads_now_with_device_and_dtype(tiny_dir, load_calls):
     llm = QGPMChatModel.from_model_id(str(tiny_dir), device=-1, model_kwargs={"dtype": "float16"}, heads=[(1, 0)], max_tokens=4)
     assert load_calls and load_calls[-1][1]["device_map"] == "cpu" and load_calls[-1][1]["dtype"] == torch.float16

@@ -191,6 +191,8 @@ def test_non_text_blocks_are_rejected():
 def test_instantiation_is_lazy_and_validated():
     llm = QGPMChatModel(model="/no/such/model", max_tokens=5, api_key="ignored", max_retries=3, timeout=30)
     assert llm.model_name == "/no/such/model" and llm.timeout == 30
+    with pytest.raises(ValueError, match="timeout"):
+        QGPMChatModel(model="/no/such/model", timeout=0)
     with pytest.raises(Exception):
         QGPMChatModel(max_tokenz=5)
     with pytest.raises(Exception):

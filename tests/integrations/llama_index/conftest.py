@@ -223,7 +223,10 @@ class StubEngine:
     max_length = 4096
 
     def __init__(self):
+        from qgpm import QGPMConfig
+
         self.tokenizer = _WordTokenizer()
+        self.config = QGPMConfig()  # the engine's own settings (relevance from the heads), as qgpm.QGPM has them
         self.calls = []
         self._lock = threading.Lock()
 

@@ -425,3 +425,47 @@ def test_trace_to_html_is_the_final_calls_explanation_page():
     trace.add_result(Result("first"))
     trace.add_result(Result("last"))
     assert trace.to_html() == "last:10" and trace.to_html(top=3) == "last:3"
+
+
+def test_arguments_no_method_reads_raise(stub_engine, word_tokenizer):
+    """A call argument outside the decoding settings, or a method's setting given to another
+    method, raises instead of vanishing."""
+    llm = QGPMLLM(engine=stub_engine)
+    with pytest.raises(TypeError, match=r"unexpected call arguments \['top_k'\]"):
+        llm.complete("hi", top_k=20)
+    with pytest.raises(TypeError, match=r"\['method'\]"):  # the method is the LLM's field, not a call argument
+        llm.complete("Context: Text.\n\nQuestion: Q?", method="vanilla")
+    assert all(c[3].get("method") != "vanilla" for c in stub_engine.calls)
+    with pytest.raises(ValueError, match="evidence= is only used with method='oracle'"):
+        QGPMLLM(engine=stub_engine, method="qgpm", evidence=["Needle here."])
+    with pytest.raises(ValueError, match="reranker= set the reranker of method='topk'"):
+        QGPMLLM(engine=stub_engine, method="qgpm", reranker="bm25")
+    with pytest.raises(ValueError, match="k= set the reranker"):
+        QGPMLLM(engine=stub_engine, method="vanilla", k=2)
+    QGPMLLM(engine=stub_engine, method="reorder", reranker="bm25")  # the methods that read them take them
+
+
+def test_plain_chat_fallback_is_logged_once(stub_engine, word_tokenizer, caplog):
+    llm = QGPMLLM(engine=stub_engine)
+    with caplog.at_level("WARNING", logger="qgpm"):
+        llm.complete("Tell me a joke.")
+        llm.complete("Another one.")
+    assert stub_engine.calls[-1][0] == "chat"
+    assert caplog.text.count("answers a prompt as plain chat without QGPM") == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qgpm"):
+        llm.predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?"), context_str="Text.")
+    assert stub_engine.calls[-1][0] == "answer" and "plain chat" not in caplog.text
+
+
+def test_a_reranker_source_needs_no_head_set(stub_engine, word_tokenizer, monkeypatch):
+    from qgpm import HeadSetMissingError
+
+    def missing(self):
+        raise HeadSetMissingError("no head set is stored for model stub")
+
+    monkeypatch.setattr(type(stub_engine), "heads", property(missing))
+    with pytest.raises(HeadSetMissingError):
+        QGPMLLM(engine=stub_engine)  # relevance from the heads: the missing set is named at construction
+    QGPMLLM(engine=stub_engine, relevance="minilm").predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?"), context_str="Text.")
+    assert stub_engine.calls[-1][3]["config"].relevance == "minilm"
