@@ -201,6 +201,12 @@ def _ask(args: argparse.Namespace) -> int:
         options = options_from_strings(args.options)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    unused = [m for m in options if m not in methods]
+    if unused:
+        raise UsageError(f"--option sets {', '.join(unused)}, which --methods {','.join(methods)} does not run")
+    given = [f for f, v in (("--reranker", args.reranker), ("--k", args.k)) if v is not None]
+    if given and not any(s.reranker for s in specs):
+        raise UsageError(f"{' and '.join(given)} set the reranker of topk / reorder, which --methods {','.join(methods)} does not run")
     config_file, overrides = split_config_args(args.config)
     check_config_args(config_file, overrides)  # bad fields or values fail here, before the model loads
     relevance = [v.split("=", 1)[1].strip() for v in overrides if v.split("=", 1)[0].strip() == "relevance"]
@@ -237,7 +243,7 @@ def _ask(args: argparse.Namespace) -> int:
     for method, spec in zip(methods, specs):
         kw = dict(method=method, max_new_tokens=args.max_new_tokens, config=config)
         if spec.reranker:
-            kw.update(reranker=args.reranker, k=args.k)
+            kw.update(reranker=args.reranker or DEFAULT_RERANKER, k=DEFAULT_K if args.k is None else args.k)
         if spec.evidence:
             kw["evidence"] = evidence
         if method in options:
@@ -294,8 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", action="append", default=None, metavar="FILE|FIELD=VALUE", help=CONFIG_HELP)
     g.add_argument("--vllm-url", default=None, metavar="URL", help=VLLM_URL_HELP)
     g.add_argument("--vllm-model", default=None, metavar="NAME", help=VLLM_MODEL_HELP)
-    ask.add_argument("--reranker", default=DEFAULT_RERANKER, help=RERANKER_HELP)
-    ask.add_argument("--k", type=int, default=DEFAULT_K, help=f"chunks kept by topk (default {DEFAULT_K})")
+    ask.add_argument("--reranker", default=None, help=RERANKER_HELP)
+    ask.add_argument("--k", type=int, default=None, help=f"chunks kept by topk (default {DEFAULT_K})")
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")
     ask.add_argument("--top", type=int, default=3, help="how many top-ranked sentences to show (default 3)")
     meta = _sample_meta()  # read once for the default and the range shown in the help
