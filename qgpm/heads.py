@@ -181,7 +181,9 @@ def _stored() -> list[tuple[Path, dict | None, str]]:
                     try:
                         d = json.loads(p.read_text())
                         hit = (mtime, d.get("fingerprint") or None, str(d.get("model", "")))
-                    except (OSError, ValueError, AttributeError):
+                    except (OSError, ValueError, AttributeError) as exc:  # once per file version: the index keeps its mtime
+                        logger.warning("qgpm: skipping head-set file %s, which is not a readable head set (%s: %s); "
+                                       "delete it or calibrate again", p, type(exc).__name__, exc)
                         hit = (mtime, None, "")
                     _INDEX[p] = hit
                 out.append((p, hit[1], hit[2]))

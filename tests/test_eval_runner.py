@@ -797,3 +797,19 @@ def test_plain_text_models_answer_with_their_first_paragraph(tiny_engine, tokeni
     ref = plain.answer(s.context, s.question, max_new_tokens=s.max_new_tokens, instruction=s.instruction, template=s.template,
                        answer_prefix=s.answer_prefix, stop=["\n\n"])
     assert got["answer"] == ref.text
+
+
+def test_an_unreadable_manifest_stops_the_run_instead_of_being_overwritten(tmp_path):
+    from qgpm.eval.rows import read_manifest, update_manifest
+
+    assert read_manifest(tmp_path) == {}
+    update_manifest(tmp_path, {"command": "first"}, {"abc": {"method": "vanilla"}})
+    assert read_manifest(tmp_path)["runs"] == [{"command": "first"}]
+    cut = (tmp_path / "manifest.json").read_text()[:-20]
+    (tmp_path / "manifest.json").write_text(cut)
+    with pytest.raises(ValueError, match="manifest.json is not valid JSON"):
+        update_manifest(tmp_path, {"command": "second"}, {})
+    assert (tmp_path / "manifest.json").read_text() == cut  # left as it was, for its owner to restore
+    (tmp_path / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="holds a JSON list"):
+        read_manifest(tmp_path)

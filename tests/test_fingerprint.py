@@ -180,3 +180,16 @@ def test_engine_without_name_finds_the_same_preset_and_heads_as_from_pretrained(
     assert direct.config is smollm.config is PRESETS[SMOLLM2_KEY]
     assert direct.heads == smollm.heads
     assert os.path.samefile(stored_head_set_path(direct.fingerprint), shipped_head_dir() / "smollm2-135m-instruct.json")
+
+
+def test_an_unreadable_head_set_file_is_named_once(tokenizer, home, caplog):
+    from qgpm.heads import user_head_dir
+
+    eng = _engine(tokenizer, num_hidden_layers=4, heads=None)
+    user_head_dir().mkdir(parents=True, exist_ok=True)
+    bad = user_head_dir() / "broken.json"
+    bad.write_text('{"model": "final", "heads": [[1, 0]')  # cut off mid-write
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        assert find_head_set(eng.fingerprint) is None
+        find_head_set(eng.fingerprint)
+    assert caplog.text.count("skipping head-set file") == 1 and "broken.json" in caplog.text

@@ -131,14 +131,19 @@ def merge_rows(out_dir: str | os.PathLike[str]) -> list[dict]:
 
 
 def read_manifest(out_dir: str | os.PathLike[str]) -> dict:
-    """``manifest.json`` of ``out_dir``; ``{}`` when it is missing or unreadable."""
+    """``manifest.json`` of ``out_dir``; ``{}`` when there is none. One that is not a JSON object
+    raises ``ValueError`` naming it: the next run would otherwise write over the runs it lists."""
     path = Path(out_dir) / MANIFEST_FILE
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return {}
+        man = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); restore it (e.g. from version control) or move it away "
+                         "to start a new manifest") from None
+    if not isinstance(man, dict):
+        raise ValueError(f"{path} holds a JSON {type(man).__name__}, not the manifest's object; restore it or move it away")
+    return man
 
 
 def update_manifest(out_dir: str | os.PathLike[str], entry: dict, fingerprints: dict[str, dict]) -> None:
