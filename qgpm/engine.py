@@ -37,7 +37,7 @@ from .config import QGPMConfig
 from .decoding import Decoding
 from .defaults import METHODS
 from .fingerprint import ModelFingerprint, model_fingerprint
-from .generation import Generated, Generator, TransformersGenerator, build_result
+from .generation import Generated, Generator, TransformersGenerator, build_result, checked_decoding
 from .heads import HeadSet, HeadSetMissingError, choose_head_set, known_model_name
 from .limits import ContextTooLongError, check_fits, check_input_size
 from .loading import load_model, load_tokenizer, resolve_source
@@ -46,7 +46,7 @@ from .partial import (NoLocalGenerator, check_heads_fit, check_pass1_layers_only
                       loaded_layers, weight_bytes_not_loaded)
 from .pass1 import pass1_precision
 from .prefill import reuse_applies
-from .preparing import (CallOptions, check_config, check_evidence, check_replan, check_reranker_args, edit_context_stage, plain_chat_call, prepare_stage,
+from .preparing import (CallOptions, check_config, check_method_args, check_replan, edit_context_stage, plain_chat_call, prepare_stage,
                         replan as replan_call)
 from .prompt import DEFAULT_TEMPLATE, PromptSpec, build_prompt, check_prompt_inputs, check_template
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
@@ -275,7 +275,7 @@ class QGPM:
         / ``ValueError`` (:class:`~qgpm.prompt.PromptError` for the prompt parts,
         :class:`ContextTooLongError` for input that cannot fit the window).
         """
-        decoding = self._checked(Decoding.check(max_new_tokens, temperature, top_p, stop, seed, **generate_kwargs))
+        decoding = checked_decoding(self.generator, Decoding.check(max_new_tokens, temperature, top_p, stop, seed, **generate_kwargs))
         opts = CallOptions(
             method=method, evidence=evidence, system=system, instruction=instruction, answer_prefix=answer_prefix, template=template,
             reranker=reranker, k=k, config=config, max_new_tokens=max_new_tokens, options=options,
@@ -306,7 +306,7 @@ class QGPM:
         """
         if not isinstance(call, PreparedCall):
             raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
-        dec = self._checked(Decoding.take(decoding))
+        dec = checked_decoding(self.generator, Decoding.take(decoding))
         if score is None:
             return self._run(call, dec)
         if not isinstance(score, str):
@@ -337,12 +337,12 @@ class QGPM:
         ordinary local chat model (``result.method == "plain"``). Special-token strings in
         the messages are tokenized as plain text.
         """
-        dec = self._checked(Decoding.take(decoding))
+        dec = checked_decoding(self.generator, Decoding.take(decoding))
         return self._run(self._plain_call(messages, dec.max_new_tokens), dec)
 
     def stream_chat(self, messages: Sequence[dict[str, str]], **decoding: Any) -> AnswerStream:
         """Streaming version of :meth:`chat` (an :class:`AnswerStream`)."""
-        dec = self._checked(Decoding.take(decoding))
+        dec = checked_decoding(self.generator, Decoding.take(decoding))
         call = self._plain_call(messages, dec.max_new_tokens)
         return AnswerStream(functools.partial(self._stream_run, call, dec), engine=self)
 
@@ -359,11 +359,10 @@ class QGPM:
         """
         kw = dict(kwargs)
         opts = CallOptions.take(kw, max_new_tokens=64)
-        dec = self._checked(Decoding.take(kw, max_new_tokens=opts.max_new_tokens))
+        dec = checked_decoding(self.generator, Decoding.take(kw, max_new_tokens=opts.max_new_tokens))
         spec = self._check_ready(opts.method)
         self.generator.check(spec, self._check_config(opts.config, spec))
-        check_evidence(opts.evidence, spec)
-        check_reranker_args(spec, opts.reranker, opts.k)
+        check_method_args(spec, opts)
         check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
         check_template(opts.template)
 
@@ -399,14 +398,6 @@ class QGPM:
         return self.local.logprob(call, ans)
 
     # ------------------------------------------------------------------ stages
-    def _checked(self, decoding: Decoding) -> Decoding:
-        """``decoding`` once the generator has checked its extras (a generator without
-        ``check_decoding`` checks them when it runs)."""
-        check = getattr(self.generator, "check_decoding", None)
-        if check is not None:
-            check(decoding)
-        return decoding
-
     def _check_ready(self, method: Any) -> MethodSpec:
         spec = method_spec(method)
         if spec.rotary and self._support_error is not None:
@@ -423,8 +414,7 @@ class QGPM:
         spec = self._check_ready(opts.method)
         options = resolve_options(spec.name, opts.options)  # bad settings fail before any work
         cfg = self._check_config(opts.config, spec)
-        evidence = check_evidence(opts.evidence, spec)
-        check_reranker_args(spec, opts.reranker, opts.k)
+        evidence = check_method_args(spec, opts)
         docs = check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
         check_template(opts.template)
         others = [question, opts.instruction or "", opts.system or "", opts.answer_prefix or ""]

@@ -20,7 +20,7 @@ from queue import Queue
 from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
-from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from .config import QGPMConfig
 from .decoding import Decoding, SeededSampler, finish_text
@@ -31,7 +31,7 @@ from .results import PreparedCall, QGPMResult, Usage
 from .rope import PositionPlan
 from .runtime import apply_plan, cache_kwarg
 
-__all__ = ["build_result", "check_generate_extras", "Generated", "Generator", "PieceStream", "TransformersGenerator", "pass2_inputs", "pass2_kind", "score_prefill"]
+__all__ = ["build_result", "check_generate_extras", "checked_decoding", "Generated", "Generator", "PieceStream", "TransformersGenerator", "pass2_inputs", "pass2_kind", "score_prefill"]
 
 
 @dataclass
@@ -183,8 +183,6 @@ def check_generate_extras(extra: Any) -> None:
     """Raise, before any model work, for a ``generate()`` extra the transformers generator would
     not apply: one that is neither a ``GenerationConfig`` field nor a ``generate()`` argument, one
     qgpm sets itself, or a sampling setting its sampler does not apply."""
-    from transformers import GenerationConfig
-
     own = sorted(set(extra) & _GENERATE_OWN)
     if own:
         raise ValueError(f"{', '.join(own)}: set by qgpm itself for every call (sampling: temperature > 0; stop strings: stop=)")
@@ -196,6 +194,15 @@ def check_generate_extras(extra: Any) -> None:
     if unknown:
         raise TypeError(f"unexpected arguments {unknown}: neither answer() arguments nor transformers generate() settings "
                         "(GenerationConfig fields such as repetition_penalty, min_new_tokens, top_k, or logits_processor)")
+
+
+def checked_decoding(generator: Any, decoding: Decoding) -> Decoding:
+    """``decoding`` once ``generator`` has checked its extras (a generator without
+    ``check_decoding`` checks them when it runs)."""
+    check = getattr(generator, "check_decoding", None)
+    if check is not None:
+        check(decoding)
+    return decoding
 
 
 class TransformersGenerator:

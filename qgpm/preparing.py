@@ -40,7 +40,7 @@ from .tokens import count_plain, encode_prompt, special_token_ids
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["CallOptions", "ModelView", "check_config", "check_evidence", "check_reranker_args", "check_replan", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
+__all__ = ["CallOptions", "ModelView", "check_config", "check_evidence", "check_method_args", "check_replan", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
            "warn_vanilla_kept"]
 
 
@@ -186,12 +186,16 @@ def check_evidence(evidence: Any, spec: MethodSpec | None = None) -> list[str] |
     return items
 
 
-def check_reranker_args(spec: MethodSpec, reranker: Any, k: Any) -> None:
-    """``reranker=`` / ``k=`` only for a method that edits the context with a reranker."""
-    if not spec.reranker and (reranker is not None or k is not None):
-        given = " and ".join(n for n, v in (("reranker=", reranker), ("k=", k)) if v is not None)
+def check_method_args(spec: MethodSpec, opts: CallOptions) -> list[str] | None:
+    """The call's evidence (:func:`check_evidence`), once the arguments only some methods read
+    are checked against ``spec``: ``reranker=`` / ``k=`` only for a method that edits the
+    context with a reranker."""
+    evidence = check_evidence(opts.evidence, spec)
+    if not spec.reranker and (opts.reranker is not None or opts.k is not None):
+        given = " and ".join(n for n, v in (("reranker=", opts.reranker), ("k=", opts.k)) if v is not None)
         raise ValueError(f"{given} set the reranker of method='topk' / 'reorder'; method={spec.name!r} takes none"
                          + (" (it ranks sentences by config.relevance, e.g. QGPMConfig(relevance='bm25'))" if spec.stage is Stage.HEADS else ""))
+    return evidence
 
 
 def edit_context_stage(spec: MethodSpec, context: Any, question: str, *, reranker: Any, k: int, options: Any, tokenizer: Any
