@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 
 from qgpm import QGPM
+from qgpm.loading import parse_dtype
+from qgpm.sources import parse_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from speed import QUESTION, context_of, long_text  # noqa: E402
@@ -57,11 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.new_tokens < 1:
         ap.error("--repeats and --new-tokens must be >= 1")
-    engine = QGPM.from_pretrained(args.model, dtype=args.dtype)
     sources = [s.strip() for s in args.sources.split(",") if s.strip()]
     if not sources:
         ap.error("--sources names no relevance source")
+    engine = QGPM.from_pretrained(args.model, dtype=parse_dtype(args.dtype) if args.dtype else None)
     configs = {s: engine.config.with_(relevance=s) for s in sources}  # bad specs fail here, before any timing
+    if any(parse_source(s).heads for s in sources):
+        engine.heads  # a model without a head set fails here too (HeadSetMissingError), not in the middle of the timing
     calls = [("vanilla", "vanilla", None), ("reorder", "reorder", None), ("topk", "topk", None)]
     calls += [(f"qgpm ({s}{', preset' if s == engine.config.relevance else ''})", "qgpm", configs[s]) for s in sources]
     text = long_text()

@@ -204,9 +204,10 @@ def _ask(args: argparse.Namespace) -> int:
     unused = [m for m in options if m not in methods]
     if unused:
         raise UsageError(f"--option sets {', '.join(unused)}, which --methods {','.join(methods)} does not run")
-    given = [f for f, v in (("--reranker", args.reranker), ("--k", args.k)) if v is not None]
-    if given and not any(s.reranker for s in specs):
-        raise UsageError(f"{' and '.join(given)} set the reranker of topk / reorder, which --methods {','.join(methods)} does not run")
+    if args.reranker is not None and not any(s.reranker for s in specs):
+        raise UsageError(f"--reranker sets the reranker of topk / reorder, which --methods {','.join(methods)} does not run")
+    if args.k is not None and not any(s.takes_k for s in specs):
+        raise UsageError(f"--k is how many chunks topk keeps, and --methods {','.join(methods)} does not run topk")
     config_file, overrides = split_config_args(args.config)
     check_config_args(config_file, overrides)  # bad fields or values fail here, before the model loads
     relevance = [v.split("=", 1)[1].strip() for v in overrides if v.split("=", 1)[0].strip() == "relevance"]
@@ -243,7 +244,9 @@ def _ask(args: argparse.Namespace) -> int:
     for method, spec in zip(methods, specs):
         kw = dict(method=method, max_new_tokens=args.max_new_tokens, config=config)
         if spec.reranker:
-            kw.update(reranker=args.reranker or DEFAULT_RERANKER, k=DEFAULT_K if args.k is None else args.k)
+            kw["reranker"] = args.reranker or DEFAULT_RERANKER
+        if spec.takes_k and args.k is not None:
+            kw["k"] = args.k
         if spec.evidence:
             kw["evidence"] = evidence
         if method in options:

@@ -174,6 +174,16 @@ class _TimingStreamer:
 _GENERATE_OWN = frozenset({"input_ids", "attention_mask", "streamer", "tokenizer", "stop_strings", "do_sample"})
 # sampling settings SeededSampler does not apply (generate() itself decodes greedily, so they would do nothing)
 _SAMPLING_NOT_APPLIED = frozenset({"typical_p", "epsilon_cutoff", "eta_cutoff", "top_h"})
+# settings for other decoding strategies (several sequences, beams, contrastive / DoLa / assisted decoding) and for
+# outputs other than one sequence of token ids: qgpm decodes one sequence, token by token, under its position plan
+_OTHER_DECODING = frozenset({
+    "num_beams", "num_beam_groups", "diversity_penalty", "length_penalty", "early_stopping", "num_return_sequences", "constraints",
+    "force_words_ids", "penalty_alpha", "dola_layers", "assistant_model", "assistant_early_exit", "prompt_lookup_num_tokens",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold", "assistant_lookbehind",
+    "target_lookbehind", "max_matching_ngram_size", "speculation_type", "use_mtp", "return_dict_in_generate", "output_scores",
+    "output_logits", "output_attentions", "output_hidden_states", "synced_gpus", "generation_config", "custom_generate",
+    "continuous_batching_config", "low_memory", "use_cache",
+})
 # generate() keyword arguments that are no GenerationConfig field
 _GENERATE_ARGS = frozenset({"logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "negative_prompt_ids",
                             "negative_prompt_attention_mask"})
@@ -182,13 +192,18 @@ _GENERATE_ARGS = frozenset({"logits_processor", "stopping_criteria", "prefix_all
 def check_generate_extras(extra: Any) -> None:
     """Raise, before any model work, for a ``generate()`` extra the transformers generator would
     not apply: one that is neither a ``GenerationConfig`` field nor a ``generate()`` argument, one
-    qgpm sets itself, or a sampling setting its sampler does not apply."""
+    qgpm sets itself, a sampling setting its sampler does not apply, or a setting of another
+    decoding strategy (beams, several sequences, assisted decoding)."""
     own = sorted(set(extra) & _GENERATE_OWN)
     if own:
         raise ValueError(f"{', '.join(own)}: set by qgpm itself for every call (sampling: temperature > 0; stop strings: stop=)")
     unapplied = sorted(set(extra) & _SAMPLING_NOT_APPLIED)
     if unapplied:
         raise ValueError(f"{', '.join(unapplied)}: qgpm samples with temperature, top_p, top_k and min_p only; drop {', '.join(unapplied)}")
+    other = sorted(set(extra) & _OTHER_DECODING)
+    if other:
+        raise ValueError(f"{', '.join(other)}: not supported; qgpm decodes one sequence per call, token by token under its "
+                         "position plan (greedy, or sampled with temperature > 0)")
     known = (set(GenerationConfig().to_dict()) - {"_from_model_config", "transformers_version"}) | _GENERATE_ARGS
     unknown = sorted(set(extra) - known)
     if unknown:

@@ -37,7 +37,7 @@ class MethodSpec:
     it is a plain forward over the (edited) prompt; ``config``: :class:`~qgpm.QGPMConfig`
     applies (and :meth:`~qgpm.QGPM.replan` may reshape it); ``rotary``: needs a model whose
     rotary embedding qgpm supports; ``evidence``: needs ``evidence=``; ``reranker``: uses
-    ``reranker=`` / ``k=``; ``options``: takes ``options=`` (:mod:`qgpm.baselines`);
+    ``reranker=``; ``takes_k``: keeps the ``k=`` best chunks; ``options``: takes ``options=`` (:mod:`qgpm.baselines`);
     ``shortens``: its edit may drop context, so only a character bound applies to the raw
     input; ``compared``: part of ``qgpm eval``'s default comparison.
     """
@@ -50,6 +50,7 @@ class MethodSpec:
     rotary: bool = False
     evidence: bool = False
     reranker: bool = False
+    takes_k: bool = False
     options: bool = False
     shortens: bool = False
     compared: bool = False
@@ -68,7 +69,8 @@ METHOD_SPECS: dict[str, MethodSpec] = {
         MethodSpec("qgpm", Stage.HEADS, "head relevance (pass 1) -> modulated positions", plan=True, config=True, rotary=True, compared=True),
         MethodSpec("oracle", Stage.EVIDENCE, "the gold evidence -> modulated positions (QGPM's ceiling)", plan=True, config=True, rotary=True,
                    evidence=True, compared=True),
-        MethodSpec("topk", Stage.EDIT, "keep the K chunks a reranker scores highest", reranker=True, shortens=True, compared=True),
+        MethodSpec("topk", Stage.EDIT, "keep the K chunks a reranker scores highest", reranker=True, takes_k=True, shortens=True,
+                   compared=True),
         MethodSpec("reorder", Stage.EDIT, "every chunk, sorted by a reranker so the best comes last, next to the question", reranker=True, compared=True),
         MethodSpec("string", Stage.ATTENTION, "STRING: shifted position indices (query-agnostic)", rotary=True, options=True),
         MethodSpec("ms-poe", Stage.ATTENTION, "Ms-PoE: per-head position scaling (query-agnostic)", rotary=True, options=True),

@@ -188,12 +188,14 @@ def check_evidence(evidence: Any, spec: MethodSpec | None = None) -> list[str] |
 
 def check_method_args(spec: MethodSpec, opts: CallOptions) -> list[str] | None:
     """The call's evidence (:func:`check_evidence`), once the arguments only some methods read
-    are checked against ``spec``: ``reranker=`` / ``k=`` only for a method that edits the
-    context with a reranker."""
+    are checked against ``spec``: ``reranker=`` only for a method that edits the context with a
+    reranker, ``k=`` only for one that keeps the best ``k`` chunks (``topk``)."""
     evidence = check_evidence(opts.evidence, spec)
-    if not spec.reranker and (opts.reranker is not None or opts.k is not None):
-        given = " and ".join(n for n, v in (("reranker=", opts.reranker), ("k=", opts.k)) if v is not None)
-        raise ValueError(f"{given} set the reranker of method='topk' / 'reorder'; method={spec.name!r} takes none"
+    if opts.k is not None and not spec.takes_k:
+        raise ValueError(f"k= is how many chunks method='topk' keeps; method={spec.name!r} takes none"
+                         + (" (it keeps every chunk)" if spec.reranker else ""))
+    if opts.reranker is not None and not spec.reranker:
+        raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={spec.name!r} takes none"
                          + (" (it ranks sentences by config.relevance, e.g. QGPMConfig(relevance='bm25'))" if spec.stage is Stage.HEADS else ""))
     return evidence
 

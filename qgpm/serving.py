@@ -41,13 +41,21 @@ from .rope import PositionPlan
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["VLLMServer", "ServingError", "ServerUnreachableError", "ServerTimeoutError", "ServerResponseError", "ServerStreamError",
+__all__ = ["VLLMServer", "check_remote_extras", "ServingError", "ServerUnreachableError", "ServerTimeoutError", "ServerResponseError", "ServerStreamError",
            "ServedModelMismatchError", "RemoteGenerationUnsupported"]
 
 # a probe whose token ids tell two tokenizers apart (words, digits, punctuation, a special-token string as text)
 _TOKENIZER_PROBE = "Tide gauge 4471 calibrated by Ms. O'Neill, 2019-03-07; café <|im_end|> naïve  spacing\n\tend."
 # decoding arguments beyond Decoding's own (transformers' generate() names) -> the server's names for them
 _PASSED_EXTRAS = {"top_k": "top_k", "min_p": "min_p", "repetition_penalty": "repetition_penalty", "min_new_tokens": "min_tokens"}
+
+
+def check_remote_extras(extra: Any) -> None:
+    """Raise ``TypeError`` for decoding extras (``generate()``-style keywords) a vLLM server does not take."""
+    unknown = sorted(k for k in extra if k not in _PASSED_EXTRAS)
+    if unknown:
+        raise TypeError(f"{', '.join(unknown)}: not decoding settings a vLLM server takes (it takes {', '.join(_PASSED_EXTRAS)}); "
+                        "run in process for transformers' generate() arguments")
 
 
 class ServingError(ConnectionError):
@@ -168,10 +176,7 @@ class VLLMServer:
 
     def check_decoding(self, decoding: Decoding) -> None:
         """Raise, before any work, for decoding extras a vLLM server does not take."""
-        unknown = sorted(k for k in decoding.extra if k not in _PASSED_EXTRAS)
-        if unknown:
-            raise TypeError(f"{', '.join(unknown)}: not decoding settings a vLLM server takes (it takes {', '.join(_PASSED_EXTRAS)}); "
-                            "run in process for transformers' generate() arguments")
+        check_remote_extras(decoding.extra)
 
     def generate(self, call: PreparedCall, decoding: Decoding, *, score: list[int] | None = None) -> Generated:
         if score is not None:

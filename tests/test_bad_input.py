@@ -141,6 +141,7 @@ GEN_CASES = [
     (dict(max_tokens=32), TypeError, r"unexpected arguments \['max_tokens'\]: neither answer\(\) arguments nor"),
     (dict(typical_p=0.9), ValueError, "typical_p: qgpm samples with temperature, top_p, top_k and min_p only"),
     (dict(do_sample=True), ValueError, r"do_sample: set by qgpm itself"),
+    (dict(num_beams=3), ValueError, r"num_beams: not supported; qgpm decodes one sequence per call"),
 ]
 
 
@@ -357,13 +358,17 @@ def test_evidence_with_another_method(engine, stays_vanilla):
     raises(ValueError, "only used by method='oracle'", engine.answer, CTX, Q, method="qgpm", evidence=[EVIDENCE])
 
 
-@pytest.mark.parametrize("method", ["qgpm", "vanilla", "oracle"])
+@pytest.mark.parametrize("method", ["qgpm", "vanilla", "oracle", "reorder"])
 @pytest.mark.parametrize("given", [{"reranker": "bm25"}, {"k": 3}], ids=["reranker", "k"])
-def test_reranker_args_with_a_method_that_has_no_reranker(engine, stays_vanilla, method, given):
+def test_reranker_args_with_a_method_that_does_not_read_them(engine, stays_vanilla, method, given):
+    """reranker= for a method without a reranker, k= for one that keeps every chunk: refused."""
+    if method == "reorder" and "reranker" in given:
+        assert engine.answer(CTX, Q, method=method, max_new_tokens=2, **given).method == "reorder"  # reorder reads its reranker
+        return
     extra = {"evidence": [EVIDENCE]} if method == "oracle" else {}
-    name = next(iter(given))
-    raises(ValueError, f"{name}= set the reranker of method='topk'", engine.answer, CTX, Q, method=method, **given, **extra)
-    with pytest.raises(ValueError, match=f"{name}= set the reranker"):  # the stream says so before its first piece
+    match = "reranker= sets the reranker of method='topk'" if "reranker" in given else "k= is how many chunks method='topk' keeps"
+    raises(ValueError, match, engine.answer, CTX, Q, method=method, **given, **extra)
+    with pytest.raises(ValueError, match=match):  # the stream says so before its first piece
         engine.stream(CTX, Q, method=method, **given, **extra)
 
 

@@ -50,9 +50,10 @@ def test_ask_rejects_unknown_method(capsys):
 
 @pytest.mark.parametrize("argv,fragments", [
     (["--option", "string.local_window=256"], ("--option sets string", "--methods vanilla,qgpm does not run")),
-    (["--methods", "qgpm", "--reranker", "bm25"], ("--reranker set the reranker of topk / reorder",)),
-    (["--methods", "vanilla", "--k", "2"], ("--k set the reranker", "--methods vanilla does")),
-], ids=["option", "reranker", "k"])
+    (["--methods", "qgpm", "--reranker", "bm25"], ("--reranker sets the reranker of topk / reorder",)),
+    (["--methods", "vanilla", "--k", "2"], ("--k is how many chunks topk keeps", "--methods vanilla does not run topk")),
+    (["--methods", "reorder", "--k", "2"], ("--k is how many chunks topk keeps",)),  # reorder keeps every chunk
+], ids=["option", "reranker", "k", "k-reorder"])
 def test_ask_rejects_settings_no_method_it_runs_reads(capsys, argv, fragments):
     """Before any model loads: a setting for a method --methods does not run is a usage error."""
     _one_line_error(capsys, main(["ask", *argv, "Where is the key?"]), *fragments)

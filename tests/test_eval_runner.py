@@ -810,6 +810,10 @@ def test_an_unreadable_manifest_stops_the_run_instead_of_being_overwritten(tmp_p
     with pytest.raises(ValueError, match="manifest.json is not valid JSON"):
         update_manifest(tmp_path, {"command": "second"}, {})
     assert (tmp_path / "manifest.json").read_text() == cut  # left as it was, for its owner to restore
+    from qgpm.eval.runner import run_eval
+
+    with pytest.raises(ValueError, match="manifest.json is not valid JSON"):  # before any model loads
+        run_eval(model="/no/such/model", tasks=["niah_single_2"], lengths=[1024], n=1, methods=["vanilla"], out_dir=tmp_path)
     (tmp_path / "manifest.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="holds a JSON list"):
         read_manifest(tmp_path)

@@ -58,7 +58,9 @@ def prepare_kwargs(sample: EvalSample, method: str, *, config=None, reranker: An
         config=config,
     )
     if method_spec(method).reranker:
-        kw.update(reranker=reranker, k=k)
+        kw["reranker"] = reranker
+    if method_spec(method).takes_k:
+        kw["k"] = k
     if method_spec(method).options:
         kw["options"] = options_for(method, options)
     return kw

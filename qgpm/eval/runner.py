@@ -66,7 +66,7 @@ from qgpm.engine import METHODS
 from qgpm.eval.answering import answer_sample
 from qgpm.eval.hashes import check_options, config_dict, config_hash, engine_dtype, method_fingerprint, reranker_name
 from qgpm.eval.processes import Processes, split_processes
-from qgpm.eval.rows import ROWS_FILE, append_row, merge_rows, norm_depth, rank_file, rank_files, read_rows, row_key, update_manifest
+from qgpm.eval.rows import ROWS_FILE, append_row, merge_rows, norm_depth, rank_file, rank_files, read_manifest, read_rows, row_key, update_manifest
 from qgpm.eval.work import DEFAULT_DEPTHS, WorkItem, prefetched_samples, select_items, work_items
 from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
@@ -172,8 +172,10 @@ def _check_run(methods: Sequence[str], tasks: Sequence[str], n: int, on_error: s
 
 def _prepare_out(out: Path, procs: Processes, shard: tuple[int, int] | None, resume: bool) -> None:
     """Create ``out``; without ``resume`` the main process clears every rows file (a manual
-    shard only its own)."""
+    shard only its own). A ``manifest.json`` there that cannot be read stops every process now,
+    before any work (:func:`~qgpm.eval.rows.read_manifest`)."""
     out.mkdir(parents=True, exist_ok=True)
+    read_manifest(out)
     if not resume:
         if shard is not None:
             rank_file(out, procs.rank).unlink(missing_ok=True)

@@ -281,7 +281,10 @@ class QGPMChatModel(BaseChatModel):
         else:
             self._load_kwargs = check_model_args(owner, self.model, self.tokenizer, self.model_kwargs)
             check_heads(self.heads, owner)
-        check_generate_kwargs(self.generate_kwargs, owner, _GENERATE_FIELDS)
+        check_generate_kwargs(self.generate_kwargs, owner, _GENERATE_FIELDS, remote=self.vllm_url is not None)
+        if self.timeout is not None and self.vllm_url is not None:
+            raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such "
+                             "setting: leave timeout unset with vllm_url=")
         if self.vllm_model is not None and self.vllm_url is None:
             raise ValueError("vllm_model= names the model on the vllm_url= server: pass vllm_url= too")
         if self.vllm_url is not None:
@@ -457,6 +460,8 @@ class QGPMChatModel(BaseChatModel):
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
                 raise ValueError(f"timeout must be a number of seconds > 0 (None: no limit), got {timeout!r}")
+            if getattr(engine.generator, "name", None) == "vllm":
+                raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such setting")
             gen["max_time"] = float(timeout)
         call = self._answer_kwargs(engine, request, kwargs) if request.mode == "context" else {}
         return engine, request, gen, call
@@ -477,9 +482,11 @@ class QGPMChatModel(BaseChatModel):
         elif kwargs.get("evidence") is not None:
             raise ValueError("evidence= is only used with method='oracle'")
         if spec.reranker:
-            call.update(reranker=kwargs.get("reranker", self.reranker), k=int(kwargs.get("k", self.k)))
-        else:  # a call's own reranker= / k= reach the engine, which refuses them for this method
-            call.update({n: kwargs[n] for n in ("reranker", "k") if kwargs.get(n) is not None})
+            call["reranker"] = kwargs.get("reranker", self.reranker)
+        if spec.takes_k:
+            call["k"] = int(kwargs.get("k", self.k))
+        # a call's own reranker= / k= for a method that does not read them reach the engine, which refuses them
+        call.update({n: kwargs[n] for n in ("reranker", "k") if kwargs.get(n) is not None and n not in call})
         if kwargs.get("relevance") is not None and spec.stage is not Stage.HEADS:
             raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
         relevance = kwargs.get("relevance", self.relevance)

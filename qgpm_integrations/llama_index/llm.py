@@ -286,9 +286,10 @@ class QGPMLLM(CustomLLM):
             raise ValueError(f"method={method!r} needs evidence=[exact substrings of the context]")
         if kwargs.get("evidence") is not None and not spec.evidence:
             raise ValueError(f"evidence= is only used with method='oracle', not method={method!r}")
-        given = [n for n in ("reranker", "k") if n in kwargs]
-        if given and not spec.reranker:
-            raise ValueError(f"{'= and '.join(given)}= set the reranker of method='topk' / 'reorder'; method={method!r} takes none")
+        if "reranker" in kwargs and not spec.reranker:
+            raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={method!r} takes none")
+        if "k" in kwargs and not spec.takes_k:
+            raise ValueError(f"k= is how many chunks method='topk' keeps; method={method!r} takes none")
         resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
         if kwargs.get("relevance") is not None:
             parse_source(kwargs["relevance"])
@@ -305,7 +306,7 @@ class QGPMLLM(CustomLLM):
                 raise ValueError(f"device_map given twice: {device_map!r} and model_kwargs['device_map']={model_kwargs['device_map']!r}")
             model_kwargs["device_map"] = device_map
         kwargs["model_kwargs"] = model_kwargs
-        check_generate_kwargs(kwargs.get("generate_kwargs"), owner, _GENERATE_FIELDS)
+        check_generate_kwargs(kwargs.get("generate_kwargs"), owner, _GENERATE_FIELDS, remote=kwargs.get("vllm_url") is not None)
         if engine is not None:
             given = [n for n, v in (("model", model), ("model_name", kwargs.get("model_name")), ("tokenizer", tokenizer),
                                     ("heads", heads), ("model_kwargs", model_kwargs or None), ("vllm_url", kwargs.get("vllm_url")))
@@ -426,7 +427,9 @@ class QGPMLLM(CustomLLM):
         method = self.method
         spec = method_spec(method)
         if spec.reranker:
-            kw.update(reranker=self.reranker, k=self.k)
+            kw["reranker"] = self.reranker
+        if spec.takes_k:
+            kw["k"] = self.k
         elif spec.options:
             kw["options"] = self.options
         elif spec.evidence:

@@ -274,7 +274,7 @@ def test_wrong_arguments_are_clear_errors(llm, prompt_value):
         llm.invoke(prompt_value, method="bogus")
     with pytest.raises(ValueError, match="evidence"):
         llm.invoke(prompt_value, evidence=[EVIDENCE])
-    with pytest.raises(ValueError, match="reranker= set the reranker of method='topk'"):  # qgpm ranks by its config.relevance
+    with pytest.raises(ValueError, match="reranker= sets the reranker of method='topk'"):  # qgpm ranks by its config.relevance
         llm.invoke(prompt_value, reranker="bm25")
     with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):  # 0 is no "no limit"
         llm.invoke(prompt_value, timeout=0)

@@ -435,14 +435,16 @@ def test_arguments_no_method_reads_raise(stub_engine, word_tokenizer):
         llm.complete("hi", top_k=20)
     with pytest.raises(TypeError, match=r"\['method'\]"):  # the method is the LLM's field, not a call argument
         llm.complete("Context: Text.\n\nQuestion: Q?", method="vanilla")
-    assert all(c[3].get("method") != "vanilla" for c in stub_engine.calls)
+    assert stub_engine.calls == []  # neither call reached the engine
     with pytest.raises(ValueError, match="evidence= is only used with method='oracle'"):
         QGPMLLM(engine=stub_engine, method="qgpm", evidence=["Needle here."])
-    with pytest.raises(ValueError, match="reranker= set the reranker of method='topk'"):
+    with pytest.raises(ValueError, match="reranker= sets the reranker of method='topk'"):
         QGPMLLM(engine=stub_engine, method="qgpm", reranker="bm25")
-    with pytest.raises(ValueError, match="k= set the reranker"):
-        QGPMLLM(engine=stub_engine, method="vanilla", k=2)
-    QGPMLLM(engine=stub_engine, method="reorder", reranker="bm25")  # the methods that read them take them
+    with pytest.raises(ValueError, match="k= is how many chunks method='topk' keeps"):
+        QGPMLLM(engine=stub_engine, method="reorder", k=2)
+    qa = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?")
+    QGPMLLM(engine=stub_engine, method="reorder", reranker="bm25").predict(qa, context_str="Text.")  # reorder reads its reranker
+    assert stub_engine.calls[-1][3]["reranker"] == "bm25" and "k" not in stub_engine.calls[-1][3]
 
 
 def test_plain_chat_fallback_is_logged_once(stub_engine, word_tokenizer, caplog):

@@ -111,6 +111,8 @@ def test_generate_kwargs_reach_the_engine(stub_engine, word_tokenizer):
         ({"method": "magic"}, ValueError, "unknown method"),
         ({"model_kwargs": {"dtype": "bf17"}}, ValueError, "unknown dtype"),
         ({"generate_kwargs": {"max_new_tokens": 3}}, ValueError, r"set max_new_tokens=\.\.\. instead"),
+        ({"generate_kwargs": {"repetition_penaltyy": 1.2}}, TypeError, r"generate_kwargs: unexpected arguments \['repetition_penaltyy'\]"),
+        ({"generate_kwargs": {"num_return_sequences": 2}}, ValueError, "num_return_sequences: not supported"),
         ({"model": "a/b", "model_name": "c/d"}, ValueError, "not both"),
         ({"heads": "/no/such/heads.json"}, FileNotFoundError, "not a head-set file"),
         ({"model_name": "x", "tokenizer": object()}, ValueError, "already-loaded"),
