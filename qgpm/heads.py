@@ -304,8 +304,8 @@ def missing_head_set_error(model: str | ModelFingerprint) -> HeadSetMissingError
         f"no head set is stored for model {name}. Calibrate one with "
         f"`qgpm calibrate --model <id-or-path>` (writes to {user_head_dir()}), call "
         "QGPM.from_pretrained(..., heads='calibrate') to calibrate now, or pass heads=[(layer, head), ...]; "
-        "or rank sentences with a reranker, which needs no head set: relevance='minilm' (a QGPMConfig field; "
-        "the adapters take relevance= too)."
+        "or rank sentences with relevance='minilm' (a QGPMConfig field, also an argument of the adapters): "
+        "a reranker, which needs no head set."
     )
 
 
