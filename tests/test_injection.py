@@ -158,7 +158,7 @@ def test_every_method_sends_injected_context_as_text(case, method):
     if method == "oracle":
         kw["evidence"] = [EVIDENCE]
     if method in ("topk", "reorder"):
-        kw.update(reranker="bm25", k=5)
+        kw.update(reranker="bm25", **({"k": 5} if method == "topk" else {}))
     with model_inputs(engine) as seen:
         engine.answer(CONTEXT, QUESTION, **kw)
         engine.answer(CONTEXT + inj, QUESTION, **kw)
