@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The 8K test grid on SmolLM2-135M-Instruct beyond multi-key: multi-value, single needle, NoLiMa
+# and QA at 8,192 tokens (depths 0.25 / 0.5 / 0.75, needle contents 0-5: 18 samples per task),
+# for vanilla, the shipped preset (qgpm: the SmolLM2 preset, relevance MiniLM; series 5b41b7 as on the 8K multi-key rows)
+# and Top-K (MiniLM, k = 5). Reorder is not run: its chunk separators put an 8K prompt past
+# SmolLM2's 8,192-token window, and every call is refused (ContextTooLongError).
+#
+# These rows choose nothing and change no setting (written 2026-12-06, before the rows). Read:
+# right answers per method and task, and each method against vanilla on the same samples
+# (wins / losses, two-sided exact McNemar p), with
+#   python benchmarks/grid_table.py benchmarks/results/eval_smollm2_test_8k/rows.jsonl --length 8192 \
+#     --series vanilla=6cbe99679449,minilm=5b41b7289667,topk=afacc4e2ce2f
+# Two processes (shards 0 and 1), one thread each, each folder resumable:
+#   bash scripts/test_grid_8k.sh 0 & bash scripts/test_grid_8k.sh 1; wait
+# Rows merge into benchmarks/results/eval_smollm2_test_8k with
+#   python benchmarks/merge_runs.py --into benchmarks/results/eval_smollm2_test_8k runs/test8k_tasks/{main,topk}
+# Multi-key at 8K has its vanilla and qgpm rows from the earlier 8K grid (docs/results.md); Top-K
+# there, for the five-task comparison (decided 2026-12-06 after these rows, as a baseline row that
+# chooses nothing), ran as one process:
+#   OMP_NUM_THREADS=1 .venv/bin/python -m qgpm.eval.cli eval --model smollm2 --split test --device cpu --dtype float32 \
+#     --max-new-tokens 48 --no-logprob --no-progress --lengths 8192 --depths 0.25,0.5,0.75 --tasks niah_multikey_1 --n 6 \
+#     --methods topk --out runs/test8k_tasks/topk_mk
+set -u
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+i=$1
+OUT=${OUT:-runs/test8k_tasks}
+PY=${PY:-.venv/bin/python}
+E="$PY -m qgpm.eval.cli eval --model smollm2 --split test --device cpu --dtype float32 --max-new-tokens 48 --no-logprob --no-progress --lengths 8192 --depths 0.25,0.5,0.75 --tasks niah_multivalue,niah_single_2,nolima_direct,qa_1 --n 6 --shard $i/2"
+mkdir -p "$OUT"
+$E --methods vanilla,qgpm --out "$OUT/main" > "$OUT/main.s$i.log" 2>&1
+$E --methods topk --out "$OUT/topk" > "$OUT/topk.s$i.log" 2>&1
