@@ -11,9 +11,14 @@
 #   python benchmarks/grid_table.py benchmarks/results/eval_smollm2_test_8k/rows.jsonl --length 8192 \
 #     --series vanilla=6cbe99679449,minilm=5b41b7289667,topk=afacc4e2ce2f
 # Two processes (shards 0 and 1), one thread each, each folder resumable:
-#   bash scripts/test_grid_8k.sh 0 & bash scripts/test_grid_8k.sh 1; wait
+#   bash scripts/test_grid_8k.sh 0 & bash scripts/test_grid_8k.sh 1; wait     (stages main, then topk)
 # Rows merge into benchmarks/results/eval_smollm2_test_8k with
 #   python benchmarks/merge_runs.py --into benchmarks/results/eval_smollm2_test_8k runs/test8k_tasks/{main,topk}
+# Stage oracle (decided 2026-12-06 after the rows above, before its own): the Oracle with the
+# shipped preset's settings (no --set), which moves the gold sentences where the preset moves its
+# top-ranked ones. Read per task: where the Oracle answers more than the preset, the preset's gap
+# (to Top-K) there is its ranking; where it does not, the placement or the model at 8K bounds it.
+#   bash scripts/test_grid_8k.sh 0 oracle & bash scripts/test_grid_8k.sh 1 oracle; wait
 # Multi-key at 8K has its vanilla and qgpm rows from the earlier 8K grid (docs/results.md); Top-K
 # there, for the five-task comparison (decided 2026-12-06 after these rows, as a baseline row that
 # chooses nothing), ran as one process:
@@ -27,6 +32,13 @@ i=$1
 OUT=${OUT:-runs/test8k_tasks}
 PY=${PY:-.venv/bin/python}
 E="$PY -m qgpm.eval.cli eval --model smollm2 --split test --device cpu --dtype float32 --max-new-tokens 48 --no-logprob --no-progress --lengths 8192 --depths 0.25,0.5,0.75 --tasks niah_multivalue,niah_single_2,nolima_direct,qa_1 --n 6 --shard $i/2"
+shift
 mkdir -p "$OUT"
-$E --methods vanilla,qgpm --out "$OUT/main" > "$OUT/main.s$i.log" 2>&1
-$E --methods topk --out "$OUT/topk" > "$OUT/topk.s$i.log" 2>&1
+for stage in ${@:-main topk}; do
+  case $stage in
+    main) $E --methods vanilla,qgpm --out "$OUT/main" > "$OUT/main.s$i.log" 2>&1 ;;
+    topk) $E --methods topk --out "$OUT/topk" > "$OUT/topk.s$i.log" 2>&1 ;;
+    oracle) $E --methods oracle --out "$OUT/oracle" > "$OUT/oracle.s$i.log" 2>&1 ;;
+    *) echo "unknown stage $stage (main, topk, oracle)" >&2; exit 2 ;;
+  esac
+done
