@@ -19,6 +19,10 @@
 # top-ranked ones. Read per task: where the Oracle answers more than the preset, the preset's gap
 # (to Top-K) there is its ranking; where it does not, the placement or the model at 8K bounds it.
 #   bash scripts/test_grid_8k.sh 0 oracle & bash scripts/test_grid_8k.sh 1 oracle; wait
+# Stage heads (decided 2026-12-06 after the oracle rows, before its own): the shipped preset with
+# relevance=heads (what a model without a preset ranks with), reported per task beside the preset
+# (MiniLM) with wins / losses; it chooses nothing.
+#   bash scripts/test_grid_8k.sh 0 heads & bash scripts/test_grid_8k.sh 1 heads; wait
 # Multi-key at 8K has its vanilla and qgpm rows from the earlier 8K grid (docs/results.md); Top-K
 # there, for the five-task comparison (decided 2026-12-06 after these rows, as a baseline row that
 # chooses nothing), ran as one process:
@@ -39,6 +43,7 @@ for stage in ${@:-main topk}; do
     main) $E --methods vanilla,qgpm --out "$OUT/main" > "$OUT/main.s$i.log" 2>&1 ;;
     topk) $E --methods topk --out "$OUT/topk" > "$OUT/topk.s$i.log" 2>&1 ;;
     oracle) $E --methods oracle --out "$OUT/oracle" > "$OUT/oracle.s$i.log" 2>&1 ;;
-    *) echo "unknown stage $stage (main, topk, oracle)" >&2; exit 2 ;;
+    heads) $E --methods qgpm --set relevance=heads --out "$OUT/heads" > "$OUT/heads.s$i.log" 2>&1 ;;
+    *) echo "unknown stage $stage (main, topk, oracle, heads)" >&2; exit 2 ;;
   esac
 done
