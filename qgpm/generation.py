@@ -65,7 +65,9 @@ class PieceStream(Protocol):
 class Generator(Protocol):
     """Where pass 2 and decoding run. ``check(spec, config)`` raises, before any work, for a
     method (``None``: plain chat) whose pass 2 this generator cannot run under ``config``;
-    ``generate`` / ``stream`` run a prepared call."""
+    ``generate`` / ``stream`` run a prepared call. A generator may also have
+    ``check_decoding(decoding)``, which the engine calls before any work
+    (:func:`checked_decoding`) to refuse decoding extras it would not apply."""
 
     name: str
 
