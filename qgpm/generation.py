@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -191,11 +192,19 @@ _GENERATE_ARGS = frozenset({"logits_processor", "stopping_criteria", "prefix_all
                             "negative_prompt_attention_mask"})
 
 
+@functools.cache
+def _generate_settings() -> frozenset[str]:
+    """The names ``generate()`` takes as settings: ``GenerationConfig``'s fields and its own arguments."""
+    return frozenset(set(GenerationConfig().to_dict()) - {"_from_model_config", "transformers_version"}) | _GENERATE_ARGS
+
+
 def check_generate_extras(extra: Any) -> None:
     """Raise, before any model work, for a ``generate()`` extra the transformers generator would
     not apply: one that is neither a ``GenerationConfig`` field nor a ``generate()`` argument, one
     qgpm sets itself, a sampling setting its sampler does not apply, or a setting of another
     decoding strategy (beams, several sequences, assisted decoding)."""
+    if not extra:  # most calls: nothing to check
+        return
     own = sorted(set(extra) & _GENERATE_OWN)
     if own:
         raise ValueError(f"{', '.join(own)}: set by qgpm itself for every call (sampling: temperature > 0; stop strings: stop=)")
@@ -206,8 +215,7 @@ def check_generate_extras(extra: Any) -> None:
     if other:
         raise ValueError(f"{', '.join(other)}: not supported; qgpm decodes one sequence per call, token by token under its "
                          "position plan (greedy, or sampled with temperature > 0)")
-    known = (set(GenerationConfig().to_dict()) - {"_from_model_config", "transformers_version"}) | _GENERATE_ARGS
-    unknown = sorted(set(extra) - known)
+    unknown = sorted(set(extra) - _generate_settings())
     if unknown:
         raise TypeError(f"unexpected arguments {unknown}: neither answer() arguments nor transformers generate() settings "
                         "(GenerationConfig fields such as repetition_penalty, min_new_tokens, top_k, or logits_processor)")
