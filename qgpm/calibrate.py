@@ -23,7 +23,9 @@ from tqdm.auto import tqdm
 from .heads import HeadSet, reciprocal_rank
 from .prompt import DEFAULT_TEMPLATE, Prompt, PromptSpec, build_prompt
 from .pass1 import sentence_heads_logits
+from .rerank import get_reranker
 from .shaping import fuse_heads
+from .sources import HEADS, parse_source, reranker_relevance
 
 __all__ = ["HeadScores", "score_heads", "calibrate_heads", "flat_relevance_threshold", "separating_cut", "check_depth_options", "fused_mrr", "sample_head_logits", "evidence_sentences"]
 
@@ -240,27 +242,39 @@ def calibrate_heads(
     )
 
 
-def flat_relevance_threshold(engine, samples: Sequence[Any], heads: Sequence[tuple[int, int]]) -> dict[str, Any]:
-    """The confidence rule's threshold (``QGPMConfig.min_top_z``) in this model's own z units.
+def flat_relevance_threshold(engine, samples: Sequence[Any], heads: Sequence[tuple[int, int]] | None = None, *,
+                             relevance: str = HEADS) -> dict[str, Any]:
+    """The confidence rule's threshold (``QGPMConfig.min_top_z``) on a relevance source's z scale.
 
-    For each sample: the fused relevance ``z`` (Eq. 5) of the ``heads``, its top value, and
-    whether the top sentence holds the evidence. The threshold is the cut on the top z that best
-    separates the samples whose evidence the heads ranked first from those whose evidence they
-    missed (the largest share found above plus share missed below, Youden's J; the midpoint
-    between the two top z values it falls between). A call whose top z is below it is one the
-    heads are as unsure of as the misses, so it keeps vanilla positions. Returns the threshold
-    (``None`` when the heads ranked every sample's evidence first or missed all of them: no cut
-    separates anything) with the top z values behind it, for the head set's ``meta``.
+    For each sample: the relevance ``z`` of every sentence (``relevance="heads"``: the fused z of
+    Eq. 5 over ``heads``, in this model's own units; a reranker spec such as ``"minilm"``: the
+    reranker's standardized scores, the same for every model), its top value, and whether the
+    top sentence holds the evidence. The threshold is the cut on the top z that best separates
+    the samples whose evidence was ranked first from those whose evidence was missed (the
+    largest share found above plus share missed below, Youden's J; the midpoint between the two
+    top z values it falls between). A call whose top z is below it is one the source is as
+    unsure of as the misses, so it keeps vanilla positions. Returns the threshold (``None`` when
+    every sample's evidence was ranked first or none was: no cut separates anything) with the
+    top z values behind it, for the head set's ``meta`` or the reranker's stored calibration.
     """
+    source = parse_source(relevance)
+    if source.heads and source.reranker is not None:
+        raise ValueError(f"relevance {relevance!r}: a threshold is calibrated for one source, 'heads' or a reranker, not a fusion")
+    if source.heads and not heads:
+        raise ValueError("relevance='heads' needs the heads to calibrate the threshold for")
+    reranker = get_reranker(source.reranker) if source.reranker is not None else None
     found: list[float] = []
     missed: list[float] = []
     for sample in samples:
         prompt = _sample_prompt(engine, sample)
-        z = fuse_heads(_all_sentence_logits(engine, prompt, list(heads)))
+        if reranker is None:
+            z = fuse_heads(_all_sentence_logits(engine, prompt, list(heads)))
+        else:
+            z = reranker_relevance(reranker, prompt.question_text or sample.question, [s.text for s in prompt.sentences])
         gold = set(evidence_sentences(prompt, sample.evidence))
         (found if int(torch.argmax(z)) in gold else missed).append(float(z.max()))
-    out: dict[str, Any] = {"min_top_z": None, "samples": len(found) + len(missed), "found_top_z": sorted(round(v, 3) for v in found),
-                           "missed_top_z": sorted(round(v, 3) for v in missed)}
+    out: dict[str, Any] = {"min_top_z": None, "relevance": source.spec, "samples": len(found) + len(missed),
+                           "found_top_z": sorted(round(v, 3) for v in found), "missed_top_z": sorted(round(v, 3) for v in missed)}
     cut = separating_cut(found, missed)
     if cut is not None:
         out.update(min_top_z=round(cut[0], 3), youden_j=round(cut[1], 3))

@@ -35,6 +35,7 @@ from .lexical import bm25_scores, require_bm25
 from .rerank import get_reranker
 from .hooks import reorder_mask_kind
 from .sources import parse_source
+from .thresholds import calibrated_min_top_z
 from .results import PreparedCall, SentenceRelevance, Timings
 from .tokens import count_plain, encode_prompt, special_token_ids
 
@@ -268,16 +269,14 @@ def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfi
 
 
 def confidence_config(eng: ModelView, cfg: QGPMConfig) -> QGPMConfig:
-    """``cfg`` with ``min_top_z="calibrated"`` replaced by the threshold of the engine's head set
-    for the heads' relevance; ``None`` (the rule off, logged once per reason) where the head set
-    stores none or the relevance comes from a reranker (another z scale)."""
+    """``cfg`` with ``min_top_z="calibrated"`` replaced by the threshold calibrated on its relevance
+    source's z scale (:func:`qgpm.sources.calibrated_min_top_z`: the engine's head set's for the
+    heads, the reranker's stored one for a reranker); ``None`` (the rule off, logged once per
+    reason) where there is none."""
     if cfg.min_top_z != CALIBRATED:
         return cfg
-    source = parse_source(cfg.relevance)
-    value = eng.head_set.min_top_z if eng.head_set is not None and source.spec == "heads" else None
+    value, why = calibrated_min_top_z(cfg.relevance, eng.head_set)
     if value is None:
-        why = (f"relevance={source.spec!r} gives z on another scale than the heads' calibrated one" if source.spec != "heads"
-               else "the model's head set stores no calibrated threshold (recalibrate it: qgpm calibrate)")
         _note_once(eng, f"qgpm: min_top_z='calibrated' has no threshold here ({why}), so the flat-relevance rule is off for these "
                         "calls; set min_top_z to a number to use it")
     return cfg.with_(min_top_z=value)

@@ -47,6 +47,7 @@ __all__ = [
     "EmbeddingReranker",
     "BM25Reranker",
     "get_reranker",
+    "reranker_key",
     "RERANKER_CHOICES",
     "QWEN3_RERANKER_SYSTEM",
     "DEFAULT_INSTRUCTION",
@@ -228,6 +229,18 @@ def _auto_placement() -> dict[str, Any]:
     return {}
 
 
+def reranker_key(spec: str) -> str:
+    """The canonical name of a reranker spec, the same for every spelling of one reranker
+    (``"embedding"`` and ``"minilm"`` -> ``"minilm"``; ``"llm-judge"`` -> ``"judge"``); the key
+    :func:`get_reranker` caches by. Checks nothing: an unknown spec keeps its lower-cased kind."""
+    kind, sep, arg = spec.strip().partition(":")
+    kind, arg = kind.strip().lower(), arg.strip()
+    kind = {"embedding": "minilm", "llm-judge": "judge"}.get(kind, kind)
+    if kind == "judge" and is_default_model(arg):
+        arg = ""  # the embedded default, however it is spelled
+    return f"{kind}:{arg}" if arg else (kind if not sep or kind in {"minilm", "judge"} else f"{kind}:")
+
+
 def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
     """Return a reranker for ``spec``, cached per process.
 
@@ -255,12 +268,8 @@ def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
         if isinstance(spec, Reranker):
             return spec
         raise TypeError(f"reranker must be a spec string or a Reranker, got {type(spec).__name__}")
-    kind, sep, arg = spec.strip().partition(":")
-    kind, arg = kind.strip().lower(), arg.strip()
-    kind = {"embedding": "minilm", "llm-judge": "judge"}.get(kind, kind)
-    if kind == "judge" and is_default_model(arg):
-        arg = ""  # the embedded default, however it is spelled
-    key = f"{kind}:{arg}" if arg else (kind if not sep or kind in {"minilm", "judge"} else f"{kind}:")
+    key = reranker_key(spec)
+    arg = key.partition(":")[2]
     with _RERANKERS_LOCK:
         if key in _RERANKERS:
             return _RERANKERS[key]

@@ -12,7 +12,8 @@ question instead, with no pass 1, or both, fused:
 * ``"heads+<reranker>"``: the mean of the two standardized signals (each weighs half).
 
 Everything after ``z`` (ranks, shaping, the confidence rules, positions) is the same for
-every source.
+every source; the flat-relevance threshold is on each source's own z scale
+(:mod:`qgpm.thresholds`).
 """
 
 from __future__ import annotations
@@ -80,3 +81,4 @@ def fuse_sources(z_heads: torch.Tensor, z_reranker: torch.Tensor) -> torch.Tenso
     if z_heads.shape != z_reranker.shape:
         raise ValueError(f"cannot fuse relevance of {z_heads.numel()} and {z_reranker.numel()} sentences")
     return (z_heads.to(torch.float64) + z_reranker.to(torch.float64)) / 2.0
+

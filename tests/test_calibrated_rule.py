@@ -56,7 +56,7 @@ def test_no_threshold_turns_the_rule_off_with_a_warning(tokenizer, caplog):
         bm25 = high.answer(CONTEXT, QUESTION, config=high.config.with_(relevance="bm25", **MOVING), max_new_tokens=2)
     assert not res.details["flat_relevance"] and not bm25.details["flat_relevance"]
     notes = [r.getMessage() for r in caplog.records if "min_top_z='calibrated' has no threshold" in r.getMessage()]
-    assert any("stores no calibrated threshold" in n for n in notes) and any("relevance='bm25'" in n for n in notes)
+    assert any("stores no calibrated threshold" in n for n in notes) and any("reranker 'bm25'" in n for n in notes)
 
 
 def test_the_eval_fingerprint_names_the_calibrated_threshold(tokenizer):

@@ -19,6 +19,7 @@ from qgpm.config import CALIBRATED
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.eval.answering import answer_stop, options_for
 from qgpm.methods import Stage, method_spec
+from qgpm.thresholds import calibrated_min_top_z
 
 __all__ = ["method_fingerprint", "config_hash", "config_dict", "check_options", "engine_dtype", "reranker_name"]
 
@@ -82,8 +83,8 @@ def method_fingerprint(
         fp["config"] = config_dict(cfg)
     if spec.stage is Stage.HEADS:
         fp["heads"] = [list(h) for h in engine.heads]
-        if cfg.min_top_z == CALIBRATED:  # the threshold it stands for on this engine's head set
-            fp["calibrated_min_top_z"] = engine.head_set.min_top_z if engine.head_set is not None else None
+        if cfg.min_top_z == CALIBRATED:  # the threshold it stands for with this source (and this engine's head set)
+            fp["calibrated_min_top_z"] = calibrated_min_top_z(cfg.relevance, engine.head_set)[0]
         low = engine.pass1_precision(cfg)
         if low is not None:  # what "auto" became on this hardware; absent at the model's dtype (earlier rows keep their hashes)
             fp["pass1_precision"] = str(low).removeprefix("torch.")
