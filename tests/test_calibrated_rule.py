@@ -9,6 +9,7 @@ import pytest
 from qgpm import QGPM, HeadSet, QGPMConfig
 from qgpm.calibrate import separating_cut
 from qgpm.config import CALIBRATED, PRESETS, RECIPE, SMOLLM2_KEY
+from qgpm.thresholds import calibrated_min_top_z, reranker_confidence
 
 from qgpm_testing import tiny_model
 
@@ -83,3 +84,70 @@ def test_the_shipped_head_sets_carry_their_thresholds():
         conf = hs.meta["confidence"]
         assert conf["samples"] == 54 and conf["min_top_z"] == hs.min_top_z
         assert separating_cut(conf["found_top_z"], conf["missed_top_z"])[0] == pytest.approx(hs.min_top_z, abs=1e-3)
+
+
+def test_a_reranker_source_reads_the_rerankers_own_threshold_not_the_head_sets(tokenizer, monkeypatch):
+    import qgpm.thresholds as thresholds
+
+    engine = engine_with(tokenizer, {"min_top_z": -1e6})  # the heads' threshold would never call a context flat
+    cfg = engine.config.with_(relevance="minilm", **MOVING)
+    monkeypatch.setattr(thresholds, "reranker_confidence", lambda name: {"min_top_z": 1e6} if name == "minilm" else None)
+    assert engine.answer(CONTEXT, QUESTION, config=cfg, max_new_tokens=2).details["flat_relevance"]
+    monkeypatch.setattr(thresholds, "reranker_confidence", lambda name: {"min_top_z": -1e6} if name == "minilm" else None)
+    assert not engine.answer(CONTEXT, QUESTION, config=cfg, max_new_tokens=2).details["flat_relevance"]
+
+
+def test_the_shipped_minilm_threshold_decides_on_minilms_top_z(tokenizer):
+    from qgpm.rerank import get_reranker
+    from qgpm.sources import reranker_relevance
+
+    engine = engine_with(tokenizer, {"min_top_z": 1e6})
+    threshold = calibrated_min_top_z("minilm", engine.head_set)[0]
+    harbor = ("The harbor opened in 1820. Gulls nest on the old pier. The ferry leaves at noon. Fishermen mend nets in spring. "
+              "The lighthouse was painted red. A storm closed the port in 1901. The market sells smoked fish. "
+              "The ferry office stands by the customs house.")
+    flat = []
+    for question in ("When did the harbor open?", "What is the capital of Peru?"):
+        res = engine.answer(harbor, question, config=engine.config.with_(relevance="minilm", **MOVING), max_new_tokens=2)
+        prompt_sentences = [s.text for s in sorted(res.relevance, key=lambda s: s.index)]
+        top = float(reranker_relevance(get_reranker("minilm"), question, prompt_sentences).max())
+        assert res.details["flat_relevance"] == (top < threshold), (question, top, threshold)
+        flat.append(res.details["flat_relevance"])
+    assert flat == [False, True]  # one sentence answers the first question; none the second
+
+
+def test_calibrated_min_top_z_by_source():
+    high = HeadSet("tiny", [(1, 0)], meta={"confidence": {"min_top_z": 3.25}})
+    conf = reranker_confidence("minilm")
+    assert conf is not None and conf["relevance"] == "minilm" and conf["samples"] == 54
+    assert separating_cut(conf["found_top_z"], conf["missed_top_z"])[0] == pytest.approx(conf["min_top_z"], abs=1e-3)
+    assert calibrated_min_top_z("minilm", high) == (conf["min_top_z"], None)
+    assert calibrated_min_top_z("embedding", None) == (conf["min_top_z"], None)  # the same reranker spelled otherwise
+    assert calibrated_min_top_z("heads", high) == (3.25, None)
+    value, why = calibrated_min_top_z("heads", HeadSet("tiny", [(1, 0)]))
+    assert value is None and "qgpm calibrate" in why
+    value, why = calibrated_min_top_z("bm25", high)
+    assert value is None and "--relevance bm25 --write" in why
+    value, why = calibrated_min_top_z("heads+minilm", high)
+    assert value is None and "fuses" in why
+    assert reranker_confidence("cross-encoder:/some/path") is None
+
+
+def test_the_eval_fingerprint_names_the_sources_threshold(tokenizer):
+    from qgpm.eval.hashes import config_hash, method_fingerprint
+
+    engine = engine_with(tokenizer, {"min_top_z": 1.5})
+    minilm = method_fingerprint(engine, "qgpm", config=RECIPE.with_(relevance="minilm"))
+    assert minilm["calibrated_min_top_z"] == reranker_confidence("minilm")["min_top_z"]
+    assert method_fingerprint(engine, "qgpm", config=RECIPE.with_(relevance="heads+bm25"))["calibrated_min_top_z"] is None
+    assert config_hash(minilm) != config_hash(method_fingerprint(engine, "qgpm", config=RECIPE.with_(relevance="minilm", min_top_z=None)))
+
+
+def test_flat_relevance_threshold_checks_its_source_first(tokenizer):
+    from qgpm.calibrate import flat_relevance_threshold
+
+    engine = engine_with(tokenizer, None)
+    with pytest.raises(ValueError, match="not a fusion"):
+        flat_relevance_threshold(engine, [], [(1, 0)], relevance="heads+bm25")
+    with pytest.raises(ValueError, match="needs the heads"):
+        flat_relevance_threshold(engine, [], None)
