@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Gemma-3-270M (the base model, plain-text prompts) as the held-out model, with the generic
-# default: no --set, so qgpm and the Oracle run QGPMConfig.for_model's recipe (qgpm.config.RECIPE)
-# and the flat-relevance threshold of the shipped Gemma head set. Test split; five methods;
+# default: no --set, so qgpm and the Oracle run QGPMConfig.for_model's recipe (qgpm.config.RECIPE).
+# The committed rows of qgpm (4dbd8d) and the Oracle were made while the recipe ranked with the
+# heads and the flat-relevance threshold of the shipped Gemma head set; since 2026-12-06 the recipe
+# ranks with MiniLM, and SET="--set relevance=heads" reproduces those rows. Test split; five methods;
 # depths 0 / 0.25 / 0.5 / 0.75 / 1 with n = 12 each, i.e. 60 samples per task and length.
 # Gemma is prompted as plain text, so each answer stops at its first blank line
 # (qgpm.eval.answering.PLAIN_TEXT_STOP; an answer that begins with one ends empty).
@@ -39,7 +41,9 @@
 # the five tasks at each length, and (c) is not significantly below the heads' recipe (series
 # 4dbd8d) over the five tasks at either length (p < 0.05). Otherwise the recipe keeps the heads and
 # the rows are reported as measured. Multi-key at 16K (stage 16k_mk) runs after, if time allows,
-# and decides nothing.
+# and decides nothing; so do multi-key and QA at 8K on the 24 samples of the heads' rows (stages
+# 8k and 8k_more, added 2026-12-06 after the 2K and 4K rows, before any 8K row of MiniLM):
+#   SET="--set relevance=minilm" OUT=runs/gemma_minilm METHODS=qgpm bash scripts/gemma_test_grid.sh I 8k 8k_more
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false

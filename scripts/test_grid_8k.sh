@@ -20,7 +20,7 @@
 # (to Top-K) there is its ranking; where it does not, the placement or the model at 8K bounds it.
 #   bash scripts/test_grid_8k.sh 0 oracle & bash scripts/test_grid_8k.sh 1 oracle; wait
 # Stage heads (decided 2026-12-06 after the oracle rows, before its own): the shipped preset with
-# relevance=heads (what a model without a preset ranks with), reported per task beside the preset
+# relevance=heads (what a model without a preset ranked with until 2026-12-06), reported per task beside the preset
 # (MiniLM) with wins / losses; it chooses nothing.
 #   bash scripts/test_grid_8k.sh 0 heads & bash scripts/test_grid_8k.sh 1 heads; wait
 # Multi-key at 8K has its vanilla and qgpm rows from the earlier 8K grid (docs/results.md); Top-K
