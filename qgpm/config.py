@@ -78,12 +78,13 @@ class QGPMConfig:
     min_top_z:
         Confidence rule (``None`` = off): when the top sentence's fused relevance z
         (Eq. 5) is below this, the call keeps vanilla positions (every score 1) and the
-        engine logs a warning; ``result.details["flat_relevance"]`` says so. z is in each
-        model's own units, so a number fits one model. ``"calibrated"`` (the generic
-        recipe's): the threshold stored with the model's head set, derived when the heads
-        were calibrated (:func:`qgpm.calibrate.flat_relevance_threshold`; a head set without
-        one, or a relevance source other than the heads, has no threshold: the rule is off,
-        with a warning).
+        engine logs a warning; ``result.details["flat_relevance"]`` says so. z is on the
+        relevance source's scale (the heads': each model's own units), so a number fits one
+        source and model. ``"calibrated"`` (the generic recipe's): the threshold calibrated
+        for the source (:func:`qgpm.thresholds.calibrated_min_top_z`): the one stored with
+        the model's head set for the heads, the one shipped with the reranker for
+        ``"minilm"``; BM25, cross-encoders, fused sources and a head set without one have no
+        threshold: the rule is off, with a warning.
     decisive_margin:
         Dominance rule (``None`` = off), in z units: when the top sentence's fused z
         (Eq. 5) exceeds the second sentence's by at least this much, one sentence already
@@ -213,7 +214,9 @@ class QGPMConfig:
         ``"float32"`` on a float32 model is the same as ``None``.
     relevance:
         Where the sentence relevance ``z`` comes from (not in the paper; :mod:`qgpm.sources`).
-        ``"heads"`` (default): the model's own heads in pass 1 (Eq. 4-5). A reranker spec of
+        ``"heads"`` (the field's default and the paper's): the model's own heads in pass 1
+        (Eq. 4-5); the generic recipe (:data:`RECIPE`) and the SmolLM2 preset take
+        ``"minilm"``. A reranker spec of
         :func:`qgpm.rerank.get_reranker` (``"minilm"``, ``"bm25"``, ``"cross-encoder:<path>"``,
         ...): that reranker scores each sentence against the question and no pass 1 runs (the
         call costs about a vanilla prefill plus the reranker; no head set is needed).
@@ -359,14 +362,17 @@ RECIPE = QGPMConfig(
     term_ratio=0.6,
     split_run_ons=True,
     pass1_dtype="auto",
+    relevance="minilm",
     provenance="the measured recipe (docs/tuning/recipe.md): the SmolLM2 preset's reorder with one map, K_s 4, term_ratio 0.6, "
-    "keep_length 1024, split_run_ons and pass1_dtype auto, with the confidence threshold calibrated for the model's own heads",
+    "keep_length 1024, split_run_ons, the sentences ranked by the MiniLM reranker with its calibrated confidence threshold",
 )
 """What a model without its own preset gets (:meth:`QGPMConfig.for_model`): the settings that won
 on SmolLM2 (``remap="reorder"`` with one map, ``K_s`` 4, the query-term filter, short contexts
-kept as they are), with the flat-relevance threshold taken from the model's head set
-(``min_top_z="calibrated"``) instead of SmolLM2's z units. The paper's method is
-:meth:`QGPMConfig.paper`."""
+kept as they are, the sentences ranked by the MiniLM reranker), with the flat-relevance
+threshold calibrated for MiniLM's z (``min_top_z="calibrated"``: :mod:`qgpm.thresholds`)
+instead of the preset's number. No pass 1 runs and no head set is needed;
+``relevance="heads"`` ranks with the model's own heads and their calibrated threshold. The
+paper's method is :meth:`QGPMConfig.paper`."""
 
 PRESET_NAMES: dict[str, str] = {SMOLLM2_KEY: DEFAULT_MODEL_NAME}
 """Readable model name beside each preset's fingerprint key."""
@@ -378,7 +384,6 @@ PRESETS: dict[str, QGPMConfig] = {
     # and the sentence relevance from the MiniLM reranker (docs/tuning/relevance_sources.md)
     SMOLLM2_KEY: RECIPE.with_(
         min_top_z=2.5,
-        relevance="minilm",
         provenance="4K dev search: remap reorder with one map (split_layer 0), s_low 0.45, K_s 4, min_top_z 2.5, "
         "keep_length 1024, term_ratio 0.6, split_run_ons, no dominance rule, pass1_dtype auto (docs/tuning/smollm2_dev_4k.md); "
         "relevance minilm by the rule of docs/tuning/relevance_sources.md on the 4K test grid",

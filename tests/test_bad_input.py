@@ -23,6 +23,7 @@ from qgpm import (
     QGPMConfig,
     UnsupportedModelError,
 )
+from qgpm.config import RECIPE
 from qgpm.runtime import decoder_layers, model_lock
 
 from qgpm_testing import tiny_model
@@ -325,7 +326,8 @@ def test_unsupported_family_is_named_and_stays_vanilla(tokenizer):
 
 
 def test_missing_head_set(engine, tokenizer, stays_vanilla):
-    other = QGPM(engine.model, tokenizer, name="some-unknown-model")
+    heads = RECIPE.with_(relevance="heads")  # the recipe ranks with MiniLM, which needs no head set
+    other = QGPM(engine.model, tokenizer, name="some-unknown-model", config=heads)
     raises(HeadSetMissingError, "qgpm calibrate", other.answer, CTX, Q, method="qgpm")
     raises(HeadSetMissingError, "qgpm calibrate", other.stream, CTX, Q, method="qgpm")
 

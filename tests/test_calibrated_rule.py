@@ -16,6 +16,7 @@ from qgpm_testing import tiny_model
 CONTEXT = " ".join(f"Sentence {i} tells that the stall number {i} sold bread and cheese all day long." for i in range(60))
 QUESTION = "What did stall number 7 sell?"
 MOVING = dict(keep_length=0.0, term_ratio=None)  # a short context that the recipe would otherwise keep as it is
+HEADS = dict(relevance="heads", **MOVING)  # the model's own heads rank (the recipe ranks with MiniLM)
 
 
 def engine_with(tokenizer, confidence: dict | None) -> QGPM:
@@ -31,7 +32,7 @@ def test_the_recipe_is_what_a_model_without_a_preset_gets(tokenizer):
     assert RECIPE.with_(min_top_z=smollm2.min_top_z, relevance=smollm2.relevance, provenance=smollm2.provenance) == smollm2
     assert smollm2 == QGPMConfig(k_sharp=4.0, s_low=0.45, anchor_ratio=2.0, min_top_z=2.5, keep_length=1024.0, remap="reorder", split_layer=0,
                                  term_ratio=0.6, split_run_ons=True, pass1_dtype="auto", relevance="minilm")  # the preset's values, written out
-    assert RECIPE.relevance == "heads"  # a model without a preset reads its own heads
+    assert RECIPE.relevance == "minilm"  # a model without a preset ranks with MiniLM: no pass 1, no head set needed
     assert QGPMConfig.paper().remap == "stride" and QGPMConfig(min_top_z=CALIBRATED).min_top_z == CALIBRATED
     with pytest.raises(ValueError, match="'calibrated'"):
         QGPMConfig(min_top_z="calibrate")
@@ -41,10 +42,10 @@ def test_the_recipe_is_what_a_model_without_a_preset_gets(tokenizer):
 
 def test_the_head_sets_threshold_decides_flat_calls(tokenizer):
     high = engine_with(tokenizer, {"min_top_z": 1e6})
-    res = high.answer(CONTEXT, QUESTION, config=high.config.with_(**MOVING), max_new_tokens=2)
+    res = high.answer(CONTEXT, QUESTION, config=high.config.with_(**HEADS), max_new_tokens=2)
     assert res.details["flat_relevance"]
     low = engine_with(tokenizer, {"min_top_z": -1e6})
-    res = low.answer(CONTEXT, QUESTION, config=low.config.with_(**MOVING), max_new_tokens=2)
+    res = low.answer(CONTEXT, QUESTION, config=low.config.with_(**HEADS), max_new_tokens=2)
     assert not res.details["flat_relevance"]
     assert high.head_set.min_top_z == 1e6 and engine_with(tokenizer, None).head_set.min_top_z is None
 
@@ -53,7 +54,7 @@ def test_no_threshold_turns_the_rule_off_with_a_warning(tokenizer, caplog):
     none = engine_with(tokenizer, None)
     high = engine_with(tokenizer, {"min_top_z": 1e6})
     with caplog.at_level(logging.WARNING, logger="qgpm"):
-        res = none.answer(CONTEXT, QUESTION, config=none.config.with_(**MOVING), max_new_tokens=2)
+        res = none.answer(CONTEXT, QUESTION, config=none.config.with_(**HEADS), max_new_tokens=2)
         bm25 = high.answer(CONTEXT, QUESTION, config=high.config.with_(relevance="bm25", **MOVING), max_new_tokens=2)
     assert not res.details["flat_relevance"] and not bm25.details["flat_relevance"]
     notes = [r.getMessage() for r in caplog.records if "min_top_z='calibrated' has no threshold" in r.getMessage()]
@@ -64,7 +65,8 @@ def test_the_eval_fingerprint_names_the_calibrated_threshold(tokenizer):
     from qgpm.eval.hashes import config_hash, method_fingerprint
 
     a, b = engine_with(tokenizer, {"min_top_z": 1.5}), engine_with(tokenizer, {"min_top_z": 2.0})
-    fa, fb = method_fingerprint(a, "qgpm"), method_fingerprint(b, "qgpm")
+    heads = RECIPE.with_(relevance="heads")
+    fa, fb = method_fingerprint(a, "qgpm", config=heads), method_fingerprint(b, "qgpm", config=heads)
     assert fa["calibrated_min_top_z"] == 1.5 and config_hash(fa) != config_hash(fb)
     assert "calibrated_min_top_z" not in method_fingerprint(a, "qgpm", config=QGPMConfig.paper())
 

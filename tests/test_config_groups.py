@@ -39,15 +39,15 @@ BEFORE: dict[str, tuple[str, str]] = {
         '"pass1_dtype": null, "relevance": "heads", "provenance": "the paper\'s settings (App. C): remap stride, two maps"}'),
     ),
     'RECIPE': (
-        'd3ac4d93cee7',
-        ('{"k_broad": 8.0, "t_broad": 2.0, "k_sharp": 4.0, "t_sharp": 0.5, "s_low": 0.45, "eps": 0.05, "anchor_ratio": 2.0, "tau":'
-        ' 1.0, "anchor_basis": "context", "local_window": 0.0, "keep_length": 1024.0, "unmodulated_layers": 0, "min_top_z": '
-        '"calibrated", "decisive_margin": null, "z_window": null, "solo_margin": null, "split_layer": 0, "query_tail": null, '
-        '"exclude_newline_tokens": true, "max_heads": null, "max_sentence_chars": 600, "split_run_ons": true, "remap": "reorder",'
-        ' "lead_tokens": 0, "placement": "question", "local_layers": null, "term_ratio": 0.6, "moved_order": "rank", '
-        '"pass1_dtype": "auto", "relevance": "heads", "provenance": "the measured recipe (docs/tuning/recipe.md): the SmolLM2 '
-        "preset's reorder with one map, K_s 4, term_ratio 0.6, keep_length 1024, split_run_ons and pass1_dtype auto, with the "
-        'confidence threshold calibrated for the model\'s own heads"}'),
+        'b1a29ad95377',
+        ('{"k_broad": 8.0, "t_broad": 2.0, "k_sharp": 4.0, "t_sharp": 0.5, "s_low": 0.45, "eps": 0.05, "anchor_ratio": 2'
+        '.0, "tau": 1.0, "anchor_basis": "context", "local_window": 0.0, "keep_length": 1024.0, "unmodulated_layers": 0'
+        ', "min_top_z": "calibrated", "decisive_margin": null, "z_window": null, "solo_margin": null, "split_layer": 0,'
+        ' "query_tail": null, "exclude_newline_tokens": true, "max_heads": null, "max_sentence_chars": 600, "split_run_'
+        'ons": true, "remap": "reorder", "lead_tokens": 0, "placement": "question", "local_layers": null, "term_ratio":'
+        ' 0.6, "moved_order": "rank", "pass1_dtype": "auto", "relevance": "minilm", "provenance": "the measured recipe '
+        "(docs/tuning/recipe.md): the SmolLM2 preset's reorder with one map, K_s 4, term_ratio 0.6, keep_length 1024, s"
+        'plit_run_ons, the sentences ranked by the MiniLM reranker with its calibrated confidence threshold"}'),
     ),
     "PRESETS['96f8dcdd689f9245']": (
         '487ea1210b90',

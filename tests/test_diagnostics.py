@@ -43,7 +43,7 @@ def test_fields_and_the_mapping_of_set_facts_agree():
 def test_a_call_reports_typed_facts(tokenizer, one_thread):
     engine = QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=[(1, 0), (2, 1)])
     ctx = needle_context(4, 16)
-    cfg = engine.config.with_(keep_length=0.0, min_top_z=None, decisive_margin=None)
+    cfg = engine.config.with_(keep_length=0.0, min_top_z=None, decisive_margin=None, relevance="heads")
     res = engine.answer(ctx, NEEDLE_QUESTION, config=cfg, max_new_tokens=2)
     d = res.details
     assert isinstance(d, Diagnostics) and d.heads == 2 and d.layers_run == 3 and d.pass2 in ("slot order", "standard")

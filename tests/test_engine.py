@@ -264,8 +264,11 @@ def test_missing_head_set_says_how_to_calibrate(tiny, tokenizer):
 
     engine = QGPM(tiny.model, tokenizer, name="some-unknown-model")
     with pytest.raises(HeadSetMissingError, match="qgpm calibrate"):
-        engine.answer("A. B.", "q?", method="qgpm")
+        engine.answer("A. B.", "q?", method="qgpm", config=engine.config.with_(relevance="heads"))
     assert engine.answer("A. B.", "q?", method="vanilla", max_new_tokens=2).method == "vanilla"
+    # the recipe a model without a preset gets ranks with MiniLM: no head set needed
+    res = engine.answer("A. B.", "q?", method="qgpm", max_new_tokens=2)
+    assert res.method == "qgpm" and res.details.relevance_source == "minilm" and res.details.layers_run == 0
 
 
 @pytest.mark.parametrize("missing, says", [

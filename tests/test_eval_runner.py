@@ -644,7 +644,7 @@ def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
     out = tmp_path / "run"
     rc = main(["eval", "--model", str(tiny_dir), "--heads", "1:0,2:1", "--tasks", "qa_1", "--lengths", str(LENGTH), "--depths", "0.5",
                "--n", "1", "--methods", "vanilla,qgpm", "--max-new-tokens", str(NEW), "--out", str(out), "--device", "cpu",
-               "--dtype", "float32", "--no-progress", "--no-logprob", "--set", "k_sharp=1"])
+               "--dtype", "float32", "--no-progress", "--no-logprob", "--set", "k_sharp=1", "--set", "relevance=heads"])
     assert rc == 0
     rows = _rows(out)
     assert [r["method"] for r in rows] == ["vanilla", "qgpm"] and rows[0]["logprob_gold"] is None
@@ -658,7 +658,7 @@ def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
         runs[name] = tmp_path / name
         assert main(["eval", "--model", str(tiny_dir), "--heads", "1:0,2:1", "--tasks", "qa_1", "--lengths", str(LENGTH), "--depths", "0.5",
                      "--n", "1", "--methods", "qgpm", "--max-new-tokens", str(NEW), "--out", str(runs[name]), "--device", "cpu",
-                     "--dtype", "float32", "--no-progress", "--no-logprob", "--set", "min_top_z=1e6", *extra]) == 0
+                     "--dtype", "float32", "--no-progress", "--no-logprob", "--set", "min_top_z=1e6", "--set", "relevance=heads", *extra]) == 0
     on, off = _rows(runs["on"])[0], _rows(runs["off"])[0]
     assert on["prefill_reused"] == on["prompt_tokens"] - 1 and off["prefill_reused"] == 0 and on["answer"] == off["answer"]
     assert [json.loads((runs[n] / "manifest.json").read_text())["latest"]["reuse_prefill"] for n in ("on", "off")] == [True, False]

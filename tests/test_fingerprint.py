@@ -86,12 +86,14 @@ def test_head_set_made_for_another_model_is_rejected(tokenizer, tmp_path):
 
 def test_without_a_head_set_the_error_names_the_reranker_way_and_that_way_answers(tokenizer, home):
     """A model with no stored head set: a call that reads heads fails before any model work,
-    naming calibration and relevance='minilm'; with relevance='minilm' the same call answers."""
+    naming calibration and relevance='minilm'; with relevance='minilm' (the recipe's) the same
+    call answers."""
     eng = _engine(tokenizer, num_hidden_layers=4, heads=None)
     context = " ".join(["The depot opens at six."] * 20 + ["The spare key hangs in the blue cabinet."] + ["Trucks leave at nine."] * 20)
     with pytest.raises(HeadSetMissingError, match="qgpm calibrate.*relevance='minilm'.*needs no head set"):
-        eng.answer(context, "Where does the spare key hang?", max_new_tokens=2)
-    res = eng.answer(context, "Where does the spare key hang?", max_new_tokens=2, config=eng.config.with_(relevance="minilm", keep_length=0))
+        eng.answer(context, "Where does the spare key hang?", max_new_tokens=2, config=eng.config.with_(relevance="heads"))
+    assert eng.config.relevance == "minilm"
+    res = eng.answer(context, "Where does the spare key hang?", max_new_tokens=2, config=eng.config.with_(keep_length=0))
     assert res.details.relevance_source == "minilm" and res.details.s_low < 1.0
     assert "spare key" in res.top_sentences(1)[0].text
 

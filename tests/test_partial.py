@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from qgpm import QGPM
+from qgpm.config import RECIPE
 from qgpm.partial import LayersNotLoadedError
 
 from qgpm_testing import NEEDLE_QUESTION, needle_context, save_tiny
@@ -104,8 +105,9 @@ def test_a_layered_model_keeps_every_layer_kind_for_its_plan(tokenizer, tmp_path
     is built for all four kinds, and the answer is the whole model's."""
     d = save_tiny(tmp_path / "gemma", tokenizer, "gemma3_text")
     heads = [(0, 1), (1, 2)]
-    whole = QGPM.from_pretrained(str(d), heads=heads)
-    part = QGPM.from_pretrained(str(d), heads=heads, generator=whole.local)
+    own = RECIPE.with_(relevance="heads")  # pass 1 reads the heads (the recipe ranks with MiniLM)
+    whole = QGPM.from_pretrained(str(d), heads=heads, config=own)
+    part = QGPM.from_pretrained(str(d), heads=heads, generator=whole.local, config=own)
     assert (part.layers_loaded, part.n_layers) == (2, 4)
     assert part.rotary.layer_kinds == whole.rotary.layer_kinds and len(part.rotary.layer_kinds) == 4
     ctx = needle_context(2, 10)
