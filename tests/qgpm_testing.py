@@ -106,12 +106,13 @@ def needle_context(where: int, n: int = 24) -> str:
     return " ".join(sents)
 
 
-def benchmark_module(name: str):
-    """The script ``benchmarks/<name>.py`` imported as a module (the folder is not a package)."""
+def benchmark_module(name: str, folder: str = "benchmarks"):
+    """The script ``<folder>/<name>.py`` (``benchmarks`` or ``scripts``) imported as a module (the
+    folder is not a package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    path = Path(__file__).resolve().parents[1] / folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"qgpm_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -153,3 +153,17 @@ def test_flat_relevance_threshold_checks_its_source_first(tokenizer):
         flat_relevance_threshold(engine, [], [(1, 0)], relevance="heads+bm25")
     with pytest.raises(ValueError, match="needs the heads"):
         flat_relevance_threshold(engine, [], None)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--relevance", "heads+bm25"], "not a fusion"),
+    (["--relevance", "minilm", "--head-set", "set.json"], "--head-set is needed with --relevance heads, and only then"),
+    ([], "--head-set is needed with --relevance heads, and only then"),
+])
+def test_the_threshold_script_checks_its_arguments_before_loading(args, says, capsys):
+    from qgpm_testing import benchmark_module
+
+    script = benchmark_module("confidence_threshold", folder="scripts")
+    with pytest.raises(SystemExit) as info:
+        script.main(["--model", "no/such-model", *args])
+    assert info.value.code == 2 and says in capsys.readouterr().err
