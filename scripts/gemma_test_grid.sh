@@ -44,6 +44,8 @@
 # and decides nothing; so do multi-key and QA at 8K on the 24 samples of the heads' rows (stages
 # 8k and 8k_more, added 2026-12-06 after the 2K and 4K rows, before any 8K row of MiniLM):
 #   SET="--set relevance=minilm" OUT=runs/gemma_minilm METHODS=qgpm bash scripts/gemma_test_grid.sh I 8k 8k_more
+# and QA at 16K on the first 12 samples (contents 0-3, as stage 16k; added with the 8K stages):
+#   SET="--set relevance=minilm" OUT=runs/gemma_minilm METHODS=qgpm bash scripts/gemma_test_grid.sh I 16k_qa4
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -71,6 +73,7 @@ args() {  # the run arguments of stage $1
     16k_more) echo --tasks niah_multikey_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 8 --only benchmarks/results/ids_gemma_16k_mk_4_7.jsonl ;;
     16k_mk) echo --tasks niah_multikey_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 8 ;;
     16k_qa) echo --tasks qa_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 8 ;;
+    16k_qa4) echo --tasks qa_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 4 ;;
     16k_qa_more) echo --tasks qa_1 --lengths 16384 --depths 0.25,0.5,0.75 --n 8 --only benchmarks/results/ids_gemma_16k_qa_4_7.jsonl ;;
     *) echo "unknown stage $1" >&2; exit 2 ;;
   esac
