@@ -270,7 +270,7 @@ def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfi
 
 def confidence_config(eng: ModelView, cfg: QGPMConfig) -> QGPMConfig:
     """``cfg`` with ``min_top_z="calibrated"`` replaced by the threshold calibrated on its relevance
-    source's z scale (:func:`qgpm.sources.calibrated_min_top_z`: the engine's head set's for the
+    source's z scale (:func:`qgpm.thresholds.calibrated_min_top_z`: the engine's head set's for the
     heads, the reranker's stored one for a reranker); ``None`` (the rule off, logged once per
     reason) where there is none."""
     if cfg.min_top_z != CALIBRATED:

@@ -81,4 +81,3 @@ def fuse_sources(z_heads: torch.Tensor, z_reranker: torch.Tensor) -> torch.Tenso
     if z_heads.shape != z_reranker.shape:
         raise ValueError(f"cannot fuse relevance of {z_heads.numel()} and {z_reranker.numel()} sentences")
     return (z_heads.to(torch.float64) + z_reranker.to(torch.float64)) / 2.0
-

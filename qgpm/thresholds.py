@@ -11,6 +11,7 @@ model answers, so its threshold is calibrated once and shipped with the package
 
 from __future__ import annotations
 
+import functools
 import json
 from importlib import resources
 from typing import Any
@@ -27,8 +28,14 @@ as ``scripts/confidence_threshold.py --relevance <reranker> --write`` writes it.
 
 def reranker_confidence(reranker: str) -> dict[str, Any] | None:
     """The stored flat-relevance calibration of a reranker source (``min_top_z`` with the top z
-    values and the command behind it), or ``None`` when the package ships none for it."""
-    key = reranker_key(reranker)
+    values and the command behind it), or ``None`` when the package ships none for it. Read once
+    per process (every call with ``min_top_z="calibrated"`` resolves through it); do not modify
+    the returned mapping."""
+    return _shipped_confidence(reranker_key(reranker))
+
+
+@functools.cache
+def _shipped_confidence(key: str) -> dict[str, Any] | None:
     if not key.replace("-", "").replace("_", "").isalnum():  # a spec with a path: no shipped file
         return None
     path = resources.files("qgpm").joinpath(f"{RERANKER_CONFIDENCE_DIR}/{key}.json")
