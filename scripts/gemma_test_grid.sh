@@ -46,6 +46,9 @@
 #   SET="--set relevance=minilm" OUT=runs/gemma_minilm METHODS=qgpm bash scripts/gemma_test_grid.sh I 8k 8k_more
 # and QA at 16K on the first 12 samples (contents 0-3, as stage 16k; added with the 8K stages):
 #   SET="--set relevance=minilm" OUT=runs/gemma_minilm METHODS=qgpm bash scripts/gemma_test_grid.sh I 16k_qa4
+# and QA at 16K on contents 4-7 (added 2026-12-06, before its rows), so that the MiniLM recipe has
+# the 24 QA samples at 16K that vanilla, the heads and Reorder have; it decides nothing:
+#   SET="--set relevance=minilm" OUT=runs/gemma_minilm METHODS=qgpm bash scripts/gemma_test_grid.sh I 16k_qa_more
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
