@@ -41,24 +41,14 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
-from typing import Any, AsyncIterator, Iterator, Literal, Sequence
+from typing import Any, AsyncIterator, Iterator, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
-from langchain_core.messages import (
-    AIMessage,
-    AIMessageChunk,
-    BaseMessage,
-    ChatMessage,
-    FunctionMessage,
-    SystemMessage,
-    ToolMessage,
-)
-from langchain_core.messages.ai import UsageMetadata
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from qgpm.chat_prompt import ChatParts, message_text, read_chat
 from qgpm.conversation import NO_CONTEXT_REPLY, ChatRequest, check_empty_context_policy
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
 from qgpm.methods import Stage, method_spec
@@ -78,7 +68,7 @@ from .._common import (
     model_key,
     shared_engine,
 )
-from .prompts import document_texts
+from .call_args import GENERATE_FIELDS, answer_args, build_request, check_call_kwargs, decoding_args, response_metadata
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
 
@@ -96,55 +86,9 @@ QGPM_METHODS: tuple[str, ...] = METHODS
 """The methods a call may use (``qgpm.defaults.METHODS``)."""
 _BASELINE_METHODS = BASELINE_METHODS  # qgpm.defaults.BASELINE_METHODS: settings in options=
 
-# Keyword arguments a call may pass (invoke(..., **kw) / bind(**kw)).
-_CALL_KWARGS = frozenset(
-    {
-        "context", "question", "method", "evidence", "system", "instruction", "answer_prefix",
-        "reranker", "k", "qgpm_config", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed",
-        "explain_k", "explain_html", "model", "timeout", "stream", "options", "on_empty_context", "relevance",
-    }
-)
-
-# generate arguments that have a field of their own on QGPMChatModel
-_GENERATE_FIELDS = {
-    "max_new_tokens": "max_tokens", "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
-    "seed": "seed", "stop": "stop", "max_time": "timeout",
-}
-
 # --------------------------------------------------------------------------- engine cache (shared: qgpm_integrations._common)
 
 _heads_key, _kwargs_key, _model_key, _get_engine = heads_key, kwargs_key, model_key, shared_engine
-
-
-# --------------------------------------------------------------------------- messages
-
-
-def _role(msg: BaseMessage) -> str:
-    if isinstance(msg, SystemMessage):
-        return "system"
-    if isinstance(msg, AIMessage):
-        return "assistant"
-    if isinstance(msg, ChatMessage) and msg.role in ("system", "user", "assistant"):
-        return msg.role
-    return "user"  # human, tool and function messages, and chat messages of other roles
-
-
-def _as_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """LangChain messages as qgpm's role / content dicts (content blocks kept, with their marks)."""
-    out = []
-    for m in messages:
-        content: Any = m.content
-        if isinstance(m, (ToolMessage, FunctionMessage)):
-            content = f"Tool result: {message_text(content)}"
-        out.append({"role": _role(m), "content": content})
-    return out
-
-
-def _build_request(messages: Sequence[BaseMessage], kw: dict[str, Any]) -> ChatParts:
-    """Context, question, instruction, system and history of one call (:func:`qgpm.chat_prompt.read_chat`)."""
-    context = document_texts(kw["context"]) if kw.get("context") is not None else None
-    question = kw.get("question")
-    return read_chat(_as_dicts(messages), context=context, question=None if question is None else str(question))
 
 
 # --------------------------------------------------------------------------- the chat model
@@ -281,7 +225,7 @@ class QGPMChatModel(BaseChatModel):
         else:
             self._load_kwargs = check_model_args(owner, self.model, self.tokenizer, self.model_kwargs)
             check_heads(self.heads, owner)
-        check_generate_kwargs(self.generate_kwargs, owner, _GENERATE_FIELDS, remote=self.vllm_url is not None)
+        check_generate_kwargs(self.generate_kwargs, owner, GENERATE_FIELDS, remote=self.vllm_url is not None)
         if self.timeout is not None and self.vllm_url is not None:
             raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such "
                              "setting: leave timeout unset with vllm_url=")
@@ -433,88 +377,19 @@ class QGPMChatModel(BaseChatModel):
 
     # ------------------------------------------------------------------ call plumbing
     def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, ChatRequest, dict[str, Any], dict[str, Any]]:
-        """(engine, request, decoding arguments, answer arguments) of one call."""
-        unknown = set(kwargs) - _CALL_KWARGS
-        if unknown:
-            raise TypeError(f"QGPMChatModel got unexpected keyword arguments {sorted(unknown)}; allowed: {sorted(_CALL_KWARGS)}")
+        """(engine, request, decoding arguments, answer arguments) of one call (:mod:`.call_args`)."""
+        check_call_kwargs(kwargs)
         policy = check_empty_context_policy(kwargs.get("on_empty_context", self.on_empty_context))
-        request = ChatRequest(_build_request(messages, kwargs), on_empty_context=policy)
+        request = ChatRequest(build_request(messages, kwargs), on_empty_context=policy)
         if not request.needs_engine:
             return None, request, {}, {}
         if request.mode == "plain" and not self._warned_unmarked:
             self._warned_unmarked = True
             logger.warning(UNMARKED_WARNING)
         engine = self.get_engine(kwargs.get("model"))
-        stops = [s for s in (stop if stop is not None else []) if s] + [s for s in (self.stop or []) if s]
-        if kwargs.get("max_tokens") is not None and kwargs.get("max_new_tokens") is not None and kwargs["max_tokens"] != kwargs["max_new_tokens"]:
-            raise ValueError(f"max_tokens={kwargs['max_tokens']!r} and max_new_tokens={kwargs['max_new_tokens']!r} name one budget: pass one")
-        gen: dict[str, Any] = dict(
-            max_new_tokens=int(kwargs.get("max_tokens", kwargs.get("max_new_tokens", self.max_tokens))),
-            temperature=float(kwargs.get("temperature", self.temperature)),
-            top_p=float(kwargs.get("top_p", self.top_p)),
-            stop=list(dict.fromkeys(stops)) or None,
-            seed=kwargs.get("seed", self.seed),
-        )
-        gen.update(self.generate_kwargs or {})
-        timeout = kwargs.get("timeout", self.timeout)
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-                raise ValueError(f"timeout must be a number of seconds > 0 (None: no limit), got {timeout!r}")
-            if getattr(engine.generator, "name", None) == "vllm":
-                raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such setting")
-            gen["max_time"] = float(timeout)
-        call = self._answer_kwargs(engine, request, kwargs) if request.mode == "context" else {}
+        gen = decoding_args(self, engine, stop, kwargs)
+        call = answer_args(self, engine, request, kwargs) if request.mode == "context" else {}
         return engine, request, gen, call
-
-    def _answer_kwargs(self, engine: Any, request: ChatRequest, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The ``QGPM.answer`` arguments of a context call: the call's keywords over this model's fields."""
-        method = kwargs.get("method", self.method)
-        spec = method_spec(method)
-        call: dict[str, Any] = dict(
-            method=method,
-            **request.prompt_kwargs(system=kwargs.get("system"), instruction=kwargs.get("instruction"),
-                                    default_system=self.system, default_instruction=self.instruction),
-            answer_prefix=kwargs.get("answer_prefix", self.answer_prefix),
-            config=kwargs.get("qgpm_config", self.qgpm_config),
-        )
-        if spec.evidence:
-            call["evidence"] = kwargs.get("evidence")
-        elif kwargs.get("evidence") is not None:
-            raise ValueError("evidence= is only used with method='oracle'")
-        if spec.reranker:
-            call["reranker"] = kwargs.get("reranker", self.reranker)
-        if spec.takes_k:
-            call["k"] = int(kwargs.get("k", self.k))
-        # a call's own reranker= / k= for a method that does not read them reach the engine, which refuses them
-        call.update({n: kwargs[n] for n in ("reranker", "k") if kwargs.get(n) is not None and n not in call})
-        if kwargs.get("relevance") is not None and spec.stage is not Stage.HEADS:
-            raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
-        relevance = kwargs.get("relevance", self.relevance)
-        if relevance is not None and spec.stage is Stage.HEADS:
-            parse_source(relevance)
-            call["config"] = (call["config"] or engine.config).with_(relevance=relevance)
-        # the model's options belong to its own method; a call's options= go to the engine, which
-        # rejects them for a method that takes none
-        options = kwargs.get("options", self.options if method == self.method else None)
-        if options is not None:
-            call["options"] = options
-        return call
-
-    def _metadata(self, engine: Any, request: ChatRequest, result: Any, kwargs: dict[str, Any]) -> tuple[dict[str, Any], UsageMetadata]:
-        """``response_metadata`` (with the request's report under ``"qgpm"``) and ``usage_metadata``."""
-        meta = {
-            "model_name": str(engine.name) if engine is not None else self.model_name,
-            "method": result.method,
-            "finish_reason": result.finish_reason,
-            "qgpm": request.report(result, top_k=int(kwargs.get("explain_k", self.explain_k)),
-                                   html=bool(kwargs.get("explain_html", self.explain_html))),
-        }
-        usage = UsageMetadata(
-            input_tokens=int(result.usage.prompt_tokens),
-            output_tokens=int(result.usage.answer_tokens),
-            total_tokens=int(result.usage.prompt_tokens + result.usage.answer_tokens),
-        )
-        return meta, usage
 
     # ------------------------------------------------------------------ generation
     def _generate(
@@ -526,7 +401,7 @@ class QGPMChatModel(BaseChatModel):
     ) -> ChatResult:
         engine, request, gen, call = self._plan(messages, stop, kwargs)
         result = request.run(engine, call, **gen)
-        meta, usage = self._metadata(engine, request, result, kwargs)
+        meta, usage = response_metadata(self, engine, request, result, kwargs)
         message = AIMessage(content=result.text, response_metadata=meta, usage_metadata=usage)
         return ChatResult(generations=[ChatGeneration(message=message, generation_info={"finish_reason": result.finish_reason})])
 
@@ -547,7 +422,7 @@ class QGPMChatModel(BaseChatModel):
         finally:
             stream.close()
         result = stream.result
-        meta, usage = self._metadata(engine, request, result, kwargs)
+        meta, usage = response_metadata(self, engine, request, result, kwargs)
         yield ChatGenerationChunk(
             message=AIMessageChunk(content="", response_metadata=meta, usage_metadata=usage, chunk_position="last"),
             generation_info={"finish_reason": result.finish_reason},

@@ -17,7 +17,7 @@ from qgpm_integrations.langchain import (
     qgpm_prompt,
     question_block,
 )
-from qgpm_integrations.langchain.chat_models import _build_request
+from qgpm_integrations.langchain.call_args import build_request
 
 DOCS = [
     Document("The bakery opened in 1990.", metadata={"source": "bakery.md"}),
@@ -124,7 +124,7 @@ def test_document_texts_normalizes_and_rejects():
 
 def test_request_from_marked_prompt():
     msgs = [SystemMessage("Be brief."), *qgpm_prompt("Use the notes.").invoke({"context": DOCS, "question": "When?"}).to_messages()]
-    req = _build_request(msgs, {})
+    req = build_request(msgs, {})
     assert req.mode == "context" and req.shape == "marked"
     assert list(req.documents) == [d.page_content for d in DOCS]
     assert req.question == "When?"
@@ -134,27 +134,27 @@ def test_request_from_marked_prompt():
 
 def test_request_history_goes_into_instruction():
     marked = _human(qgpm_prompt().invoke({"context": DOCS, "question": "And the skeleton?"}).to_messages())
-    req = _build_request([HumanMessage("When did the bakery open?"), AIMessage("In 1990."), marked], {})
+    req = build_request([HumanMessage("When did the bakery open?"), AIMessage("In 1990."), marked], {})
     assert req.mode == "context"
     assert req.instruction.startswith("Conversation so far:\nUser: When did the bakery open?\nAssistant: In 1990.")
 
 
 def test_request_from_kwargs():
-    req = _build_request([SystemMessage("S"), HumanMessage("When was it found?")], {"context": DOCS})
+    req = build_request([SystemMessage("S"), HumanMessage("When was it found?")], {"context": DOCS})
     assert (req.mode, req.shape, req.question, req.system) == ("context", "kwargs", "When was it found?", "S")
     assert list(req.documents) == [d.page_content for d in DOCS]
-    req = _build_request([HumanMessage("ignored")], {"context": "One text.", "question": "Real question?"})
+    req = build_request([HumanMessage("ignored")], {"context": "One text.", "question": "Real question?"})
     assert list(req.documents) == ["One text."] and req.question == "Real question?"
 
 
 def test_request_marked_question_without_question_block_uses_unmarked_text():
     msg = HumanMessage(content=[context_block("Some context."), {"type": "text", "text": "What is it?"}])
-    req = _build_request([msg], {})
+    req = build_request([msg], {})
     assert req.question == "What is it?" and req.instruction is None
 
 
 def test_request_plain_without_context():
-    req = _build_request([SystemMessage("S"), HumanMessage("hi"), AIMessage("hello"), HumanMessage("bye")], {})
+    req = build_request([SystemMessage("S"), HumanMessage("hi"), AIMessage("hello"), HumanMessage("bye")], {})
     assert req.mode == "plain"
     assert [m["role"] for m in req.messages] == ["system", "user", "assistant", "user"]
     assert "no context" in req.reason
@@ -162,11 +162,11 @@ def test_request_plain_without_context():
 
 def test_request_empty_context_is_empty_context_mode_with_reason():
     msgs = qgpm_prompt().invoke({"context": [], "question": "When?"}).to_messages()
-    req = _build_request(msgs, {})
+    req = build_request(msgs, {})
     assert req.mode == "empty_context" and "empty" in req.reason and req.shape == "marked"
     assert req.question == "When?" and req.messages == ()
     for ctx in ([], "", "   ", [""]):
-        req = _build_request([HumanMessage("When?")], {"context": ctx})
+        req = build_request([HumanMessage("When?")], {"context": ctx})
         assert req.mode == "empty_context" and req.shape == "kwargs" and "context= is empty" in req.reason
 
 
@@ -174,15 +174,15 @@ def test_request_empty_context_is_empty_context_mode_with_reason():
 def test_request_empty_question_raises(question):
     msgs = qgpm_prompt().invoke({"context": DOCS, "question": question}).to_messages()
     with pytest.raises(ValueError, match="question is empty"):
-        _build_request(msgs, {})
+        build_request(msgs, {})
     with pytest.raises(ValueError, match="question is empty"):
-        _build_request([SystemMessage("S")], {"context": DOCS})
+        build_request([SystemMessage("S")], {"context": DOCS})
 
 
 def test_non_text_blocks_are_rejected():
     msg = HumanMessage(content=[{"type": "image", "url": "https://example.com/a.png"}, {"type": "text", "text": "hi"}])
     with pytest.raises(ValueError, match="text only"):
-        _build_request([msg], {})
+        build_request([msg], {})
 
 
 # --------------------------------------------------------------------------- construction

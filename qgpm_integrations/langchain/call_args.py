@@ -1,0 +1,153 @@
+"""One :class:`~qgpm_integrations.langchain.QGPMChatModel` call's arguments.
+
+LangChain messages become qgpm's role / content dicts and :class:`qgpm.chat_prompt.ChatParts`
+(:func:`build_request`); a call's keyword arguments, over the chat model's fields, become the
+decoding arguments (:func:`decoding_args`) and the ``QGPM.answer`` arguments
+(:func:`answer_args`) of the call; its result becomes ``response_metadata`` and
+``usage_metadata`` (:func:`response_metadata`). Every check here runs before any model work.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, FunctionMessage, SystemMessage, ToolMessage
+from langchain_core.messages.ai import UsageMetadata
+
+from qgpm.chat_prompt import ChatParts, message_text, read_chat
+from qgpm.conversation import ChatRequest
+from qgpm.methods import Stage, method_spec
+from qgpm.sources import parse_source
+
+from .prompts import document_texts
+
+if TYPE_CHECKING:
+    from .chat_models import QGPMChatModel
+
+__all__ = ["CALL_KWARGS", "GENERATE_FIELDS", "as_dicts", "build_request", "decoding_args", "answer_args", "response_metadata"]
+
+CALL_KWARGS = frozenset(
+    {
+        "context", "question", "method", "evidence", "system", "instruction", "answer_prefix",
+        "reranker", "k", "qgpm_config", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed",
+        "explain_k", "explain_html", "model", "timeout", "stream", "options", "on_empty_context", "relevance",
+    }
+)
+"""The keyword arguments a call may pass (``invoke(..., **kw)`` / ``bind(**kw)``)."""
+
+GENERATE_FIELDS = {
+    "max_new_tokens": "max_tokens", "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+    "seed": "seed", "stop": "stop", "max_time": "timeout",
+}
+"""``generate`` arguments that have a field of their own on the chat model (and the field's name)."""
+
+
+def _role(msg: BaseMessage) -> str:
+    if isinstance(msg, SystemMessage):
+        return "system"
+    if isinstance(msg, AIMessage):
+        return "assistant"
+    if isinstance(msg, ChatMessage) and msg.role in ("system", "user", "assistant"):
+        return msg.role
+    return "user"  # human, tool and function messages, and chat messages of other roles
+
+
+def as_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
+    """LangChain messages as qgpm's role / content dicts (content blocks kept, with their marks)."""
+    out = []
+    for m in messages:
+        content: Any = m.content
+        if isinstance(m, (ToolMessage, FunctionMessage)):
+            content = f"Tool result: {message_text(content)}"
+        out.append({"role": _role(m), "content": content})
+    return out
+
+
+def build_request(messages: Sequence[BaseMessage], kw: dict[str, Any]) -> ChatParts:
+    """Context, question, instruction, system and history of one call (:func:`qgpm.chat_prompt.read_chat`)."""
+    context = document_texts(kw["context"]) if kw.get("context") is not None else None
+    question = kw.get("question")
+    return read_chat(as_dicts(messages), context=context, question=None if question is None else str(question))
+
+
+def check_call_kwargs(kwargs: dict[str, Any]) -> None:
+    """``TypeError`` naming a call keyword the chat model does not take."""
+    unknown = set(kwargs) - CALL_KWARGS
+    if unknown:
+        raise TypeError(f"QGPMChatModel got unexpected keyword arguments {sorted(unknown)}; allowed: {sorted(CALL_KWARGS)}")
+
+
+def decoding_args(llm: "QGPMChatModel", engine: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The decoding arguments of one call: the call's keywords over ``llm``'s fields, then its ``generate_kwargs``."""
+    stops = [s for s in (stop if stop is not None else []) if s] + [s for s in (llm.stop or []) if s]
+    if kwargs.get("max_tokens") is not None and kwargs.get("max_new_tokens") is not None and kwargs["max_tokens"] != kwargs["max_new_tokens"]:
+        raise ValueError(f"max_tokens={kwargs['max_tokens']!r} and max_new_tokens={kwargs['max_new_tokens']!r} name one budget: pass one")
+    gen: dict[str, Any] = dict(
+        max_new_tokens=int(kwargs.get("max_tokens", kwargs.get("max_new_tokens", llm.max_tokens))),
+        temperature=float(kwargs.get("temperature", llm.temperature)),
+        top_p=float(kwargs.get("top_p", llm.top_p)),
+        stop=list(dict.fromkeys(stops)) or None,
+        seed=kwargs.get("seed", llm.seed),
+    )
+    gen.update(llm.generate_kwargs or {})
+    timeout = kwargs.get("timeout", llm.timeout)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0 (None: no limit), got {timeout!r}")
+        if getattr(engine.generator, "name", None) == "vllm":
+            raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such setting")
+        gen["max_time"] = float(timeout)
+    return gen
+
+
+def answer_args(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``QGPM.answer`` arguments of a context call: the call's keywords over ``llm``'s fields."""
+    method = kwargs.get("method", llm.method)
+    spec = method_spec(method)
+    call: dict[str, Any] = dict(
+        method=method,
+        **request.prompt_kwargs(system=kwargs.get("system"), instruction=kwargs.get("instruction"),
+                                default_system=llm.system, default_instruction=llm.instruction),
+        answer_prefix=kwargs.get("answer_prefix", llm.answer_prefix),
+        config=kwargs.get("qgpm_config", llm.qgpm_config),
+    )
+    if spec.evidence:
+        call["evidence"] = kwargs.get("evidence")
+    elif kwargs.get("evidence") is not None:
+        raise ValueError("evidence= is only used with method='oracle'")
+    if spec.reranker:
+        call["reranker"] = kwargs.get("reranker", llm.reranker)
+    if spec.takes_k:
+        call["k"] = int(kwargs.get("k", llm.k))
+    # a call's own reranker= / k= for a method that does not read them reach the engine, which refuses them
+    call.update({n: kwargs[n] for n in ("reranker", "k") if kwargs.get(n) is not None and n not in call})
+    if kwargs.get("relevance") is not None and spec.stage is not Stage.HEADS:
+        raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
+    relevance = kwargs.get("relevance", llm.relevance)
+    if relevance is not None and spec.stage is Stage.HEADS:
+        parse_source(relevance)
+        call["config"] = (call["config"] or engine.config).with_(relevance=relevance)
+    # the model's options belong to its own method; a call's options= go to the engine, which
+    # rejects them for a method that takes none
+    options = kwargs.get("options", llm.options if method == llm.method else None)
+    if options is not None:
+        call["options"] = options
+    return call
+
+
+def response_metadata(llm: "QGPMChatModel", engine: Any, request: ChatRequest, result: Any,
+                      kwargs: dict[str, Any]) -> tuple[dict[str, Any], UsageMetadata]:
+    """``response_metadata`` (with the request's report under ``"qgpm"``) and ``usage_metadata`` of a call's result."""
+    meta = {
+        "model_name": str(engine.name) if engine is not None else llm.model_name,
+        "method": result.method,
+        "finish_reason": result.finish_reason,
+        "qgpm": request.report(result, top_k=int(kwargs.get("explain_k", llm.explain_k)),
+                               html=bool(kwargs.get("explain_html", llm.explain_html))),
+    }
+    usage = UsageMetadata(
+        input_tokens=int(result.usage.prompt_tokens),
+        output_tokens=int(result.usage.answer_tokens),
+        total_tokens=int(result.usage.prompt_tokens + result.usage.answer_tokens),
+    )
+    return meta, usage
