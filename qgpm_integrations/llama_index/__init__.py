@@ -17,7 +17,8 @@
 from ._prompt import split_context
 from ._tracing import QGPMTrace
 from .embeddings import bundled_embeddings
-from .llm import DEFAULT_REFINE_INSTRUCTION, QGPMLLM, messages_to_prompt, set_tokenizer
+from ._prompt import messages_to_prompt
+from .llm import DEFAULT_REFINE_INSTRUCTION, QGPMLLM, set_tokenizer
 from .postprocessors import QGPMReorderPostprocessor, QGPMTopKPostprocessor
 from .synthesizer import QGPMSynthesizer
 

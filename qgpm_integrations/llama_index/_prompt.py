@@ -28,11 +28,12 @@ import re
 import string
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
+from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.prompts import chat_prompts, default_prompts
 
-from qgpm.chat_prompt import find_context_block
+from qgpm.chat_prompt import find_context_block, history_text
 from qgpm.prompt import has_visible_text
 
 __all__ = ["PromptParts", "read_prompt", "split_documents", "split_context"]
@@ -189,3 +190,27 @@ def split_context(text: str, chunks: Iterable[str] = ()) -> str | list[str]:
             pieces.append(piece)
         prev = p
     return pieces if len(pieces) > 1 else text
+
+
+# --------------------------------------------------------------------------- chat messages as one prompt
+
+_ROLES = {
+    MessageRole.SYSTEM: "system",
+    MessageRole.DEVELOPER: "system",
+    MessageRole.ASSISTANT: "assistant",
+    MessageRole.CHATBOT: "assistant",
+    MessageRole.MODEL: "assistant",
+}
+
+def messages_to_prompt(messages: Sequence[ChatMessage]) -> str:
+    """Chat messages as the text of one user message (``QGPMLLM``'s default ``messages_to_prompt``).
+
+    The system messages first, then the earlier turns as conversation text
+    (``"Conversation so far:\\nUser: ...\\nAssistant: ..."``), then the last user message,
+    separated by blank lines. ``CustomLLM``'s chat completes this text, which QGPM reads
+    like any prompt (a RAG prompt in the last user message is still found).
+    """
+    system = [m.content or "" for m in messages if _ROLES.get(m.role) == "system"]
+    turns = [{"role": _ROLES.get(m.role, "user"), "content": m.content or ""} for m in messages if _ROLES.get(m.role) != "system"]
+    last = turns.pop()["content"] if turns and turns[-1]["role"] == "user" else ""
+    return "\n\n".join(p.strip() for p in [*system, history_text(turns), last] if p.strip())

@@ -43,42 +43,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Generator, Iterator, Optional, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Generator, Iterator, Optional, TypeVar
 
 import llama_index.core
 from llama_index.core import Settings
-from llama_index.core.base.llms.types import (
-    ChatMessage,
-    CompletionResponse,
-    CompletionResponseAsyncGen,
-    CompletionResponseGen,
-    LLMMetadata,
-    MessageRole,
-)
+from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseAsyncGen, CompletionResponseGen, LLMMetadata
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
 from qgpm import QGPM, QGPMResult
-from qgpm.baselines import resolve_options
-from qgpm.chat_prompt import history_text
 from qgpm.defaults import DEFAULT_K, DEFAULT_METHOD, DEFAULT_RERANKER, METHODS
 from qgpm.methods import Stage, method_spec
 from qgpm.serving import VLLMServer
 from qgpm.sources import parse_source
 from qgpm.tokens import encode_plain
 
-from .._common import check_generate_kwargs, check_heads, check_model_args, is_loaded_model, iterate_in_thread, shared_engine
+from .._common import is_loaded_model, iterate_in_thread, shared_engine
 from . import _tracing
 from ._prompt import PromptParts, read_prompt
 from ._tracing import QGPMTrace
+from .call_args import check_init_args, decoding_args
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION", "messages_to_prompt", "set_tokenizer"]
+__all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION", "set_tokenizer"]
 
 T = TypeVar("T")
 
@@ -87,24 +78,6 @@ DEFAULT_REFINE_INSTRUCTION = (
     "the text, was: {existing_answer}\nKeep the earlier answer unless the text below gives a better one."
 )
 """Instruction of a refine step; ``{existing_answer}`` is replaced by the answer so far."""
-
-_ROLES = {
-    MessageRole.SYSTEM: "system",
-    MessageRole.DEVELOPER: "system",
-    MessageRole.ASSISTANT: "assistant",
-    MessageRole.CHATBOT: "assistant",
-    MessageRole.MODEL: "assistant",
-}
-
-_CALL_KEYS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
-
-# generate arguments that have a field of their own on QGPMLLM
-_CALL_ARGS = frozenset(_CALL_KEYS) | {"max_tokens"}
-_GENERATE_FIELDS = {"max_new_tokens": "max_new_tokens", "max_tokens": "max_new_tokens", "temperature": "temperature",
-                    "top_p": "top_p", "seed": "seed", "stop": "stop"}
-
-_INIT_ARGS = ("engine", "model", "tokenizer", "heads", "device_map", "set_global_tokenizer")
-
 
 def _plain_ids(tok: Any, text: str) -> list[int]:
     """Token ids of ``text`` as plain text, as QGPM tokenizes retrieved text (special-token strings are text)."""
@@ -142,20 +115,6 @@ def set_tokenizer(engine_or_llm: Any, *, force: bool = False) -> bool:
 
     Settings.tokenizer = encode
     return True
-
-
-def messages_to_prompt(messages: Sequence[ChatMessage]) -> str:
-    """Chat messages as the text of one user message (``QGPMLLM``'s default ``messages_to_prompt``).
-
-    The system messages first, then the earlier turns as conversation text
-    (``"Conversation so far:\\nUser: ...\\nAssistant: ..."``), then the last user message,
-    separated by blank lines. ``CustomLLM``'s chat completes this text, which QGPM reads
-    like any prompt (a RAG prompt in the last user message is still found).
-    """
-    system = [m.content or "" for m in messages if _ROLES.get(m.role) == "system"]
-    turns = [{"role": _ROLES.get(m.role, "user"), "content": m.content or ""} for m in messages if _ROLES.get(m.role) != "system"]
-    last = turns.pop()["content"] if turns and turns[-1]["role"] == "user" else ""
-    return "\n\n".join(p.strip() for p in [*system, history_text(turns), last] if p.strip())
 
 
 @dataclass
@@ -269,58 +228,7 @@ class QGPMLLM(CustomLLM):
         set_global_tokenizer: bool = False,
         **kwargs: Any,
     ) -> None:
-        owner = "QGPMLLM"
-        keys = sorted({"context_keys", "question_keys"} & set(kwargs))
-        if keys:
-            raise TypeError(
-                f"{owner} takes no {'/'.join(keys)}: it reads the context and the question from the prompt text. "
-                "Use QGPMSynthesizer to hand the nodes and the question over directly, or write the template with "
-                "'Context:' before the context and 'Question: {query_str}' at the end"
-            )
-        unknown = sorted(set(kwargs) - set(type(self).model_fields))
-        if unknown:
-            raise TypeError(f"{owner} got unexpected arguments {unknown}; allowed: {', '.join(sorted(set(type(self).model_fields) | set(_INIT_ARGS)))}")
-        method = kwargs.get("method", DEFAULT_METHOD)
-        spec = method_spec(method)
-        if spec.evidence and not kwargs.get("evidence"):
-            raise ValueError(f"method={method!r} needs evidence=[exact substrings of the context]")
-        if kwargs.get("evidence") is not None and not spec.evidence:
-            raise ValueError(f"evidence= is only used with method='oracle', not method={method!r}")
-        if "reranker" in kwargs and not spec.reranker:
-            raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={method!r} takes none")
-        if "k" in kwargs and not spec.takes_k:
-            raise ValueError(f"k= is how many chunks method='topk' keeps; method={method!r} takes none")
-        resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
-        if kwargs.get("relevance") is not None:
-            parse_source(kwargs["relevance"])
-            if spec.stage is not Stage.HEADS:
-                raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
-        if isinstance(model, (str, os.PathLike)):
-            if kwargs.get("model_name") is not None:
-                raise ValueError("pass the model id as model_name= (or model=), not both")
-            kwargs["model_name"] = str(model)
-            model = None
-        model_kwargs = dict(kwargs.get("model_kwargs") or {})
-        if device_map is not None:
-            if "device_map" in model_kwargs and model_kwargs["device_map"] != device_map:
-                raise ValueError(f"device_map given twice: {device_map!r} and model_kwargs['device_map']={model_kwargs['device_map']!r}")
-            model_kwargs["device_map"] = device_map
-        kwargs["model_kwargs"] = model_kwargs
-        check_generate_kwargs(kwargs.get("generate_kwargs"), owner, _GENERATE_FIELDS, remote=kwargs.get("vllm_url") is not None)
-        if engine is not None:
-            given = [n for n, v in (("model", model), ("model_name", kwargs.get("model_name")), ("tokenizer", tokenizer),
-                                    ("heads", heads), ("model_kwargs", model_kwargs or None), ("vllm_url", kwargs.get("vllm_url")))
-                     if v is not None]
-            if given:
-                raise ValueError(f"pass either engine= or {'/'.join(given)}=, not both (the engine is already loaded)")
-            load_kwargs: dict[str, Any] = {}
-        else:
-            load_kwargs = check_model_args(owner, model, tokenizer, model_kwargs)
-            check_heads(heads, owner)
-        if kwargs.get("vllm_model") is not None and kwargs.get("vllm_url") is None:
-            raise ValueError("vllm_model= names the model on the vllm_url= server: pass vllm_url= too")
-        if kwargs.get("messages_to_prompt") is None:
-            kwargs["messages_to_prompt"] = messages_to_prompt
+        spec, model, load_kwargs = check_init_args(type(self).model_fields, kwargs, engine, model, tokenizer, heads, device_map)
         super().__init__(**kwargs)
         if engine is None:
             if is_loaded_model(model):
@@ -378,18 +286,6 @@ class QGPMLLM(CustomLLM):
         return _plain_ids(self._engine.tokenizer, text)
 
     # ------------------------------------------------------------------ one call
-    def _decoding(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Decoding arguments: the fields, overridden by the call's own; any other call argument raises."""
-        unknown = sorted(set(kwargs) - _CALL_ARGS)
-        if unknown:
-            raise TypeError(f"QGPMLLM got unexpected call arguments {unknown}; a call takes {', '.join(sorted(_CALL_ARGS))} "
-                            "(the method and its settings are the LLM's own fields)")
-        gen = {k: kwargs.get(k, getattr(self, k)) for k in _CALL_KEYS}
-        if "max_tokens" in kwargs:
-            gen["max_new_tokens"] = kwargs["max_tokens"]
-        gen.update(self.generate_kwargs)
-        return gen
-
     def _prompt_call(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> LLMCall:
         """The call for a completion prompt.
 
@@ -413,7 +309,7 @@ class QGPMLLM(CustomLLM):
             logger.warning("QGPMLLM answers a prompt as plain chat without QGPM (%s; result.method == 'plain'). To answer over "
                            "nodes with QGPM, use QGPMSynthesizer or the default templates. Logged once per LLM instance.", why)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        return LLMCall(None, (messages,), self._decoding(kwargs), self._join_trace(), {"step": "plain"})
+        return LLMCall(None, (messages,), decoding_args(self, kwargs), self._join_trace(), {"step": "plain"})
 
     def _answer_call(self, parts: PromptParts, system: Optional[str], kwargs: dict[str, Any]) -> LLMCall:
         """The ``engine.answer`` call for ``parts``, with this LLM's method and prompt settings."""
@@ -445,7 +341,7 @@ class QGPMLLM(CustomLLM):
         if spec.stage is Stage.HEADS and self.relevance is not None:
             kw["config"] = self._engine.config.with_(relevance=self.relevance)
         kw["method"] = method
-        return LLMCall(parts, (documents, parts.question), {**kw, **self._decoding(kwargs)}, self._join_trace(), details)
+        return LLMCall(parts, (documents, parts.question), {**kw, **decoding_args(self, kwargs)}, self._join_trace(), details)
 
     @staticmethod
     def _join_trace() -> Optional[QGPMTrace]:

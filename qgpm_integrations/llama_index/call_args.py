@@ -1,0 +1,117 @@
+"""The arguments of a :class:`~qgpm_integrations.llama_index.QGPMLLM`: checked when it is built,
+and turned into decoding arguments on each call.
+
+:func:`check_init_args` refuses, before any model loads, every constructor argument the LLM
+would not use (a key it has no field for, a method setting for a method that does not read it,
+loading arguments beside a shared engine) and returns what the constructor loads with;
+:func:`decoding_args` gives a completion's decoding arguments, refusing any call keyword but the
+decoding ones.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Mapping
+
+from qgpm.baselines import resolve_options
+from qgpm.defaults import DEFAULT_METHOD
+from qgpm.methods import MethodSpec, Stage, method_spec
+from qgpm.sources import parse_source
+
+from .._common import check_generate_kwargs, check_heads, check_model_args
+from ._prompt import messages_to_prompt
+
+if TYPE_CHECKING:
+    from .llm import QGPMLLM
+
+__all__ = ["CALL_KEYS", "CALL_ARGS", "GENERATE_FIELDS", "INIT_ARGS", "check_init_args", "decoding_args"]
+
+OWNER = "QGPMLLM"
+
+CALL_KEYS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
+"""The decoding fields a completion call may override."""
+
+CALL_ARGS = frozenset(CALL_KEYS) | {"max_tokens"}
+"""Every keyword a completion call takes."""
+
+GENERATE_FIELDS = {"max_new_tokens": "max_new_tokens", "max_tokens": "max_new_tokens", "temperature": "temperature",
+                   "top_p": "top_p", "seed": "seed", "stop": "stop"}
+"""``generate`` arguments that have a field of their own on the LLM (and the field's name)."""
+
+INIT_ARGS = ("engine", "model", "tokenizer", "heads", "device_map", "set_global_tokenizer")
+"""Constructor arguments that are not fields."""
+
+
+def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: Any, model: Any, tokenizer: Any, heads: Any,
+                    device_map: Any) -> tuple[MethodSpec, Any, dict[str, Any]]:
+    """Check a ``QGPMLLM(...)`` call before anything loads; ``(method spec, model, loading arguments)``.
+
+    ``fields``: the LLM's pydantic fields; ``kwargs``: the field values given, completed in place
+    (a model id given as ``model`` moves to ``model_name``, ``device_map`` into ``model_kwargs``,
+    the default ``messages_to_prompt``). ``model`` comes back ``None`` when it was an id.
+    """
+    keys = sorted({"context_keys", "question_keys"} & set(kwargs))
+    if keys:
+        raise TypeError(
+            f"{OWNER} takes no {'/'.join(keys)}: it reads the context and the question from the prompt text. "
+            "Use QGPMSynthesizer to hand the nodes and the question over directly, or write the template with "
+            "'Context:' before the context and 'Question: {query_str}' at the end"
+        )
+    unknown = sorted(set(kwargs) - set(fields))
+    if unknown:
+        raise TypeError(f"{OWNER} got unexpected arguments {unknown}; allowed: {', '.join(sorted(set(fields) | set(INIT_ARGS)))}")
+    method = kwargs.get("method", DEFAULT_METHOD)
+    spec = method_spec(method)
+    if spec.evidence and not kwargs.get("evidence"):
+        raise ValueError(f"method={method!r} needs evidence=[exact substrings of the context]")
+    if kwargs.get("evidence") is not None and not spec.evidence:
+        raise ValueError(f"evidence= is only used with method='oracle', not method={method!r}")
+    if "reranker" in kwargs and not spec.reranker:
+        raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={method!r} takes none")
+    if "k" in kwargs and not spec.takes_k:
+        raise ValueError(f"k= is how many chunks method='topk' keeps; method={method!r} takes none")
+    resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
+    if kwargs.get("relevance") is not None:
+        parse_source(kwargs["relevance"])
+        if spec.stage is not Stage.HEADS:
+            raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
+    if isinstance(model, (str, os.PathLike)):
+        if kwargs.get("model_name") is not None:
+            raise ValueError("pass the model id as model_name= (or model=), not both")
+        kwargs["model_name"] = str(model)
+        model = None
+    model_kwargs = dict(kwargs.get("model_kwargs") or {})
+    if device_map is not None:
+        if "device_map" in model_kwargs and model_kwargs["device_map"] != device_map:
+            raise ValueError(f"device_map given twice: {device_map!r} and model_kwargs['device_map']={model_kwargs['device_map']!r}")
+        model_kwargs["device_map"] = device_map
+    kwargs["model_kwargs"] = model_kwargs
+    check_generate_kwargs(kwargs.get("generate_kwargs"), OWNER, GENERATE_FIELDS, remote=kwargs.get("vllm_url") is not None)
+    if engine is not None:
+        given = [n for n, v in (("model", model), ("model_name", kwargs.get("model_name")), ("tokenizer", tokenizer),
+                                ("heads", heads), ("model_kwargs", model_kwargs or None), ("vllm_url", kwargs.get("vllm_url")))
+                 if v is not None]
+        if given:
+            raise ValueError(f"pass either engine= or {'/'.join(given)}=, not both (the engine is already loaded)")
+        load_kwargs: dict[str, Any] = {}
+    else:
+        load_kwargs = check_model_args(OWNER, model, tokenizer, model_kwargs)
+        check_heads(heads, OWNER)
+    if kwargs.get("vllm_model") is not None and kwargs.get("vllm_url") is None:
+        raise ValueError("vllm_model= names the model on the vllm_url= server: pass vllm_url= too")
+    if kwargs.get("messages_to_prompt") is None:
+        kwargs["messages_to_prompt"] = messages_to_prompt
+    return spec, model, load_kwargs
+
+
+def decoding_args(llm: "QGPMLLM", kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Decoding arguments of one call: ``llm``'s fields, overridden by the call's own; any other call argument raises."""
+    unknown = sorted(set(kwargs) - CALL_ARGS)
+    if unknown:
+        raise TypeError(f"{OWNER} got unexpected call arguments {unknown}; a call takes {', '.join(sorted(CALL_ARGS))} "
+                        "(the method and its settings are the LLM's own fields)")
+    gen = {k: kwargs.get(k, getattr(llm, k)) for k in CALL_KEYS}
+    if "max_tokens" in kwargs:
+        gen["max_new_tokens"] = kwargs["max_tokens"]
+    gen.update(llm.generate_kwargs)
+    return gen
