@@ -1,6 +1,7 @@
 """QGPM's peak memory against vanilla, counted at the allocation level.
 
     python benchmarks/memory_alloc.py --lengths 1024,2048,4096,8000 --evidence-depth 0.5 --out benchmarks/results/memory_alloc_cpu_smollm2.md
+    python benchmarks/memory_alloc.py --relevance minilm --out benchmarks/results/memory_alloc_cpu_smollm2_minilm.md
 
 Peak RSS (``benchmarks/speed.py``) is too noisy on CPU: glibc keeps freed heap pages, and
 vanilla's own 8K peak spread from 695 to 917 MiB across runs. Here every tensor allocation
@@ -12,7 +13,10 @@ count is deterministic for a given prompt: one call per method and length is eno
 Same prompt builder and settings as ``benchmarks/speed.py``: evidence at the given depth,
 the engine's preset with the confidence rules off (every QGPM call runs the remapped
 pass 2), prefill reuse on. The phase holding each peak comes from the call's own timings
-laid end to end; pass 1's peak per prompt token shows whether pass 1 grows linearly in N.
+laid end to end; the ranking's peak (pass 1 over the heads, or the reranker's forward with
+``--relevance minilm`` and the like) per prompt token shows whether it grows linearly in N.
+The QGPM engine answers one short call before counting, so a reranker's weights, loaded on
+first use, are not counted as the call's memory.
 """
 
 from __future__ import annotations
@@ -84,15 +88,22 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", default=None, help="layer:head,... (default: the shipped set)")
     ap.add_argument("--pass1-dtype", default=None, choices=speed.PASS1_DTYPES, help="none | auto | bfloat16 | float16 | float32: the QGPM calls run pass 1 at this precision (QGPMConfig.pass1_dtype; "
                          "default: the preset's; none = the model's own dtype)")
+    ap.add_argument("--relevance", default=None, help="QGPMConfig.relevance of the QGPM calls, e.g. heads or minilm (default: the preset's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     engine = QGPM.from_pretrained()
     heads = [tuple(int(x) for x in h.split(":")) for h in args.heads.split(",")] if args.heads else engine.heads
-    cfg = engine.config.with_(min_top_z=None, decisive_margin=None, **({"pass1_dtype": coerce_value(args.pass1_dtype)} if args.pass1_dtype else {}))
+    extra = {"pass1_dtype": coerce_value(args.pass1_dtype)} if args.pass1_dtype else {}
+    if args.relevance:
+        extra["relevance"] = args.relevance
+    cfg = engine.config.with_(min_top_z=None, decisive_margin=None, **extra)  # a bad source fails here, before any model work
     q = QGPM(engine.model, engine.tokenizer, heads=heads, config=cfg, name=engine.name)
     deepest = max(layer for layer, _ in heads)
     speed.measure(engine, speed.context_of(engine, speed.long_text(), 256), "vanilla", 2)  # warm-up
+    # past keep_length, so the call ranks: a reranker source's model loads here, before any count
+    speed.measure(q, speed.context_of(engine, speed.long_text(), int(cfg.keep_length) + 512), "qgpm", 2)
+    ranking = "pass 1" if cfg.relevance == "heads" else f"the {cfg.relevance} reranker"
     text = speed.long_text()
     mib = 2**20
     rows = []
@@ -120,11 +131,12 @@ def main(argv=None) -> int:
         "Every tensor allocation and free during one call, recorded by the torch profiler (`profile_memory=True`); peak = "
         "the largest running total of live tensor bytes above the total at the call's start (weights and allocator caches "
         f"excluded). Deterministic for a prompt, so one call per cell. Evidence at depth {args.evidence_depth:g}, "
-        f"{args.new_tokens} new tokens, the engine's preset with the confidence rules off, "
-        + f"pass 1 {speed.precision_note(q)}. "
-        + f"Head set: {len(heads)} heads, deepest layer {deepest} of {engine.n_layers}. The phase holding each peak is in "
-        f"brackets (the call's timings laid end to end). Python {sys.version.split()[0]}, torch {torch.__version__}.", "",
-        "| prompt tokens | peak vanilla (MiB) | peak qgpm (MiB) | mem ratio | pass-1 peak (MiB) | pass-1 peak per token (KiB) "
+        f"{args.new_tokens} new tokens, the engine's preset with the confidence rules off, relevance={cfg.relevance!r}: "
+        + (f"pass 1 {speed.precision_note(q)}. Head set: {len(heads)} heads, deepest layer {deepest} of {engine.n_layers}. "
+           if cfg.relevance == "heads" else f"the sentences ranked by {ranking} (no pass 1 over the model). ")
+        + "The phase holding each peak is in brackets (the call's timings laid end to end; the ranking is the 'pass 1' phase). "
+        f"Python {sys.version.split()[0]}, torch {torch.__version__}.", "",
+        f"| prompt tokens | peak vanilla (MiB) | peak qgpm (MiB) | mem ratio | ranking peak, {ranking} (MiB) | ranking peak per token (KiB) "
         "| prefill reused (tokens) | pass 2 |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
         *rows,
