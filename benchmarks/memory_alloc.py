@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import speed  # noqa: E402  (the sibling benchmark: same prompt builder)
 
 from qgpm import QGPM  # noqa: E402
-from qgpm.config import coerce_value  # noqa: E402
+from qgpm.config_files import coerce_value  # noqa: E402
 
 PHASES = ("edit", "pass 1", "plan", "prefill", "decode")
 

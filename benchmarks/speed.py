@@ -41,7 +41,7 @@ import psutil
 import torch
 
 from qgpm import QGPM
-from qgpm.config import coerce_value
+from qgpm.config_files import coerce_value
 
 
 def long_text() -> str:
@@ -183,7 +183,7 @@ def random_engine(arch: str, tokenizer_dir: str, device: str | None, dtype: str 
 
 def config_sets(ap: argparse.ArgumentParser, items: list[str]) -> dict:
     """The ``--set FIELD=VALUE`` options as QGPMConfig changes (values read with
-    :func:`qgpm.config.coerce_value`); a malformed item or an unknown field stops the parser,
+    :func:`qgpm.config_files.coerce_value`); a malformed item or an unknown field stops the parser,
     before any model loads."""
     from dataclasses import fields
 
@@ -218,7 +218,7 @@ def check_model_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> N
 
 PASS1_DTYPES = ("none", "auto", "bfloat16", "float16", "float32")
 """What the benchmarks' pass-1 precision options take: QGPMConfig.pass1_dtype values, ``none`` = the model's dtype
-(read with :func:`qgpm.config.coerce_value`, as ``--set`` reads it)."""
+(read with :func:`qgpm.config_files.coerce_value`, as ``--set`` reads it)."""
 
 
 def precision_note(engine: QGPM) -> str:

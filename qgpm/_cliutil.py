@@ -11,7 +11,8 @@ import os
 import sys
 from typing import Any, Callable, NoReturn, Sequence
 
-from qgpm.config import QGPMConfig, load_config
+from qgpm.config import QGPMConfig
+from qgpm.config_files import load_config
 from qgpm.defaults import METHODS
 from qgpm.loading import resolve_source, source_fingerprint
 from qgpm.samples.tasks import TASKS

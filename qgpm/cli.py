@@ -41,7 +41,7 @@ from ._cliutil import (
 )
 from . import QGPM, __version__
 from .baselines import options_from_strings
-from .config import check_config_args, load_config
+from .config_files import check_config_args, load_config
 from .explain import sentence_rows, term_note
 from .fingerprint import gguf_shape
 from .heads import find_head_set, has_head_set_for_shape, parse_heads

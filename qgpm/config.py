@@ -3,16 +3,14 @@
 Presets are keyed by the model's fingerprint key (:mod:`qgpm.fingerprint`), with the
 readable name beside it in :data:`PRESET_NAMES`. The settings' groups (pass 1, shaping, the
 confidence rules, the remap with its own options), their defaults and their checks are in
-:mod:`qgpm.settings`.
+:mod:`qgpm.settings`; configs read from a JSON file and ``field=value`` overrides in
+:mod:`qgpm.config_files`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .defaults import DEFAULT_MODEL_NAME
 from .settings import (
@@ -32,7 +30,7 @@ from .settings import (
 )
 from .shaping import MapParams
 
-__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "RECIPE", "CALIBRATED", "MIN_SENTENCE_CHARS", "load_config", "coerce_value"]
+__all__ = ["QGPMConfig", "PRESETS", "PRESET_NAMES", "RECIPE", "CALIBRATED", "MIN_SENTENCE_CHARS"]
 
 _PASS1, _SHAPING, _CONFIDENCE, _MOVED = Pass1Settings(), ShapingSettings(), ConfidenceRules(), MoveRemap()  # the groups' defaults
 
@@ -389,84 +387,3 @@ PRESETS: dict[str, QGPMConfig] = {
         "relevance minilm by the rule of docs/tuning/relevance_sources.md on the 4K test grid",
     ),
 }
-
-
-def coerce_value(text: str) -> Any:
-    """A command-line ``FIELD=VALUE`` value as Python: ``none``/``null`` -> None,
-    ``true``/``false`` -> bool, then int, then float, else the stripped string.
-    Used by ``--config`` / ``--set`` / ``--grid`` and the baselines' ``--option``."""
-    t = text.strip()
-    low = t.lower()
-    if low in ("none", "null"):
-        return None
-    if low in ("true", "false"):
-        return low == "true"
-    for conv in (int, float):
-        try:
-            return conv(t)
-        except ValueError:
-            pass
-    return t
-
-
-def check_config_args(spec: str | Path | None, overrides: Sequence[str] = ()) -> None:
-    """What the CLI checks before the model loads: the file and the override names and values.
-
-    The overrides apply on top of the model's preset, which is known only once the model is
-    loaded, so a combination that one base rejects (``moved_order=text`` on the generic
-    defaults' ``remap="stride"``) passes here when it is valid on the generic defaults or on
-    some preset; the config built on the real base is checked again after loading.
-    """
-    try:
-        load_config(spec, overrides)
-    except (TypeError, ValueError) as first:
-        if spec is not None:
-            raise  # overrides apply on top of the file, which is known now
-        for preset in PRESETS.values():
-            try:
-                load_config(None, overrides, base=preset)
-                return
-            except (TypeError, ValueError):
-                continue
-        raise first
-
-
-def _config_file(spec: str | Path, fields: set[str]) -> QGPMConfig:
-    """The config a JSON file holds: an object of ``QGPMConfig`` fields, or one with them under
-    ``"config"`` (``best_config.json``). A key that is no field raises, naming it."""
-    d = json.loads(Path(spec).read_text(encoding="utf-8"))
-    d = d.get("config", d) if isinstance(d, dict) else d
-    if not isinstance(d, dict):
-        raise ValueError(f"config file {str(spec)!r} must hold a JSON object of QGPMConfig fields (or one under \"config\"), "
-                         f"got {type(d).__name__}")
-    unknown = sorted(set(d) - fields)
-    if unknown:
-        raise ValueError(f"config file {str(spec)!r} has keys that are no QGPMConfig field: {', '.join(map(repr, unknown))}; "
-                         f"fields: {', '.join(sorted(fields))}")
-    return QGPMConfig(**d)
-
-
-def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base: QGPMConfig | None = None) -> QGPMConfig | None:
-    """A config from a JSON file (``best_config.json`` or ``QGPMConfig.to_dict()``) and/or
-    ``field=value`` overrides; ``None`` when neither is given (engine preset).
-
-    Overrides apply on top of the file, else on top of ``base`` (the CLI passes the
-    model's preset; ``None`` = ``QGPMConfig()``, the paper's settings). A file key or an
-    override name that is no ``QGPMConfig`` field raises ``ValueError`` naming it.
-    """
-    if spec is None and not overrides:
-        return None
-    cfg = base if base is not None else QGPMConfig()
-    fields = {f.name for f in dataclasses.fields(QGPMConfig)}
-    if spec is not None:
-        cfg = _config_file(spec, fields)
-    changes = {}
-    for ov in overrides:
-        name, eq, value = ov.partition("=")
-        if not eq:
-            raise ValueError(f"bad override {ov!r}: expected field=value")
-        name = name.strip()
-        if name not in fields or name == "provenance":
-            raise ValueError(f"unknown QGPMConfig field {name!r} in {ov!r}; fields: {', '.join(sorted(fields - {'provenance'}))}")
-        changes[name] = coerce_value(value)
-    return cfg.with_(**changes) if changes else cfg

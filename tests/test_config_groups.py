@@ -12,7 +12,8 @@ import pytest
 
 import qgpm
 from qgpm import ConfidenceRules, MoveRemap, Pass1Settings, QGPMConfig, ReorderRemap, ShapingSettings, StrideRemap
-from qgpm.config import PRESETS, RECIPE, load_config
+from qgpm.config import PRESETS, RECIPE
+from qgpm.config_files import load_config
 from qgpm.defaults import PASS1_FIELDS
 from qgpm.eval.hashes import config_hash, method_fingerprint
 from qgpm.settings import REMAPS, REPLANNABLE_FIELDS, SETTING_GROUPS, fields_of

@@ -479,7 +479,8 @@ def test_config_args_are_checked_before_loading_against_every_base(tmp_path):
     """The CLI's check before the model loads: an override valid on the model's preset but not
     on the generic defaults (moved_order=text needs remap=reorder) passes, and is then built on
     the preset; one valid on no base, or on top of a file that rejects it, fails."""
-    from qgpm.config import PRESETS, check_config_args, load_config
+    from qgpm.config import PRESETS
+    from qgpm.config_files import check_config_args, load_config
 
     smol = next(c for c in PRESETS.values() if c.remap == "reorder")
     check_config_args(None, ["moved_order=text"])

@@ -32,7 +32,7 @@ from typing import Any
 
 from .options import STRING_RELEASED_SCALE, LLMLingua2Options, MsPoEOptions, SelfExtendOptions, StringOptions
 from .plans import BaselinePlan, build_baseline_plan
-from ..config import coerce_value
+from ..config_files import coerce_value
 
 __all__ = [
     "BASELINE_METHODS",

@@ -43,7 +43,7 @@ from qgpm._cliutil import (
 )
 from qgpm.baselines import options_from_strings
 from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options
-from qgpm.config import check_config_args, load_config
+from qgpm.config_files import check_config_args, load_config
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
 from qgpm.eval.processes import partial_state
 from qgpm.eval.report import report

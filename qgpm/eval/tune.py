@@ -39,7 +39,8 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from qgpm.config import QGPMConfig, coerce_value, load_config  # load_config re-exported
+from qgpm.config import QGPMConfig
+from qgpm.config_files import coerce_value, load_config  # load_config re-exported
 from qgpm.defaults import PASS1_FIELDS
 from qgpm.eval.answering import answer_sample, prepare_kwargs
 from qgpm.eval.hashes import config_hash, engine_dtype, method_fingerprint

@@ -4,7 +4,7 @@ torch.set_num_threads(1)
 from qgpm.eval.answering import prepare_kwargs
 from qgpm.eval.runner import load_engine
 from qgpm.eval.work import make_sample, work_items
-from qgpm.config import coerce_value
+from qgpm.config_files import coerce_value
 eng = load_engine("smollm2", device="cpu", dtype="float32")
 variants = [dict(kv.split("=", 1) for kv in v.split(";") if kv) for v in sys.argv[2].split("|")]
 out = open(sys.argv[3], "a")
