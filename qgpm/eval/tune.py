@@ -30,7 +30,6 @@ import dataclasses
 import datetime as _dt
 import itertools
 import json
-import math
 import random
 import sys
 import time
@@ -46,8 +45,8 @@ from qgpm.eval.answering import answer_sample, prepare_kwargs
 from qgpm.eval.hashes import config_hash, engine_dtype, method_fingerprint
 from qgpm.eval.work import DEFAULT_DEPTHS, make_sample, work_items
 from qgpm.eval.rows import norm_depth, row_key
-from qgpm.eval.stats import mcnemar_exact
 from qgpm.samples.base import EvalSample, split_seed
+from qgpm.eval.trials import SHAPING_FIELDS, fmt, mean, objective_key, summary_md, trial_summary
 
 __all__ = [
     "tune",
@@ -59,8 +58,6 @@ __all__ = [
     "Pass1Cache",
     "load_config",
 ]
-
-SHAPING_FIELDS = ("k_broad", "t_broad", "k_sharp", "t_sharp", "s_low", "eps", "anchor_ratio", "anchor_basis", "tau", "local_window", "unmodulated_layers", "min_top_z", "decisive_margin", "z_window", "solo_margin", "split_layer", "remap", "lead_tokens", "placement", "local_layers", "term_ratio", "moved_order")
 
 DEFAULT_GRID: dict[str, list] = {
     "k_broad": [8.0, 16.0],
@@ -171,59 +168,6 @@ def _answer_cached(engine, cache: Pass1Cache, sample: EvalSample, cfg: QGPMConfi
     row = answer_sample(engine, sample, method, config=cfg, logprob=logprob, call=call)
     row["timings"]["wall_s"] = round(row["timings"]["wall_s"] + call.timings.pass1_s + call.timings.plan_s, 4)
     return row
-
-
-# ----------------------------------------------------------------------------- summaries
-
-
-def _mean(xs: Sequence[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
-
-
-def _trial_summary(rows: list[dict], base_rows: dict[tuple, dict]) -> dict:
-    good = [r for r in rows if not r.get("error")]
-    acc = _mean([float(r["correct"]) for r in good])
-    lps = [r["logprob_gold"] for r in good if r.get("logprob_gold") is not None]
-    per_group: dict[str, list[tuple[float, float]]] = {}
-    b = c = 0
-    lp_diff = []
-    for r in good:
-        v = base_rows.get((r["task"], r["length"], r["depth"], r["seed"]))
-        if v is None:
-            continue
-        per_group.setdefault(f"{r['task']}@{r['length']}", []).append((float(r["correct"]), float(v["correct"])))
-        b += int(r["correct"] and not v["correct"])
-        c += int(v["correct"] and not r["correct"])
-        if r.get("logprob_gold") is not None and v.get("logprob_gold") is not None:
-            lp_diff.append(r["logprob_gold"] - v["logprob_gold"])
-    groups = {g: {"acc": _mean([a for a, _ in xs]), "vanilla": _mean([v for _, v in xs]), "n": len(xs)} for g, xs in sorted(per_group.items())}
-    deltas = [g["acc"] - g["vanilla"] for g in groups.values()]
-    return {
-        "n": len(good), "errors": len(rows) - len(good), "acc": acc, "mean_score": _mean([r["score"] for r in good]),
-        "mean_logprob": _mean(lps), "logprob_vs_vanilla": _mean(lp_diff),
-        "delta_vs_vanilla": (acc - _mean([float(base_rows[k]["correct"]) for k in base_rows])) if acc is not None and base_rows else None,
-        "worst_group_delta": min(deltas) if deltas else None, "b": b, "c": c, "mcnemar_p": mcnemar_exact(b, c),
-        "evidence_mrr": _mean([1 / (r["evidence_rank"] + 1) for r in good if r.get("evidence_rank") is not None]),
-        "groups": groups,
-    }
-
-
-def _objective_key(t: dict, objective: str, guard: float) -> tuple:
-    acc = t["acc"] if t["acc"] is not None else -1.0
-    lp = t["mean_logprob"] if t["mean_logprob"] is not None else -math.inf
-    if objective == "logprob":
-        return (lp, acc)
-    if objective == "guarded":
-        worst = t["worst_group_delta"] if t["worst_group_delta"] is not None else -1.0
-        return (worst >= -guard, acc, lp)
-    return (acc, lp)
-
-
-def _fmt(x: float | None, pct: bool = False, signed: bool = False) -> str:
-    if x is None:
-        return "–"
-    v = 100 * x if pct else x
-    return f"{v:+.1f}" if signed else (f"{v:.1f}" if pct else f"{v:.2f}")
 
 
 # ----------------------------------------------------------------------------- search
@@ -359,23 +303,23 @@ def tune(
         results = []
         for t_i, (cfg, h) in enumerate(zip(configs, hashes)):
             rows = [run_one(s, primary, h, lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob, primary)) for s in samples]
-            summ = _trial_summary(rows, van)
+            summ = trial_summary(rows, van)
             if o_hashes:
                 o_rows = [run_one(s, "oracle", o_hashes[t_i], lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob, "oracle")) for s in samples]
-                o = _trial_summary(o_rows, van)
+                o = trial_summary(o_rows, van)
                 summ["oracle"] = {k: o[k] for k in ("n", "acc", "mean_logprob", "logprob_vs_vanilla", "delta_vs_vanilla", "b", "c", "mcnemar_p", "groups")}
                 summ["oracle"]["config_hash"] = o_hashes[t_i]
             summ.update(trial=t_i, config_hash=h, changes=_changes(cfg, base), config=_cfg_fields(cfg))
             results.append(summ)
             if bar is not None:
-                bar.set_postfix_str(f"trial {t_i}: acc={_fmt(summ['acc'], pct=True)}% best={_fmt(max(x['acc'] or 0 for x in results), pct=True)}%", refresh=False)
+                bar.set_postfix_str(f"trial {t_i}: acc={fmt(summ['acc'], pct=True)}% best={fmt(max(x['acc'] or 0 for x in results), pct=True)}%", refresh=False)
     if bar is not None:
         bar.close()
 
     van_rows = list(van.values())
-    van_acc = _mean([float(r["correct"]) for r in van_rows])
-    van_lp = _mean([r["logprob_gold"] for r in van_rows if r.get("logprob_gold") is not None])
-    ranked = sorted(results, key=lambda t: _objective_key(t, objective, guard), reverse=True)
+    van_acc = mean([float(r["correct"]) for r in van_rows])
+    van_lp = mean([r["logprob_gold"] for r in van_rows if r.get("logprob_gold") is not None])
+    ranked = sorted(results, key=lambda t: objective_key(t, objective, guard), reverse=True)
     best = ranked[0]
     best_cfg = configs[best["trial"]]
     wall = round(time.time() - started, 1)
@@ -400,55 +344,5 @@ def tune(
     }
     (out / TRIALS_FILE).write_text("".join(json.dumps(t, default=str) + "\n" for t in results))
     (out / BEST_FILE).write_text(json.dumps({"config": dataclasses.asdict(best_cfg), "summary": {k: summary[k] for k in ("model", "split", "n", "samples", "tasks", "lengths", "depths", "objective", "command")}}, indent=1, default=str) + "\n")
-    (out / SUMMARY_FILE).write_text(_summary_md(summary, ranked, base))
+    (out / SUMMARY_FILE).write_text(summary_md(summary, ranked, base))
     return summary
-
-
-def _summary_md(summary: dict, ranked: list[dict], base: QGPMConfig) -> str:
-    best = summary["best"]
-    v = summary["vanilla"]
-    cfg = summary["best_config"]
-    groups = sorted({g for t in ranked for g in t["groups"]})
-    md = [
-        "# QGPM hyperparameter search (dev split)", "",
-        f"- model: `{summary['model']}` ({summary['dtype']}); heads: `{summary['heads']}`",
-        f"- split: **{summary['split']}** (seeds {summary['seeds'][0]}..{summary['seeds'][1]}); tasks: {', '.join(summary['tasks'])}; "
-        f"lengths: {summary['lengths']}; depths: {summary['depths']}; n = {summary['n']} per (task, length, depth) = {summary['samples']} samples",
-        f"- objective: {summary['objective']} (tie-breaker: mean gold log-prob); trials: {summary['trials']} "
-        f"(grid {json.dumps(summary['grid'])}, search seed {summary['search_seed']}; {summary['invalid_grid_points']} grid points violate the config constraints)",
-        f"- trials answered by: {', '.join(summary.get('methods') or ['qgpm'])} (the first ranks the trials)"
-        + (f"; shard {summary['shard'][0]}/{summary['shard'][1]} of the samples" if summary.get("shard") else ""),
-        f"- command: `{summary['command']}`",
-        f"- wall time: {summary['wall_s']} s; pass-1 runs: {summary['pass1_runs']} (cached across trials); finished {summary['finished']}",
-        "",
-        "## Chosen", "",
-        f"Vanilla on these samples: accuracy {_fmt(v['acc'], pct=True)} %, mean gold log-prob {_fmt(v['mean_logprob'])}.",
-        f"Best trial #{best['trial']} (`{best['config_hash']}`): accuracy {_fmt(best['acc'], pct=True)} % "
-        f"(Δ vs vanilla {_fmt(best['delta_vs_vanilla'], pct=True, signed=True)} pts, worst task Δ {_fmt(best['worst_group_delta'], pct=True, signed=True)} pts, "
-        f"b/c = {best['b']}/{best['c']}, McNemar p = {best['mcnemar_p']:.3f}), mean gold log-prob {_fmt(best['mean_logprob'])}.",
-        f"Changes from the base config: `{json.dumps(best['changes'])}`.",
-        f"Sensitivity: accuracy over all trials ranged {_fmt(summary['sensitivity']['acc_min'], pct=True)}–{_fmt(summary['sensitivity']['acc_max'], pct=True)} %.",
-        "",
-        "Preset line (qgpm/config.py):", "",
-        "```python",
-        "QGPMConfig(" + ", ".join(f"{k}={cfg[k]!r}" for k in SHAPING_FIELDS if k in cfg) + f",\n           provenance={cfg['provenance']!r})",
-        "```",
-        "",
-        "Evaluate it on the test split: `qgpm eval ... --config best_config.json` (this folder).",
-        "",
-        "## All trials (best first)", "",
-        "| # | hash | changes vs base | acc % | Δ vanilla | worst task Δ | b/c | mean logp | Δlogp | evid. MRR | " + " | ".join(groups)
-        + (" | oracle acc % | oracle Δlogp" if summary.get("oracle") else "") + " |",
-        "|" + "---|" * (10 + len(groups) + (2 if summary.get("oracle") else 0)),
-    ]
-    for t in ranked:
-        cells = [str(t["trial"]), f"`{t['config_hash'][:8]}`", f"`{json.dumps(t['changes'])}`", _fmt(t["acc"], pct=True),
-                 _fmt(t["delta_vs_vanilla"], pct=True, signed=True), _fmt(t["worst_group_delta"], pct=True, signed=True),
-                 f"{t['b']}/{t['c']}", _fmt(t["mean_logprob"]), _fmt(t["logprob_vs_vanilla"]), _fmt(t["evidence_mrr"])]
-        cells += [_fmt(t["groups"].get(g, {}).get("acc"), pct=True) for g in groups]
-        if summary.get("oracle"):
-            o = t.get("oracle") or {}
-            cells += [_fmt(o.get("acc"), pct=True), _fmt(o.get("logprob_vs_vanilla"))]
-        md.append("| " + " | ".join(cells) + " |")
-    md += ["", f"Base config: `{json.dumps(summary['base_config'])}`", ""]
-    return "\n".join(md)
