@@ -30,7 +30,8 @@ from .methods import METHOD_SPECS, Method, MethodSpec, Stage, method_spec
 from .pass1 import qgpm_relevance
 from .partial import check_heads_fit
 from .plan import REORDER_LAYERED_ERROR, PlanOutcome, build_plan, check_local_layers, oracle_units, reorder_needs_masks
-from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, has_visible_text, render_chat
+from .chat_template import render_chat
+from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, has_visible_text
 from .lexical import bm25_scores, require_bm25
 from .rerank import get_reranker
 from .hooks import reorder_mask_kind

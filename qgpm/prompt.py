@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .chat_template import render_chat
 from .segment import Sentence, assign_tokens_to_sentences, split_documents
 from .tokens import encode_prompt
 
@@ -221,66 +222,6 @@ def _render_user(template: str, parts: dict[str, str]) -> tuple[str, dict[str, t
 def check_template(template: Any) -> None:
     """Raise :class:`PromptError` unless ``template`` is a usable user-message template."""
     _render_user(template, {"instruction": "", "context": "", "question": ""})
-
-
-_MARK = "\ue000qgpm-message-{}\ue001"
-_MARK_RE = re.compile("\ue000qgpm-message-(\\d+)\ue001")
-
-
-def render_chat(tokenizer: Any, messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[int, int]] | None]:
-    """The chat template applied to ``messages`` (with the generation prompt), and the
-    char span of each message's content in it (``None`` where they cannot be located).
-
-    Spans come from a second rendering with a marker in place of each content: when
-    putting the contents back into it gives the real rendering, the spans are exact.
-    Otherwise (the template changes the content, e.g. trims it) they are searched for.
-    """
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
-    contents = [m["content"] for m in messages]
-    try:
-        skeleton = tokenizer.apply_chat_template(
-            [dict(m, content=_MARK.format(i)) for i, m in enumerate(messages)], tokenize=False, add_generation_prompt=True
-        )
-    except Exception:  # a template that inspects the content: fall back to searching
-        skeleton = None
-    if skeleton is not None:
-        out: list[str] = []
-        spans: list[tuple[int, int] | None] = [None] * len(contents)
-        pos = last = 0
-        for m in _MARK_RE.finditer(skeleton):
-            piece = skeleton[last : m.start()]
-            out.append(piece)
-            pos += len(piece)
-            i = int(m.group(1))
-            value = contents[i] if i < len(contents) else ""
-            if i < len(contents) and spans[i] is None:
-                spans[i] = (pos, pos + len(value))
-            out.append(value)
-            pos += len(value)
-            last = m.end()
-        out.append(skeleton[last:])
-        if "".join(out) == text and all(sp is not None or not c for sp, c in zip(spans, contents)):
-            return text, [sp if sp is not None else (0, 0) for sp in spans]
-    found = _find_in_order(text, contents)
-    return text, found
-
-
-def _find_in_order(text: str, parts: Sequence[str]) -> list[tuple[int, int]] | None:
-    spans = []
-    pos = 0
-    for part in parts:
-        if not part.strip():
-            spans.append((pos, pos))
-            continue
-        at = text.find(part, pos)
-        if at < 0:
-            part = part.strip()
-            at = text.find(part, pos)
-        if at < 0:
-            return None
-        spans.append((at, at + len(part)))
-        pos = at + len(part)
-    return spans
 
 
 @dataclass(frozen=True)
