@@ -76,10 +76,10 @@ def answer_route(llm: Any, engine: Any, route: str, sample: Any) -> dict[str, An
         message = llm.invoke(qgpm_prompt().invoke({"context": docs, "question": sample.question}))
     elif route == "before":
         prompt, _ = prompts()["system_context"]
-        from qgpm_integrations.langchain.chat_models import _as_dicts
+        from qgpm_integrations.langchain.call_args import as_dicts
 
         msgs = prompt.format_messages(context="\n\n".join(docs), question=sample.question)
-        res = engine.chat(_as_dicts(msgs), max_new_tokens=sample.max_new_tokens)
+        res = engine.chat(as_dicts(msgs), max_new_tokens=sample.max_new_tokens)
         return {"answer": res.text, "mode": "plain", "prompt_tokens": res.usage.prompt_tokens}
     else:
         class Capture(BaseCallbackHandler):

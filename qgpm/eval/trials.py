@@ -71,7 +71,6 @@ def fmt(x: float | None, pct: bool = False, signed: bool = False) -> str:
     return f"{v:+.1f}" if signed else (f"{v:.1f}" if pct else f"{v:.2f}")
 
 
-
 def summary_md(summary: dict, ranked: list[dict], base: QGPMConfig) -> str:
     best = summary["best"]
     v = summary["vanilla"]

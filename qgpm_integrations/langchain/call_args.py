@@ -24,7 +24,8 @@ from .prompts import document_texts
 if TYPE_CHECKING:
     from .chat_models import QGPMChatModel
 
-__all__ = ["CALL_KWARGS", "GENERATE_FIELDS", "as_dicts", "build_request", "decoding_args", "answer_args", "response_metadata"]
+__all__ = ["CALL_KWARGS", "GENERATE_FIELDS", "as_dicts", "build_request", "check_call_kwargs", "decoding_args", "answer_args",
+           "response_metadata"]
 
 CALL_KWARGS = frozenset(
     {

@@ -14,10 +14,9 @@
 * :func:`set_tokenizer` -- count LlamaIndex's tokens with the model's tokenizer.
 """
 
-from ._prompt import split_context
+from ._prompt import messages_to_prompt, split_context
 from ._tracing import QGPMTrace
 from .embeddings import bundled_embeddings
-from ._prompt import messages_to_prompt
 from .llm import DEFAULT_REFINE_INSTRUCTION, QGPMLLM, set_tokenizer
 from .postprocessors import QGPMReorderPostprocessor, QGPMTopKPostprocessor
 from .synthesizer import QGPMSynthesizer

@@ -36,7 +36,7 @@ from llama_index.core.prompts import chat_prompts, default_prompts
 from qgpm.chat_prompt import find_context_block, history_text
 from qgpm.prompt import has_visible_text
 
-__all__ = ["PromptParts", "read_prompt", "split_documents", "split_context"]
+__all__ = ["PromptParts", "read_prompt", "split_documents", "split_context", "messages_to_prompt"]
 
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _RULE_LINE = re.compile(r"[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*")
@@ -201,6 +201,7 @@ _ROLES = {
     MessageRole.CHATBOT: "assistant",
     MessageRole.MODEL: "assistant",
 }
+
 
 def messages_to_prompt(messages: Sequence[ChatMessage]) -> str:
     """Chat messages as the text of one user message (``QGPMLLM``'s default ``messages_to_prompt``).
