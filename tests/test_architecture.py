@@ -319,3 +319,44 @@ def test_the_adapters_share_one_engine_cache_and_one_async_bridge():
     for name in ("iterate_in_thread", "shared_engine"):
         assert defined.get(name) == ["qgpm_integrations/_common.py"], (name, defined.get(name))
     assert defined.get("_ENGINES", []) == [], defined.get("_ENGINES")  # annotated once in _common, assigned nowhere else
+
+
+def _unresolved_names(paths: list[Path]) -> list[str]:
+    """Every ``from qgpm... import NAME`` in ``paths`` (lazy ones inside functions too) whose
+    module cannot be imported or holds no ``NAME`` (neither an attribute nor a submodule)."""
+    import importlib
+    import importlib.util
+
+    bad = []
+    for path in paths:
+        for module, names, line in _imports(path):
+            if not (_is_within(module, "qgpm") or _is_within(module, "qgpm_integrations")) or not names:
+                continue
+            where = f"{path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path}:{line}"
+            try:
+                mod = importlib.import_module(module)
+            except ImportError as exc:
+                bad.append(f"{where} imports from {module}, which fails: {exc}")
+                continue
+            for name in names:
+                submodule = hasattr(mod, "__path__") and importlib.util.find_spec(f"{module}.{name}") is not None
+                if name != "*" and not hasattr(mod, name) and not submodule:
+                    bad.append(f"{where} imports {name} from {module}, which has no such name")
+    return bad
+
+
+def test_every_import_of_a_qgpm_name_resolves_in_benchmarks_scripts_cookbooks_and_tests():
+    """A name that moved between modules is imported from where it is now everywhere, lazy
+    imports in benchmarks and scripts included (they run only on the command line, not in tests)."""
+    paths = [p for folder in ("qgpm", "qgpm_integrations", "benchmarks", "scripts", "cookbooks", "tests")
+             for p in sorted((ROOT / folder).rglob("*.py"))]
+    assert len(paths) > 100
+    bad = _unresolved_names(paths)
+    assert not bad, "\n".join(bad)
+
+
+def test_the_import_check_finds_a_name_that_moved(tmp_path):
+    stale = tmp_path / "stale.py"
+    stale.write_text("def run():\n    from qgpm.config import load_config\n    from qgpm.config_files import load_config as ok\n",
+                     encoding="utf-8")
+    assert [b.split(" ", 1)[1] for b in _unresolved_names([stale])] == ["imports load_config from qgpm.config, which has no such name"]
