@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import speed  # noqa: E402  (the sibling benchmark: same prompt builder and random architectures)
 
 from qgpm import QGPM  # noqa: E402
+from qgpm.sources import parse_source  # noqa: E402
 
 CALLS = ("vanilla", "qgpm", "vanilla after pass 1")
 
@@ -173,6 +174,8 @@ def main(argv=None) -> int:
 
     dev = engine.device.type + (f" ({torch.cuda.get_device_name()})" if engine.device.type == "cuda" else f" ({torch.get_num_threads()} torch threads)")
     pass2 = sorted({x["pass2"] for _, got, _ in rows for x in got["qgpm"]} - {None})
+    ranking = (f"pass 1 {speed.precision_note(qgpm)}" if parse_source(config.relevance).heads else
+               f"no pass 1 over the model: the {config.relevance} reranker ranks the sentences (\"pass 1\" below is that ranking)")
     lines = [
         f"# Decode step times: QGPM's own work vs the state after pass 1 ({engine.name}"
         f"{' (random weights: timing only)' if args.random_arch else ''}, {dev}, dtype {next(engine.model.parameters()).dtype})",
@@ -181,7 +184,7 @@ def main(argv=None) -> int:
         "",
         f"{args.rounds} rounds per length (order A B C, then C B A), {args.new_tokens} new tokens per call, evidence at depth "
         f"{args.evidence_depth:g}. QGPM settings: the engine's (relevance={config.relevance}, remap={config.remap}, split_layer={config.split_layer}"
-        f"{''.join(', --set ' + kv for kv in args.set)}) with the confidence rules off; pass 1 {speed.precision_note(qgpm)}; "
+        f"{''.join(', --set ' + kv for kv in args.set)}) with the confidence rules off; {ranking}; "
         f"how its pass 2 ran: {', '.join(pass2)}. "
         f"Python {platform.python_version()}, torch {torch.__version__}.",
         "",
