@@ -17,8 +17,8 @@ from langchain_core.messages.ai import UsageMetadata
 from qgpm.chat_prompt import ChatParts, message_text, read_chat
 from qgpm.conversation import ChatRequest
 from qgpm.methods import Stage, method_spec
-from qgpm.sources import parse_source
 
+from .._common import check_relevance
 from .prompts import document_texts
 
 if TYPE_CHECKING:
@@ -122,11 +122,9 @@ def answer_args(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs:
         call["k"] = int(kwargs.get("k", llm.k))
     # a call's own reranker= / k= for a method that does not read them reach the engine, which refuses them
     call.update({n: kwargs[n] for n in ("reranker", "k") if kwargs.get(n) is not None and n not in call})
-    if kwargs.get("relevance") is not None and spec.stage is not Stage.HEADS:
-        raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
+    check_relevance(kwargs.get("relevance"), method)
     relevance = kwargs.get("relevance", llm.relevance)
     if relevance is not None and spec.stage is Stage.HEADS:
-        parse_source(relevance)
         call["config"] = (call["config"] or engine.config).with_(relevance=relevance)
     # the model's options belong to its own method; a call's options= go to the engine, which
     # rejects them for a method that takes none

@@ -51,14 +51,14 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 
 from qgpm.conversation import NO_CONTEXT_REPLY, ChatRequest, check_empty_context_policy
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
-from qgpm.methods import Stage, method_spec
+from qgpm.methods import method_spec
 from qgpm.serving import VLLMServer
-from qgpm.sources import parse_source
 
 from .._common import (
     check_generate_kwargs,
     check_heads,
     check_model_args,
+    check_relevance,
     clear_engine_cache,
     device_map_for,
     heads_key,
@@ -208,13 +208,6 @@ class QGPMChatModel(BaseChatModel):
     def _check_method(cls, v: str) -> str:
         return method_spec(v).name
 
-    @field_validator("relevance")
-    @classmethod
-    def _check_relevance(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_source(v)
-        return v
-
     @model_validator(mode="after")
     def _check(self) -> "QGPMChatModel":
         owner = "QGPMChatModel"
@@ -233,8 +226,7 @@ class QGPMChatModel(BaseChatModel):
             raise ValueError("vllm_model= names the model on the vllm_url= server: pass vllm_url= too")
         if self.vllm_url is not None:
             VLLMServer(self.vllm_url, model=self.vllm_model).close()  # a malformed address fails here, before any model work
-        if self.relevance is not None and method_spec(self.method).stage is not Stage.HEADS:
-            raise ValueError(f"relevance={self.relevance!r} sets how method='qgpm' ranks sentences; method={self.method!r} takes none")
+        check_relevance(self.relevance, self.method)
         if self.options is not None and getattr(self.options, "method", None) != self.method:
             raise ValueError(
                 f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from qgpm.baselines import resolve_options
 from qgpm.defaults import DEFAULT_METHOD
-from qgpm.methods import MethodSpec, Stage, method_spec
-from qgpm.sources import parse_source
+from qgpm.methods import MethodSpec, method_spec
 
-from .._common import check_generate_kwargs, check_heads, check_model_args
+from .._common import check_generate_kwargs, check_heads, check_model_args, check_relevance
 from ._prompt import messages_to_prompt
 
 if TYPE_CHECKING:
@@ -71,10 +70,7 @@ def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: A
     if "k" in kwargs and not spec.takes_k:
         raise ValueError(f"k= is how many chunks method='topk' keeps; method={method!r} takes none")
     resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
-    if kwargs.get("relevance") is not None:
-        parse_source(kwargs["relevance"])
-        if spec.stage is not Stage.HEADS:
-            raise ValueError(f"relevance={kwargs['relevance']!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
+    check_relevance(kwargs.get("relevance"), method)
     if isinstance(model, (str, os.PathLike)):
         if kwargs.get("model_name") is not None:
             raise ValueError("pass the model id as model_name= (or model=), not both")
