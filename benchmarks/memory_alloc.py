@@ -34,6 +34,7 @@ import speed  # noqa: E402  (the sibling benchmark: same prompt builder)
 
 from qgpm import QGPM  # noqa: E402
 from qgpm.config_files import coerce_value  # noqa: E402
+from qgpm.sources import parse_source  # noqa: E402
 
 PHASES = ("edit", "pass 1", "plan", "prefill", "decode")
 
@@ -91,13 +92,18 @@ def main(argv=None) -> int:
     ap.add_argument("--relevance", default=None, help="QGPMConfig.relevance of the QGPM calls, e.g. heads or minilm (default: the preset's)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.relevance:
+        try:
+            parse_source(args.relevance)  # a bad source stops here, before the model loads
+        except ValueError as exc:
+            ap.error(str(exc))
     lengths = [int(x) for x in args.lengths.split(",")]
     engine = QGPM.from_pretrained()
     heads = [tuple(int(x) for x in h.split(":")) for h in args.heads.split(",")] if args.heads else engine.heads
     extra = {"pass1_dtype": coerce_value(args.pass1_dtype)} if args.pass1_dtype else {}
     if args.relevance:
         extra["relevance"] = args.relevance
-    cfg = engine.config.with_(min_top_z=None, decisive_margin=None, **extra)  # a bad source fails here, before any model work
+    cfg = engine.config.with_(min_top_z=None, decisive_margin=None, **extra)
     q = QGPM(engine.model, engine.tokenizer, heads=heads, config=cfg, name=engine.name)
     deepest = max(layer for layer, _ in heads)
     speed.measure(engine, speed.context_of(engine, speed.long_text(), 256), "vanilla", 2)  # warm-up

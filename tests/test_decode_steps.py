@@ -1,4 +1,4 @@
-"""benchmarks/decode_steps.py: its step clock, its three calls on a tiny model, and its argument checks."""
+"""benchmarks/decode_steps.py: its step clock, its three calls on a tiny model, and its argument checks (with those of speed.py and memory_alloc.py)."""
 
 from __future__ import annotations
 
@@ -83,3 +83,13 @@ def test_speed_benchmark_checks_the_same_arguments_first(argv, msg, capsys, monk
     with pytest.raises(SystemExit):
         speed.main(argv)
     assert msg in capsys.readouterr().err
+
+
+def test_memory_benchmark_refuses_a_bad_relevance_source_before_any_model_loads(capsys, monkeypatch):
+    from qgpm_testing import benchmark_module
+
+    memory_alloc = benchmark_module("memory_alloc")
+    monkeypatch.setattr(memory_alloc.QGPM, "from_pretrained", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(SystemExit):
+        memory_alloc.main(["--relevance", "bm25+heads"])
+    assert "a fused source is written 'heads+<reranker>'" in capsys.readouterr().err
