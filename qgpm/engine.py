@@ -31,24 +31,23 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from .baselines import resolve_options
 from .batching import aanswer, answer_many
+from .call_checks import CallOptions, check_call, check_config, check_replan
 from .config import QGPMConfig
 from .decoding import Decoding
 from .defaults import METHODS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .generation import Generated, Generator, TransformersGenerator, build_result, checked_decoding
 from .heads import HeadSet, HeadSetMissingError, choose_head_set, known_model_name
-from .limits import ContextTooLongError, check_fits, check_input_size
+from .limits import ContextTooLongError, check_fits
 from .loading import load_model, load_tokenizer, resolve_source
 from .methods import Method, MethodSpec, method_spec
 from .partial import (NoLocalGenerator, check_heads_fit, check_pass1_layers_only, full_layers, full_rotary, is_partial, load_pass1_model,
                       loaded_layers, weight_bytes_not_loaded)
 from .pass1 import pass1_precision
 from .prefill import reuse_applies
-from .preparing import (CallOptions, check_config, check_method_args, check_replan, edit_context_stage, plain_chat_call, prepare_stage,
-                        replan as replan_call)
-from .prompt import DEFAULT_TEMPLATE, PromptSpec, build_prompt, check_prompt_inputs, check_template
+from .preparing import edit_context_stage, plain_chat_call, prepare_stage, replan as replan_call
+from .prompt import DEFAULT_TEMPLATE, PromptSpec, build_prompt
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import rotary_info
 from .runtime import check_supported
@@ -360,11 +359,7 @@ class QGPM:
         kw = dict(kwargs)
         opts = CallOptions.take(kw, max_new_tokens=64)
         dec = checked_decoding(self.generator, Decoding.take(kw, max_new_tokens=opts.max_new_tokens))
-        spec = self._check_ready(opts.method)
-        self.generator.check(spec, self._check_config(opts.config, spec))
-        check_method_args(spec, opts)
-        check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
-        check_template(opts.template)
+        check_call(self, self._check_ready(opts.method), context, question, opts)
 
         def run(state: StreamState) -> Iterator[str]:
             return self._stream_run(self._prepare(context, question, opts), dec, state)
@@ -409,17 +404,10 @@ class QGPM:
         return check_config(self, self.config if config is None else config, spec)
 
     def _prepare(self, context: str | Sequence[str], question: str, opts: CallOptions) -> PreparedCall:
-        """Everything before generation: check the inputs (before any model work), edit the
-        context (topk / reorder / llmlingua-2), build the prompt, run pass 1 and build the plan."""
+        """Everything before generation: check the inputs (:func:`~qgpm.call_checks.check_call`), edit
+        the context (topk / reorder / llmlingua-2), build the prompt, run pass 1 and build the plan."""
         spec = self._check_ready(opts.method)
-        options = resolve_options(spec.name, opts.options)  # bad settings fail before any work
-        cfg = self._check_config(opts.config, spec)
-        evidence = check_method_args(spec, opts)
-        docs = check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
-        check_template(opts.template)
-        others = [question, opts.instruction or "", opts.system or "", opts.answer_prefix or ""]
-        check_input_size(self.tokenizer, self.max_length, others, opts.max_new_tokens, context=docs, exact=not spec.shortens)
-        self.generator.check(spec, cfg)  # a generator that cannot run this method's pass 2 says so before any work
+        options, cfg, evidence = check_call(self, spec, context, question, opts)
         context, edit, edit_s, details = edit_context_stage(spec, context, question, reranker=opts.reranker, k=opts.k, options=options,
                                                             tokenizer=self.tokenizer)
         prompt = build_prompt(self.tokenizer, PromptSpec(context=context, question=question, instruction=opts.instruction, system=opts.system,

@@ -1,0 +1,178 @@
+"""A call's arguments, checked before any model work: :class:`CallOptions` and the checks the engine runs on them.
+
+:func:`check_call` runs them in order, cheapest first, so that input too large for the window
+is refused before a reranker is loaded.
+:func:`check_config` refuses a config the model cannot run (layers, local layers, the relevance
+source, the term filter's BM25, reorder masks); :func:`check_method_args` refuses arguments the
+call's method does not read (``evidence=``, ``k=``, ``reranker=``); :func:`check_replan` refuses
+what :meth:`QGPM.replan <qgpm.QGPM.replan>` cannot do. Each raises with what was wrong and what
+to do, before pass 1 or the prompt is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+from .baselines import resolve_options
+from .config import QGPMConfig
+from .defaults import PASS1_FIELDS
+from .hooks import reorder_mask_kind
+from .lexical import require_bm25
+from .limits import check_input_size
+from .methods import METHOD_SPECS, Method, MethodSpec, Stage, method_spec
+from .partial import check_heads_fit
+from .plan import REORDER_LAYERED_ERROR, check_local_layers, reorder_needs_masks
+from .prompt import DEFAULT_TEMPLATE, check_prompt_inputs, check_template
+from .rerank import get_reranker
+from .results import PreparedCall
+from .sources import parse_source
+
+if TYPE_CHECKING:
+    from .preparing import ModelView
+
+__all__ = ["CallOptions", "check_call", "check_config", "check_evidence", "check_method_args", "check_replan"]
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How to prepare one call: the arguments of :meth:`QGPM.prepare` besides context and question.
+
+    :meth:`QGPM.answer`, :meth:`QGPM.prepare` and :meth:`QGPM.stream` take these as keyword
+    arguments (see :meth:`QGPM.answer` for each); the engine carries them as one object.
+    ``max_new_tokens`` is the generation budget the prompt must leave room for. Values are
+    stored as given and checked when the call is prepared.
+    """
+
+    method: Method = "qgpm"
+    evidence: Sequence[str] | None = None
+    system: str | None = None
+    instruction: str | None = None
+    answer_prefix: str | None = None
+    template: str = DEFAULT_TEMPLATE
+    reranker: Any = None
+    k: int | None = None  # None: DEFAULT_K
+    config: QGPMConfig | None = None
+    max_new_tokens: int = 0
+    options: Any = None
+
+    @classmethod
+    def take(cls, kwargs: dict[str, Any], **defaults: Any) -> "CallOptions":
+        """Pop this class's fields out of ``kwargs`` (the rest stays there).
+
+        ``defaults`` replace the class defaults for fields ``kwargs`` does not hold.
+        """
+        values = dict(defaults)
+        for f in dataclasses.fields(cls):
+            if f.name in kwargs:
+                values[f.name] = kwargs.pop(f.name)
+        return cls(**values)
+
+
+def check_config(eng: ModelView, cfg: Any, spec: MethodSpec) -> QGPMConfig:
+    """``cfg`` checked against the engine's model before any model work: what pass 1, the plan
+    and the patching would refuse later (split layer, layer counts, local layers, the relevance
+    source and its reranker, the term filter's BM25, a reorder that needs per-layer masks)."""
+    if not isinstance(cfg, QGPMConfig):
+        raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(cfg).__name__}")
+    if not spec.config or eng.rotary is None:
+        return cfg
+    n = eng.n_layers
+    if cfg.split_layer is not None and cfg.split_layer > n:
+        raise ValueError(f"config.split_layer={cfg.split_layer} is beyond this model's {n} layers (use 0..{n}, or None for {n // 2})")
+    if cfg.unmodulated_layers > n:
+        raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
+    check_local_layers(cfg, eng.rotary)
+    if spec.stage is Stage.HEADS:
+        source = parse_source(cfg.relevance)
+        if source.heads:  # no head set: the engine's own error, with what to do; heads in layers not loaded: named
+            check_heads_fit(eng.heads, eng.model, loaded=True)
+        if source.reranker is not None:  # an unknown spec or a missing package fails here, before any model work
+            get_reranker(source.reranker)
+        if cfg.term_ratio is not None:  # the query-term filter's BM25, before pass 1
+            require_bm25("QGPMConfig.term_ratio (the query-term filter)")
+    if cfg.remap == "reorder" and reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
+        if eng.rotary.layered:
+            raise ValueError(REORDER_LAYERED_ERROR)
+        reorder_mask_kind(eng.model)
+    return cfg
+
+
+def check_evidence(evidence: Any, spec: MethodSpec | None = None) -> list[str] | None:
+    """Oracle evidence as a list of strings; a single string is one evidence item. With the
+    call's ``spec``: evidence only for a method that reads it, and required by one."""
+    if spec is not None:
+        if evidence is not None and not spec.evidence:
+            raise ValueError("evidence= is only used by method='oracle'")
+        if spec.evidence and not evidence:
+            raise ValueError(f"method={spec.name!r} needs evidence=[exact substrings of the context]")
+    if evidence is None:
+        return None
+    if isinstance(evidence, str):
+        return [evidence]
+    if isinstance(evidence, (bytes, Mapping)) or not hasattr(evidence, "__iter__"):
+        raise TypeError(f"evidence must be a string or a list of strings (exact substrings of the context), got {type(evidence).__name__}")
+    items = list(evidence)
+    for i, ev in enumerate(items):
+        if not isinstance(ev, str):
+            raise TypeError(f"evidence item {i} is {type(ev).__name__}, expected str (an exact substring of the context)")
+    return items
+
+
+def check_method_args(spec: MethodSpec, opts: CallOptions) -> list[str] | None:
+    """The call's evidence (:func:`check_evidence`), once the arguments only some methods read
+    are checked against ``spec``: ``reranker=`` only for a method that edits the context with a
+    reranker, ``k=`` only for one that keeps the best ``k`` chunks (``topk``)."""
+    evidence = check_evidence(opts.evidence, spec)
+    if opts.k is not None and not spec.takes_k:
+        raise ValueError(f"k= is how many chunks method='topk' keeps; method={spec.name!r} takes none"
+                         + (" (it keeps every chunk)" if spec.reranker else ""))
+    if opts.reranker is not None and not spec.reranker:
+        raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={spec.name!r} takes none"
+                         + (" (it ranks sentences by config.relevance, e.g. QGPMConfig(relevance='bm25'))" if spec.stage is Stage.HEADS else ""))
+    return evidence
+
+
+def check_replan(call: Any, config: Any, engine_config: QGPMConfig) -> None:
+    """Refuse what :meth:`QGPM.replan <qgpm.QGPM.replan>` cannot do: a call that is not a
+    prepared qgpm / oracle call, or a config that changes pass 1 or the prompt."""
+    if not isinstance(call, PreparedCall):
+        raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
+    if call.method not in METHOD_SPECS or not method_spec(call.method).config or call.z is None or call.prompt is None:
+        raise ValueError(f"replan needs a qgpm or oracle call from QGPM.prepare(), got method={call.method!r}")
+    if not isinstance(config, QGPMConfig):
+        raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(config).__name__}")
+    old = call.config or engine_config
+    changed = [f for f in PASS1_FIELDS if getattr(old, f) != getattr(config, f)]
+    if changed:
+        raise ValueError(f"{', '.join(changed)} change pass 1 or the prompt: call prepare() again with config= instead of replan()")
+
+
+class EngineView(Protocol):
+    """What :func:`check_call` reads from the engine (:class:`qgpm.QGPM` has all of it, and all of
+    :class:`~qgpm.preparing.ModelView`, which :func:`check_config` reads)."""
+
+    tokenizer: Any
+    config: QGPMConfig
+    generator: Any
+
+    @property
+    def max_length(self) -> int: ...
+
+
+def check_call(eng: EngineView, spec: MethodSpec, context: Any, question: Any, opts: CallOptions) -> tuple[Any, QGPMConfig, list[str] | None]:
+    """A call's arguments checked before any model work, cheapest first: the method's settings
+    and arguments, the texts and their size (a bound on characters, then a bounded token count),
+    then the config against the model (:func:`check_config`, which loads the relevance source's
+    reranker) and the engine's generator. Returns ``(options, config, evidence)``."""
+    options = resolve_options(spec.name, opts.options)
+    evidence = check_method_args(spec, opts)
+    docs = check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
+    check_template(opts.template)
+    others = [question, opts.instruction or "", opts.system or "", opts.answer_prefix or ""]
+    check_input_size(eng.tokenizer, eng.max_length, others, opts.max_new_tokens, context=docs, exact=not spec.shortens)
+    cfg = check_config(eng, eng.config if opts.config is None else opts.config, spec)
+    eng.generator.check(spec, cfg)  # a generator that cannot run this method's pass 2 says so before any work
+    return options, cfg, evidence
