@@ -245,6 +245,7 @@ class RenderedPrompt:
     messages: tuple[tuple[int, int], ...] | None
     system_span: tuple[int, int] | None
     add_special_tokens: bool
+    user_length: int
 
     @property
     def role_spans(self) -> dict[str, tuple[int, int]]:
@@ -258,13 +259,15 @@ class RenderedPrompt:
 
     @property
     def protected(self) -> list[tuple[int, int]]:
-        """The caller's text in ``text`` (read as plain text when tokenized): every field of
-        the user message, the system prompt and the answer prefix. Where the user message
-        was not located: the message contents as found, and the answer prefix."""
+        """The caller's text in ``text`` (read as plain text when tokenized): the whole user
+        message (its fields and the template's own text, which an adapter copies from a
+        chat message), the system prompt and the answer prefix. Where the user message was
+        not located: the message contents as found, and the answer prefix. Special tokens
+        come only from the model's chat template."""
         prefix = (self.head, len(self.text))
         if self.user_start is None:
             return list(self.messages or []) + [prefix]
-        out = [(a + self.user_start, b + self.user_start) for a, b in self.fields] + [prefix]
+        out = [(self.user_start, self.user_start + self.user_length), prefix]
         if self.system_span is not None:
             out.append(self.system_span)
         return out
@@ -308,6 +311,7 @@ def _render(tokenizer: Any, spec: PromptSpec, context_text: str) -> RenderedProm
         messages=None if located is None else tuple(located),
         system_span=system_span,
         add_special_tokens=add_special,
+        user_length=len(user),
     )
 
 
