@@ -28,7 +28,7 @@ from .plan import REORDER_LAYERED_ERROR, check_local_layers, reorder_needs_masks
 from .prompt import DEFAULT_TEMPLATE, check_prompt_inputs, check_template
 from .rerank import get_reranker
 from .results import PreparedCall
-from .sources import parse_source
+from .sources import check_reranker_spec, parse_source
 
 if TYPE_CHECKING:
     from .preparing import ModelView
@@ -132,6 +132,8 @@ def check_method_args(spec: MethodSpec, opts: CallOptions) -> list[str] | None:
     if opts.reranker is not None and not spec.reranker:
         raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={spec.name!r} takes none"
                          + (" (it ranks sentences by config.relevance, e.g. QGPMConfig(relevance='bm25'))" if spec.stage is Stage.HEADS else ""))
+    if isinstance(opts.reranker, str):
+        check_reranker_spec(opts.reranker)  # an unknown kind fails here; the reranker itself loads when the context is edited
     return evidence
 
 

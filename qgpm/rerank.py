@@ -39,6 +39,7 @@ from .defaults import DEFAULT_MODEL_NAME, DEFAULT_RERANKER, is_default_model
 from .judge import DEFAULT_INSTRUCTION, QWEN3_RERANKER_SYSTEM, LLMJudgeReranker
 from .lexical import bm25_scores, require_bm25
 from .rerank_contract import Reranker, check_inputs, finite_scores, require_package
+from .sources import RERANKER_CHOICES, check_reranker_spec
 
 __all__ = [
     "Reranker",
@@ -204,18 +205,6 @@ class BM25Reranker:
 
 # --------------------------------------------------------------------------- factory
 
-RERANKER_CHOICES: tuple[str, ...] = (
-    "bm25",
-    "minilm",
-    "embedding",
-    "embedding:<path-or-id>",
-    "judge",
-    "llm-judge",
-    "judge:<path-or-id>",
-    "cross-encoder:<path-or-id>",
-)
-"""Spec strings accepted by :func:`get_reranker`."""
-
 DEFAULT_JUDGE_NAME = DEFAULT_MODEL_NAME
 
 _RERANKERS: dict[str, Reranker] = {}
@@ -268,6 +257,7 @@ def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
         if isinstance(spec, Reranker):
             return spec
         raise TypeError(f"reranker must be a spec string or a Reranker, got {type(spec).__name__}")
+    check_reranker_spec(spec)  # an unknown kind: ValueError listing the choices
     key = reranker_key(spec)
     arg = key.partition(":")[2]
     with _RERANKERS_LOCK:
