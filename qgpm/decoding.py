@@ -9,16 +9,20 @@ by the same rules (:func:`finish_text`).
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
-from transformers import LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import GenerationConfig, LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-__all__ = ["Decoding", "DECODING_FIELDS", "cut_at_stop", "finish_text", "SeededSampler"]
+logger = logging.getLogger("qgpm")
+
+__all__ = ["Decoding", "DECODING_FIELDS", "check_generate_extras", "cut_at_stop", "finish_text", "SeededSampler"]
 
 DECODING_FIELDS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
 """The decoding arguments every generator understands (the rest are ``generate()`` extras)."""
@@ -64,6 +68,12 @@ class Decoding:
                 raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
             if not 0 <= seed < 2**64:
                 raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        if temperature == 0:
+            unused = [n for n, v in (("top_p", top_p if top_p != 1 else None), ("seed", seed), ("top_k", extra.get("top_k")),
+                                     ("min_p", extra.get("min_p"))) if v is not None]
+            if unused:
+                _warn_once(f"qgpm: temperature=0 decodes greedily, so {', '.join(unused)} have no effect; set temperature > 0 "
+                           "to sample with them")
         return cls(int(max_new_tokens), temperature, top_p, _check_stop(stop), seed, dict(extra))
 
     @classmethod
@@ -79,18 +89,133 @@ class Decoding:
         return self.temperature == 0
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Log ``message`` on the ``qgpm`` logger once per process."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)
+
+
 def _check_stop(stop: Any) -> tuple[str, ...]:
     if stop is None:
         return ()
     if isinstance(stop, str):
-        return (stop,) if stop else ()
+        stop = [stop]
     if isinstance(stop, (bytes, Mapping)) or not hasattr(stop, "__iter__"):
         raise TypeError(f"stop must be a string or a list of strings, got {type(stop).__name__}")
     stops = list(stop)
     bad = [type(x).__name__ for x in stops if not isinstance(x, str)]
     if bad:
         raise TypeError(f"stop must be a string or a list of strings; it holds {', '.join(sorted(set(bad)))}")
-    return tuple(x for x in stops if x)
+    if not all(stops):
+        raise ValueError("stop strings must be non-empty (an empty one would end every answer before it starts); pass stop=None for none")
+    return tuple(stops)
+
+
+# ----------------------------------------------------------------------------- generate() extras
+
+# generate() arguments qgpm sets itself for every call
+_GENERATE_OWN = frozenset({"input_ids", "attention_mask", "streamer", "tokenizer", "stop_strings", "do_sample", "max_length"})
+# sampling settings SeededSampler does not apply (generate() itself decodes greedily, so they would do nothing)
+_SAMPLING_NOT_APPLIED = frozenset({"typical_p", "epsilon_cutoff", "eta_cutoff", "top_h"})
+# settings for other decoding strategies (several sequences, beams, contrastive / DoLa / assisted decoding) and for
+# outputs other than one sequence of token ids: qgpm decodes one sequence, token by token, under its position plan
+_OTHER_DECODING = frozenset({
+    "num_beams", "num_beam_groups", "diversity_penalty", "length_penalty", "early_stopping", "num_return_sequences", "constraints",
+    "force_words_ids", "penalty_alpha", "dola_layers", "assistant_model", "assistant_early_exit", "prompt_lookup_num_tokens",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold", "assistant_lookbehind",
+    "target_lookbehind", "max_matching_ngram_size", "speculation_type", "use_mtp", "return_dict_in_generate", "output_scores",
+    "output_logits", "output_attentions", "output_hidden_states", "synced_gpus", "generation_config", "custom_generate",
+    "continuous_batching_config", "low_memory", "use_cache",
+})
+# generate() keyword arguments that are no GenerationConfig field
+_GENERATE_ARGS = frozenset({"logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "negative_prompt_ids",
+                            "negative_prompt_attention_mask"})
+
+
+@functools.cache
+def _generate_settings() -> frozenset[str]:
+    """The names ``generate()`` takes as settings: ``GenerationConfig``'s fields and its own arguments."""
+    return frozenset(set(GenerationConfig().to_dict()) - {"_from_model_config", "transformers_version"}) | _GENERATE_ARGS
+
+
+def check_generate_extras(extra: Any, max_new_tokens: int | None = None) -> None:
+    """Raise, before any model work, for a ``generate()`` extra the transformers generator would
+    not apply: one that is neither a ``GenerationConfig`` field nor a ``generate()`` argument, one
+    qgpm sets itself, a sampling setting its sampler does not apply, or a setting of another
+    decoding strategy (beams, several sequences, assisted decoding)."""
+    if not extra:  # most calls: nothing to check
+        return
+    own = sorted(set(extra) & _GENERATE_OWN)
+    if own:
+        raise ValueError(f"{', '.join(own)}: set by qgpm itself for every call (sampling: temperature > 0; stop strings: stop=; "
+                         "the length: max_new_tokens=)")
+    unapplied = sorted(set(extra) & _SAMPLING_NOT_APPLIED)
+    if unapplied:
+        raise ValueError(f"{', '.join(unapplied)}: qgpm samples with temperature, top_p, top_k and min_p only; drop {', '.join(unapplied)}")
+    other = sorted(set(extra) & _OTHER_DECODING)
+    if other:
+        raise ValueError(f"{', '.join(other)}: not supported; qgpm decodes one sequence per call, token by token under its "
+                         "position plan (greedy, or sampled with temperature > 0)")
+    unknown = sorted(set(extra) - _generate_settings())
+    if unknown:
+        raise TypeError(f"unexpected arguments {unknown}: neither answer() arguments nor transformers generate() settings "
+                        "(GenerationConfig fields such as repetition_penalty, min_new_tokens, top_k, or logits_processor)")
+    for name, value in extra.items():
+        rule = _EXTRA_VALUES.get(name)
+        if rule is not None and value is not None:
+            rule(name, value)
+    low = extra.get("min_new_tokens")
+    if max_new_tokens is not None and low is not None and low > max_new_tokens:
+        raise ValueError(f"min_new_tokens={low} exceeds max_new_tokens={max_new_tokens}")
+
+
+def _int_at_least(low: int) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+    return check
+
+
+def _number_in(low: float, high: float, *, low_open: bool = False) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+        if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
+            raise ValueError(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {value}")
+    return check
+
+
+def _token_ids(name: str, value: Any) -> None:
+    ids = [value] if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__") or \
+            not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise TypeError(f"{name} must be a token id (an int >= 0) or a list of them, got {value!r}")
+
+
+def _callables(name: str, value: Any) -> None:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or not all(callable(x) for x in value):
+        raise TypeError(f"{name} must be a list of callables (transformers' {name} objects), got {value!r}")
+
+
+# value rules of the generate() extras users set most; the rest are transformers' to check
+_EXTRA_VALUES: dict[str, Callable[[str, Any], None]] = {
+    "top_k": _int_at_least(0),
+    "min_p": _number_in(0.0, 1.0),
+    "repetition_penalty": _number_in(0.0, math.inf, low_open=True),
+    "no_repeat_ngram_size": _int_at_least(0),
+    "min_new_tokens": _int_at_least(0),
+    "max_time": _number_in(0.0, math.inf, low_open=True),
+    "eos_token_id": _token_ids,
+    "pad_token_id": _token_ids,
+    "logits_processor": _callables,
+    "stopping_criteria": _callables,
+}
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

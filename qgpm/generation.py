@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,10 +20,10 @@ from queue import Queue
 from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from .config import QGPMConfig
-from .decoding import Decoding, SeededSampler, finish_text
+from .decoding import Decoding, SeededSampler, check_generate_extras, finish_text
 from .diagnostics import FIELDS as DIAGNOSTIC_FIELDS
 from .methods import METHOD_SPECS, MethodSpec, Stage
 from .prefill import rewind, take_prefill, fresh_cache
@@ -173,54 +172,6 @@ class _TimingStreamer:
             self.inner.end()
 
 
-# generate() arguments qgpm sets itself for every call
-_GENERATE_OWN = frozenset({"input_ids", "attention_mask", "streamer", "tokenizer", "stop_strings", "do_sample"})
-# sampling settings SeededSampler does not apply (generate() itself decodes greedily, so they would do nothing)
-_SAMPLING_NOT_APPLIED = frozenset({"typical_p", "epsilon_cutoff", "eta_cutoff", "top_h"})
-# settings for other decoding strategies (several sequences, beams, contrastive / DoLa / assisted decoding) and for
-# outputs other than one sequence of token ids: qgpm decodes one sequence, token by token, under its position plan
-_OTHER_DECODING = frozenset({
-    "num_beams", "num_beam_groups", "diversity_penalty", "length_penalty", "early_stopping", "num_return_sequences", "constraints",
-    "force_words_ids", "penalty_alpha", "dola_layers", "assistant_model", "assistant_early_exit", "prompt_lookup_num_tokens",
-    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold", "assistant_lookbehind",
-    "target_lookbehind", "max_matching_ngram_size", "speculation_type", "use_mtp", "return_dict_in_generate", "output_scores",
-    "output_logits", "output_attentions", "output_hidden_states", "synced_gpus", "generation_config", "custom_generate",
-    "continuous_batching_config", "low_memory", "use_cache",
-})
-# generate() keyword arguments that are no GenerationConfig field
-_GENERATE_ARGS = frozenset({"logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "negative_prompt_ids",
-                            "negative_prompt_attention_mask"})
-
-
-@functools.cache
-def _generate_settings() -> frozenset[str]:
-    """The names ``generate()`` takes as settings: ``GenerationConfig``'s fields and its own arguments."""
-    return frozenset(set(GenerationConfig().to_dict()) - {"_from_model_config", "transformers_version"}) | _GENERATE_ARGS
-
-
-def check_generate_extras(extra: Any) -> None:
-    """Raise, before any model work, for a ``generate()`` extra the transformers generator would
-    not apply: one that is neither a ``GenerationConfig`` field nor a ``generate()`` argument, one
-    qgpm sets itself, a sampling setting its sampler does not apply, or a setting of another
-    decoding strategy (beams, several sequences, assisted decoding)."""
-    if not extra:  # most calls: nothing to check
-        return
-    own = sorted(set(extra) & _GENERATE_OWN)
-    if own:
-        raise ValueError(f"{', '.join(own)}: set by qgpm itself for every call (sampling: temperature > 0; stop strings: stop=)")
-    unapplied = sorted(set(extra) & _SAMPLING_NOT_APPLIED)
-    if unapplied:
-        raise ValueError(f"{', '.join(unapplied)}: qgpm samples with temperature, top_p, top_k and min_p only; drop {', '.join(unapplied)}")
-    other = sorted(set(extra) & _OTHER_DECODING)
-    if other:
-        raise ValueError(f"{', '.join(other)}: not supported; qgpm decodes one sequence per call, token by token under its "
-                         "position plan (greedy, or sampled with temperature > 0)")
-    unknown = sorted(set(extra) - _generate_settings())
-    if unknown:
-        raise TypeError(f"unexpected arguments {unknown}: neither answer() arguments nor transformers generate() settings "
-                        "(GenerationConfig fields such as repetition_penalty, min_new_tokens, top_k, or logits_processor)")
-
-
 def checked_decoding(generator: Any, decoding: Decoding) -> Decoding:
     """``decoding`` once ``generator`` has checked its extras (a generator without
     ``check_decoding`` checks them when it runs)."""
@@ -248,7 +199,7 @@ class TransformersGenerator:
 
     def check_decoding(self, decoding: Decoding) -> None:
         """Raise, before any work, for ``generate()`` extras this generator would not apply."""
-        check_generate_extras(decoding.extra)
+        check_generate_extras(decoding.extra, decoding.max_new_tokens)
 
     def require(self, what: str) -> None:
         """Everything runs here (:class:`qgpm.partial.NoLocalGenerator` refuses instead)."""
@@ -338,8 +289,7 @@ class _ThreadStream:
             def __call__(self, input_ids, scores, **kwargs):
                 return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
 
-        crit = kw.pop("stopping_criteria", None) or StoppingCriteriaList()
-        crit.append(_Cancel())
+        crit = StoppingCriteriaList([*(kw.pop("stopping_criteria", None) or ()), _Cancel()])  # a new list: the caller's stays as it was
         errors: Queue = Queue()
         held: dict[str, Any] = {}
 

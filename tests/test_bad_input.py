@@ -13,6 +13,7 @@ import time
 import tracemalloc
 
 import pytest
+import torch
 
 from qgpm import (
     QGPM,
@@ -143,6 +144,19 @@ GEN_CASES = [
     (dict(typical_p=0.9), ValueError, "typical_p: qgpm samples with temperature, top_p, top_k and min_p only"),
     (dict(do_sample=True), ValueError, r"do_sample: set by qgpm itself"),
     (dict(num_beams=3), ValueError, r"num_beams: not supported; qgpm decodes one sequence per call"),
+    (dict(stop=""), ValueError, "stop strings must be non-empty"),
+    (dict(stop=["ok", ""]), ValueError, "stop strings must be non-empty"),
+    (dict(max_length=10), ValueError, r"max_length: set by qgpm itself .*max_new_tokens="),
+    (dict(top_k="a"), TypeError, "top_k must be an int, got str"),
+    (dict(top_k=-3), ValueError, "top_k must be >= 0, got -3"),
+    (dict(min_p=2.0), ValueError, r"min_p must be in \[0.0, 1.0\], got 2.0"),
+    (dict(repetition_penalty=-1.0), ValueError, r"repetition_penalty must be in \(0.0, inf\]"),
+    (dict(no_repeat_ngram_size=-2), ValueError, "no_repeat_ngram_size must be >= 0"),
+    (dict(max_time=-1), ValueError, r"max_time must be in \(0.0, inf\]"),
+    (dict(min_new_tokens=100), ValueError, "min_new_tokens=100 exceeds max_new_tokens=4"),
+    (dict(eos_token_id="x"), TypeError, "eos_token_id must be a token id"),
+    (dict(logits_processor=5), TypeError, "logits_processor must be a list of callables"),
+    (dict(logits_processor=[object()]), TypeError, "logits_processor must be a list of callables"),
 ]
 
 
@@ -155,6 +169,32 @@ def test_bad_decoding_arguments(engine, stays_vanilla, change, exc, match):
     raises(exc, match, engine.chat, [{"role": "user", "content": Q}], **{k: v for k, v in kw.items() if k != "method"})
     call = engine.prepare(CTX, Q, method="vanilla")
     raises(exc, match, engine.generate_prepared, call, **{k: v for k, v in kw.items() if k != "method"})
+
+
+def test_greedy_decoding_says_once_which_sampling_settings_it_does_not_use(engine, caplog):
+    import qgpm.decoding
+
+    qgpm.decoding._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        engine.answer(CTX, Q, method="vanilla", max_new_tokens=2, seed=3, top_k=5)
+        engine.answer(CTX, Q, method="vanilla", max_new_tokens=2, seed=3, top_k=5)
+        engine.answer(CTX, Q, method="vanilla", max_new_tokens=2, temperature=0.7, seed=3, top_k=5)
+    said = [r.getMessage() for r in caplog.records if "decodes greedily" in r.getMessage()]
+    assert said == ["qgpm: temperature=0 decodes greedily, so seed, top_k have no effect; set temperature > 0 to sample with them"]
+
+
+def test_a_stream_leaves_the_callers_stopping_criteria_as_they_were(engine):
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Never(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    crit = StoppingCriteriaList([Never()])
+    first = "".join(engine.stream(CTX, Q, method="vanilla", max_new_tokens=6, stopping_criteria=crit))
+    assert len(crit) == 1
+    again = engine.answer(CTX, Q, method="vanilla", max_new_tokens=6, stopping_criteria=crit)
+    assert again.text == first.strip() and again.usage.answer_tokens == 6
 
 
 def test_stop_as_one_string_is_one_stop_string(engine, stays_vanilla):
