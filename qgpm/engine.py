@@ -356,10 +356,7 @@ class QGPM:
         The arguments are checked here, before anything runs; the call is prepared (pass 1
         included) when the first piece is asked for.
         """
-        kw = dict(kwargs)
-        opts = CallOptions.take(kw, max_new_tokens=64)
-        dec = checked_decoding(self.generator, Decoding.take(kw, max_new_tokens=opts.max_new_tokens))
-        check_call(self, self._check_ready(opts.method), context, question, opts)
+        opts, dec = self._checked(context, question, kwargs)
 
         def run(state: StreamState) -> Iterator[str]:
             return self._stream_run(self._prepare(context, question, opts), dec, state)
@@ -386,13 +383,25 @@ class QGPM:
         if not isinstance(answer, str):
             raise TypeError(f"answer must be a string, got {type(answer).__name__}")
         self.local.require("answer_logprob")
-        call = self.prepare(context, question, **kwargs)
         ans = encode_plain(self.tokenizer, answer)
         if not ans:
-            raise ValueError("answer is empty")
+            raise ValueError("answer is empty: pass the continuation whose log-probability you want")
+        call = self.prepare(context, question, **kwargs)
         return self.local.logprob(call, ans)
 
+    def check_request(self, context: str | Sequence[str], question: str, **kwargs: Any) -> None:
+        """Check :meth:`answer`'s arguments as :meth:`answer` does, and run nothing: the same
+        exceptions, before any model work (:meth:`answer_many` checks every request so)."""
+        self._checked(context, question, kwargs)
+
     # ------------------------------------------------------------------ stages
+    def _checked(self, context: Any, question: Any, kwargs: Mapping[str, Any]) -> tuple[CallOptions, Decoding]:
+        kw = dict(kwargs)
+        opts = CallOptions.take(kw, max_new_tokens=64)
+        dec = checked_decoding(self.generator, Decoding.take(kw, max_new_tokens=opts.max_new_tokens))
+        check_call(self, self._check_ready(opts.method), context, question, opts)
+        return opts, dec
+
     def _check_ready(self, method: Any) -> MethodSpec:
         spec = method_spec(method)
         if spec.rotary and self._support_error is not None:

@@ -555,3 +555,7 @@ def test_langchain_get_num_tokens_without_loading_the_model(tokenizer, monkeypat
     monkeypatch.setattr(cm, "_get_engine", lambda *a: (_ for _ in ()).throw(AssertionError("the model was loaded")))
     n = QGPMChatModel().get_num_tokens("Hello there, world.")
     assert n == len(tokenizer("Hello there, world.", add_special_tokens=False)["input_ids"])
+
+
+def test_empty_answer_to_score_fails_before_pass1(engine, stays_vanilla):
+    raises(ValueError, "answer is empty", engine.answer_logprob, CTX, Q, "")

@@ -33,3 +33,25 @@ def test_bad_batches_fail_before_any_call(engine, monkeypatch):
         engine.answer_many({"context": "a", "question": "b"})
     with pytest.raises(ValueError, match="max_concurrency"):
         engine.answer_many([], max_concurrency=True)
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (dict(method="bogus"), ValueError, "unknown method"),
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
+    (dict(foo=1), TypeError, "unexpected arguments"),
+    (dict(question="  "), ValueError, "question"),
+], ids=["method", "max_new_tokens", "unknown", "question"])
+def test_a_bad_request_stops_the_batch_before_any_call(engine, monkeypatch, bad, exc, match):
+    """Every request's arguments are checked as answer() checks them, before the first runs."""
+    monkeypatch.setattr(engine, "answer", lambda **kw: (_ for _ in ()).throw(AssertionError("a call ran")))
+    good = dict(context=needle_context(3, n=10), question=NEEDLE_QUESTION, max_new_tokens=4)
+    with pytest.raises(exc, match=match) as info:
+        engine.answer_many([good, good, {**good, **bad}])
+    assert "in request 2 of answer_many()" in getattr(info.value, "__notes__", [])
+
+
+def test_check_request_raises_as_answer_does_and_runs_nothing(engine, monkeypatch):
+    monkeypatch.setattr("qgpm.engine.build_prompt", lambda *a, **k: (_ for _ in ()).throw(AssertionError("prompt built")))
+    engine.check_request(needle_context(3, n=10), NEEDLE_QUESTION, method="vanilla", max_new_tokens=4, top_k=3)
+    with pytest.raises(TypeError, match="top_k must be an int"):
+        engine.check_request(needle_context(3, n=10), NEEDLE_QUESTION, top_k="3")
