@@ -12,13 +12,16 @@ to do, before pass 1 or the prompt is built.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from .baselines import resolve_options
 from .config import QGPMConfig
 from .defaults import PASS1_FIELDS
+from .generation import Generator
 from .hooks import reorder_mask_kind
 from .lexical import require_bm25
 from .limits import check_input_size
@@ -33,7 +36,7 @@ from .sources import check_reranker_spec, parse_source
 if TYPE_CHECKING:
     from .preparing import ModelView
 
-__all__ = ["CallOptions", "check_call", "check_config", "check_evidence", "check_method_args", "check_replan"]
+__all__ = ["CallOptions", "CheckedSetting", "check_call", "check_engine_args", "check_engine_config", "check_reuse_prefill", "check_config", "check_evidence", "check_method_args", "check_replan"]
 
 
 @dataclass(frozen=True)
@@ -178,3 +181,49 @@ def check_call(eng: EngineView, spec: MethodSpec, context: Any, question: Any, o
     cfg = check_config(eng, eng.config if opts.config is None else opts.config, spec)
     eng.generator.check(spec, cfg)  # a generator that cannot run this method's pass 2 says so before any work
     return options, cfg, evidence
+
+
+# ----------------------------------------------------------------------------- the engine's own settings
+
+def check_engine_config(config: Any) -> None:
+    """An engine's ``config`` must be a :class:`~qgpm.QGPMConfig` (``TypeError`` otherwise)."""
+    if not isinstance(config, QGPMConfig):
+        raise TypeError(f"config must be a qgpm.QGPMConfig (e.g. QGPMConfig(k_sharp=3.0), or engine.config.with_(k_sharp=3.0)), "
+                        f"got {type(config).__name__}")
+
+
+def check_reuse_prefill(value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"reuse_prefill must be True or False, got {value!r}")
+
+
+def check_engine_args(*, config: Any, reuse_prefill: Any, heads: Any = None, generator: Any = None) -> None:
+    """The arguments of :class:`~qgpm.QGPM` and :meth:`~qgpm.QGPM.from_pretrained` that can be
+    checked before a model loads: the config's type, ``reuse_prefill``, a head-set file that
+    must exist, and the generator's type."""
+    if config is not None:
+        check_engine_config(config)
+    check_reuse_prefill(reuse_prefill)
+    if isinstance(heads, (str, os.PathLike)) and heads != "calibrate" and not Path(heads).expanduser().is_file():
+        raise FileNotFoundError(f"head-set file not found: {heads} (heads= takes a head-set JSON file, a list of (layer, head), "
+                                "None for the stored set, or 'calibrate')")
+    if generator is not None and not isinstance(generator, Generator):
+        raise TypeError(f"generator must have check(), generate() and stream() (qgpm.generation.Generator, e.g. "
+                        f"qgpm.serving.VLLMServer), got {type(generator).__name__}")
+
+
+class CheckedSetting:
+    """An engine attribute whose every assignment is checked by ``check`` (stored as ``_<name>``)."""
+
+    def __init__(self, check: Any) -> None:
+        self.check = check
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.slot)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        self.check(value)
+        setattr(obj, self.slot, value)

@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .batching import aanswer, answer_many
-from .call_checks import CallOptions, check_call, check_config, check_replan
+from .call_checks import CallOptions, CheckedSetting, check_call, check_config, check_engine_args, check_engine_config, check_replan, check_reuse_prefill
 from .config import QGPMConfig
 from .decoding import Decoding
 from .defaults import METHODS
@@ -40,7 +40,7 @@ from .fingerprint import ModelFingerprint, model_fingerprint
 from .generation import Generated, Generator, TransformersGenerator, build_result, checked_decoding
 from .heads import HeadSet, HeadSetMissingError, choose_head_set, known_model_name
 from .limits import ContextTooLongError, check_fits
-from .loading import load_model, load_tokenizer, resolve_source
+from .loading import load_model, load_tokenizer, parse_dtype, resolve_source
 from .methods import Method, MethodSpec, method_spec
 from .partial import (NoLocalGenerator, check_heads_fit, check_pass1_layers_only, full_layers, full_rotary, is_partial, load_pass1_model,
                       loaded_layers, weight_bytes_not_loaded)
@@ -70,6 +70,9 @@ class QGPM:
     ``generator``: where pass 2 and decoding run (default this process; :meth:`use_generator`).
     """
 
+    config = CheckedSetting(check_engine_config)  # the engine's settings; every assignment is checked
+    reuse_prefill = CheckedSetting(check_reuse_prefill)
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -81,8 +84,7 @@ class QGPM:
         reuse_prefill: bool = True,
         generator: Generator | None = None,
     ) -> None:
-        if not isinstance(reuse_prefill, bool):
-            raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
+        check_engine_args(config=config, reuse_prefill=reuse_prefill, heads=heads, generator=generator)
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
         self.model, self.tokenizer, self.reuse_prefill = model, tokenizer, reuse_prefill
@@ -143,9 +145,8 @@ class QGPM:
         bytes that saves); such an engine cannot generate or score in this process. Other keyword
         arguments go to ``AutoModelForCausalLM.from_pretrained``.
         """
-        if not isinstance(reuse_prefill, bool):
-            raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
-        pass1_layers_only = check_pass1_layers_only(pass1_layers_only, generator)
+        check_engine_args(config=config, reuse_prefill=reuse_prefill, heads=heads, generator=generator)
+        pass1_layers_only, dtype = check_pass1_layers_only(pass1_layers_only, generator), parse_dtype(dtype)
         source = resolve_source(model, gguf_file)
         if heads == "calibrate":
             from .samples import check_data_packages  # the samples need qgpm[eval]; only calibration reads them

@@ -559,3 +559,30 @@ def test_langchain_get_num_tokens_without_loading_the_model(tokenizer, monkeypat
 
 def test_empty_answer_to_score_fails_before_pass1(engine, stays_vanilla):
     raises(ValueError, "answer is empty", engine.answer_logprob, CTX, Q, "")
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(config={"k_sharp": 3}), TypeError, r"config must be a qgpm.QGPMConfig .*got dict"),
+    (dict(reuse_prefill="no"), TypeError, "reuse_prefill must be True or False"),
+    (dict(dtype="float33"), ValueError, "unknown dtype 'float33'; choose float32, bfloat16, float16 or auto"),
+    (dict(model="/nonexistent/model_folder"), FileNotFoundError, "no model at /nonexistent/model_folder: that folder does not exist"),
+    (dict(heads="no_such_heads.json"), FileNotFoundError, "head-set file not found: no_such_heads.json"),
+    (dict(generator="http://127.0.0.1:8000"), TypeError, "generator must have check"),
+], ids=["config", "reuse_prefill", "dtype", "model", "heads", "generator"])
+def test_from_pretrained_refuses_bad_arguments_before_loading(monkeypatch, kwargs, exc, match):
+    import qgpm.engine
+
+    monkeypatch.setattr(qgpm.engine, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("weights loaded")))
+    monkeypatch.setattr(qgpm.engine, "load_pass1_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("weights loaded")))
+    raises(exc, match, QGPM.from_pretrained, **kwargs)
+
+
+def test_engine_settings_are_checked_on_every_assignment(engine):
+    before = (engine.config, engine.reuse_prefill)
+    raises(TypeError, r"config must be a qgpm.QGPMConfig", setattr, engine, "config", {"k_sharp": 3})
+    raises(TypeError, "reuse_prefill must be True or False", setattr, engine, "reuse_prefill", "no")
+    raises(TypeError, r"config must be a qgpm.QGPMConfig", QGPM, engine.model, engine.tokenizer, config={"k_sharp": 3})
+    assert (engine.config, engine.reuse_prefill) == before
+    engine.config = before[0].with_(k_sharp=3.0)
+    assert engine.config.k_sharp == 3.0
+    engine.config = before[0]
