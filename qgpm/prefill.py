@@ -102,10 +102,8 @@ def take_prefill(prefill: Prefill | None, plan: Any, num_tokens: int, installed:
     use = min(plan.vanilla_prefix(), prefill.valid, num_tokens - 1)
     if use <= 0:
         return None, 0
-    extra = prefill.cache.get_seq_length() - use
     try:
-        if extra > 0:
-            prefill.cache.crop(-extra)
+        _cut_back(prefill.cache, use)
     except RuntimeError as exc:  # a cache layer that cannot be cut back: prefill the whole prompt
         logger.warning("qgpm: pass 1's prefill cannot be reused (%s); pass 2 prefills the whole prompt (same answer)", exc)
         prefill.valid = 0
@@ -113,6 +111,16 @@ def take_prefill(prefill: Prefill | None, plan: Any, num_tokens: int, installed:
     # a sliding-window layer keeps only its window once cut back: no later reuse of a shorter prefix
     prefill.valid = 0 if any(getattr(prefill.cache, "is_sliding", ())) else use
     return prefill.cache, use
+
+
+def _cut_back(cache: Any, length: int) -> None:
+    """Cut every layer of ``cache`` back to its first ``length`` tokens, each from its own length:
+    a generation stopped inside a forward (an exception, Ctrl-C) leaves the layers it reached
+    one token longer than the rest."""
+    for layer in getattr(cache, "layers", None) or [cache]:
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)
 
 
 def rewind(cache: Any, tokens: int) -> bool:
