@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from .layers import attention_implementation
 from .rope import PositionPlan
 
 logger = logging.getLogger("qgpm")
@@ -63,7 +64,7 @@ def prefill_reuse_pays(prefix: int, num_tokens: int, deepest: int, n_layers: int
 
 def prefix_safe(model: torch.nn.Module) -> bool:
     """Whether ``model``'s attention implementation handles a chunk of queries after a cached prefix."""
-    return (getattr(model.config, "_attn_implementation", None) or "eager") in PREFIX_SAFE_ATTENTION
+    return attention_implementation(model) in PREFIX_SAFE_ATTENTION
 
 
 def reuse_applies(model: torch.nn.Module, warned: set) -> bool:
@@ -71,7 +72,7 @@ def reuse_applies(model: torch.nn.Module, warned: set) -> bool:
     implementation that cannot is logged once per ``warned`` set (the engine's)."""
     if prefix_safe(model):
         return True
-    impl = getattr(model.config, "_attn_implementation", None)
+    impl = attention_implementation(model)
     if impl not in warned:
         warned.add(impl)
         logger.warning("qgpm: reuse_prefill is not applied with attention implementation %r (a chunk after a cached prefix "
