@@ -42,7 +42,7 @@ from ._cliutil import (
 from . import QGPM, __version__
 from .baselines import options_from_strings
 from .config_files import check_config_args, load_config
-from .explain import sentence_rows, term_note
+from .explain import decision_note, sentence_rows, term_note
 from .fingerprint import gguf_shape
 from .heads import find_head_set, has_head_set_for_shape, parse_heads
 from .loading import parse_dtype, resolve_device, resolve_source, source_fingerprint
@@ -143,14 +143,9 @@ def _print_why(method: str, result, top: int) -> None:
         for r in rows:
             z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
             print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {100 * r['depth']:4.0f} %  {r['text'][:110]}")
-        if d.flat_relevance:
-            print(f"  (the relevance was flat, top z below min_top_z, so {method} kept vanilla positions)")
-        elif d.decisive_relevance:
-            print(f"  (one sentence stood out, its z at least decisive_margin above the next, so {method} kept vanilla positions)")
-        elif d.s_low is not None and d.s_low >= 1.0:
-            print(f"  (the context is no longer than keep_length, so {method} kept vanilla positions)")
-        elif d.solo_relevance:
-            print(f"  (the top sentence stood out, its z at least solo_margin above the next, so {method} promoted it alone)")
+        note = decision_note(d, method)
+        if note:
+            print(f"  ({note})")
         if d.term_dropped:
             print(f"  ({term_note(d.term_dropped)})")
     if result.edit is not None:
