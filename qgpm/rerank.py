@@ -47,6 +47,7 @@ __all__ = [
     "EmbeddingReranker",
     "BM25Reranker",
     "get_reranker",
+    "check_reranker_spec",
     "reranker_key",
     "RERANKER_CHOICES",
     "QWEN3_RERANKER_SYSTEM",
@@ -241,6 +242,27 @@ def reranker_key(spec: str) -> str:
     return f"{kind}:{arg}" if arg else (kind if not sep or kind in {"minilm", "judge"} else f"{kind}:")
 
 
+_KNOWN_KEYS = frozenset({"bm25", "minilm", "judge"})
+_KINDS_WITH_ARG = ("minilm:", "judge:", "cross-encoder:")
+
+
+def check_reranker_spec(spec: Any) -> Reranker | str:
+    """``spec`` if :func:`get_reranker` would accept it, without building or loading anything.
+
+    A string must name a known reranker (``ValueError`` listing the choices otherwise); any
+    other object must be a :class:`Reranker`. Whether a named model exists is checked when it
+    loads.
+    """
+    if not isinstance(spec, str):
+        if isinstance(spec, Reranker):
+            return spec
+        raise TypeError(f"reranker must be a spec string or a Reranker, got {type(spec).__name__}")
+    key = reranker_key(spec)
+    if key not in _KNOWN_KEYS and not (key.startswith(_KINDS_WITH_ARG) and key.partition(":")[2]):
+        raise ValueError(f"unknown reranker {spec!r}; choose one of: {', '.join(RERANKER_CHOICES)}")
+    return spec
+
+
 def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
     """Return a reranker for ``spec``, cached per process.
 
@@ -264,10 +286,8 @@ def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
     Raises:
         ValueError: For an unknown spec (the message lists the choices).
     """
-    if not isinstance(spec, str):
-        if isinstance(spec, Reranker):
-            return spec
-        raise TypeError(f"reranker must be a spec string or a Reranker, got {type(spec).__name__}")
+    if not isinstance(check_reranker_spec(spec), str):
+        return spec
     key = reranker_key(spec)
     arg = key.partition(":")[2]
     with _RERANKERS_LOCK:
@@ -283,9 +303,7 @@ def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
             r = LLMJudgeReranker()
         elif key.startswith("judge:"):
             r = LLMJudgeReranker(arg, **_auto_placement())
-        elif key.startswith("cross-encoder:") and arg:
+        else:  # "cross-encoder:<id>" (check_reranker_spec refused every other spec)
             r = CrossEncoderReranker(arg)
-        else:
-            raise ValueError(f"unknown reranker {spec!r}; choose one of: {', '.join(RERANKER_CHOICES)}")
         _RERANKERS[key] = r
         return r

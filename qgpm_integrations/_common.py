@@ -10,7 +10,7 @@ import os
 import threading
 from typing import Any, AsyncIterator, Iterator, Mapping, TypeVar
 
-__all__ = ["check_generate_kwargs", "check_heads", "check_relevance", "device_map_for", "is_loaded_model", "check_model_args", "shared_engine",
+__all__ = ["check_generate_kwargs", "check_heads", "check_relevance", "check_reranker", "device_map_for", "is_loaded_model", "check_model_args", "shared_engine",
            "clear_engine_cache", "heads_key", "kwargs_key", "model_key", "iterate_in_thread"]
 
 _T = TypeVar("_T")
@@ -61,15 +61,33 @@ def check_generate_kwargs(generate_kwargs: Mapping[str, Any] | None, owner: str,
 
 def check_relevance(relevance: str | None, method: str) -> None:
     """Refuse a ``relevance=`` the call would not use: a spec :func:`qgpm.sources.parse_source`
-    rejects, or any source for a method that does not rank sentences (only ``qgpm`` does)."""
+    rejects, a reranker :func:`qgpm.rerank.get_reranker` does not know (checked by name, nothing
+    loads), or any source for a method that does not rank sentences (only ``qgpm`` does)."""
     from qgpm.methods import Stage, method_spec  # lazy: the adapters' shared helpers load no engine code up front
+    from qgpm.rerank import check_reranker_spec  # lazy: as above
     from qgpm.sources import parse_source  # lazy: as above
 
     if relevance is None:
         return
-    parse_source(relevance)
+    source = parse_source(relevance)
+    if source.reranker is not None:
+        try:
+            check_reranker_spec(source.reranker)
+        except ValueError as exc:
+            raise ValueError(f"relevance={relevance!r}: {exc}") from None
     if method_spec(method).stage is not Stage.HEADS:
         raise ValueError(f"relevance={relevance!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
+
+
+def check_reranker(reranker: Any, owner: str) -> None:
+    """Refuse a ``reranker=`` that :func:`qgpm.rerank.get_reranker` would refuse: an unknown
+    spec, or an object without the reranker protocol (checked by name; nothing loads)."""
+    from qgpm.rerank import check_reranker_spec  # lazy: as in check_relevance
+
+    try:
+        check_reranker_spec(reranker)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{owner}: reranker={reranker!r}: {exc}") from None
 
 
 def check_heads(heads: Any, owner: str) -> None:

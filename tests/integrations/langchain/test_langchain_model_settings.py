@@ -113,6 +113,7 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
     [
         ({"no_such": 1}, "no_such"),
         ({"method": "magic"}, "unknown method"),
+        ({"relevance": "minlm"}, r"relevance='minlm': unknown reranker 'minlm'"),
         ({"model_kwargs": {"dtype": "bf17"}}, "unknown dtype"),
         ({"model_kwargs": {"dtype": "bf16", "torch_dtype": "bf16"}}, "both torch_dtype and dtype"),
         ({"model_kwargs": {"heads": [(0, 0)]}}, "model_kwargs may not hold"),

@@ -109,6 +109,8 @@ def test_generate_kwargs_reach_the_engine(stub_engine, word_tokenizer):
         ({"no_such": 1}, TypeError, r"unexpected arguments \['no_such'\]"),
         ({"context_windw": 100}, TypeError, "context_windw"),
         ({"method": "magic"}, ValueError, "unknown method"),
+        ({"relevance": "minlm"}, ValueError, r"relevance='minlm': unknown reranker 'minlm'"),
+        ({"relevance": "heads+nope"}, ValueError, "unknown reranker 'nope'"),
         ({"model_kwargs": {"dtype": "bf17"}}, ValueError, "unknown dtype"),
         ({"generate_kwargs": {"max_new_tokens": 3}}, ValueError, r"set max_new_tokens=\.\.\. instead"),
         ({"generate_kwargs": {"repetition_penaltyy": 1.2}}, TypeError, r"generate_kwargs: unexpected arguments \['repetition_penaltyy'\]"),
