@@ -18,10 +18,44 @@ from typing import Any, Sequence
 import torch
 from transformers import LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-__all__ = ["Decoding", "DECODING_FIELDS", "cut_at_stop", "finish_text", "SeededSampler"]
+__all__ = ["Decoding", "DECODING_FIELDS", "check_extra_values", "check_stop", "cut_at_stop", "finish_text", "SeededSampler"]
 
 DECODING_FIELDS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
 """The decoding arguments every generator understands (the rest are ``generate()`` extras)."""
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# generate() extras whose values qgpm can check without a model: (well-typed, in range, what is expected)
+_EXTRA_VALUES: dict[str, tuple[Any, Any, str]] = {
+    "top_k": (_whole, lambda v: v >= 0, "an int >= 0 (0: no top-k cut)"),
+    "min_p": (_real, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "repetition_penalty": (_real, lambda v: v > 0, "a number > 0 (1.0: no penalty)"),
+    "no_repeat_ngram_size": (_whole, lambda v: v >= 0, "an int >= 0"),
+    "min_new_tokens": (_whole, lambda v: v >= 0, "an int >= 0"),
+}
+
+
+def check_extra_values(extra: Mapping[str, Any]) -> None:
+    """Raise ``TypeError`` / ``ValueError`` for a ``generate()`` extra whose value cannot work
+    (``top_k``, ``min_p``, ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``;
+    ``None`` leaves a setting unset). Names are checked by the generator."""
+    for name, value in extra.items():
+        rule = _EXTRA_VALUES.get(name)
+        if rule is None or value is None:
+            continue
+        typed, in_range, what = rule
+        if not typed(value):
+            wrong_type = isinstance(value, bool) or not isinstance(value, numbers.Real)
+            raise (TypeError if wrong_type else ValueError)(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+        if not in_range(value):
+            raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -64,7 +98,8 @@ class Decoding:
                 raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
             if not 0 <= seed < 2**64:
                 raise ValueError(f"seed must be in [0, 2**64), got {seed}")
-        return cls(int(max_new_tokens), temperature, top_p, _check_stop(stop), seed, dict(extra))
+        check_extra_values(extra)
+        return cls(int(max_new_tokens), temperature, top_p, check_stop(stop), seed, dict(extra))
 
     @classmethod
     def take(cls, kwargs: dict[str, Any], **defaults: Any) -> "Decoding":
@@ -79,7 +114,9 @@ class Decoding:
         return self.temperature == 0
 
 
-def _check_stop(stop: Any) -> tuple[str, ...]:
+def check_stop(stop: Any) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings: ``None``, one string or a list of strings;
+    anything else raises ``TypeError``."""
     if stop is None:
         return ()
     if isinstance(stop, str):

@@ -33,7 +33,8 @@ def check_generate_kwargs(generate_kwargs: Mapping[str, Any] | None, owner: str,
     ``fields`` maps generate argument names the adapter has a field for (``temperature``,
     ``max_new_tokens``, ...) to that field's name: those raise, pointing to the field, so
     one setting never has two values. The rest are checked as the generator will check them
-    on every call (``remote``: a vLLM server's, else transformers' ``generate()``).
+    on every call (``remote``: a vLLM server's, else transformers' ``generate()``), and the
+    values that can be checked without a model (:func:`qgpm.decoding.check_extra_values`).
     """
     if generate_kwargs is None:
         return {}
@@ -49,11 +50,13 @@ def check_generate_kwargs(generate_kwargs: Mapping[str, Any] | None, owner: str,
             raise ValueError(f"{owner}: sampling is on when temperature > 0 (greedy at 0); drop generate_kwargs['do_sample']")
         if key in _GENERATE_OWN or key in _ENGINE_ARGS:
             raise ValueError(f"{owner}: generate_kwargs[{key!r}] is set by qgpm itself and cannot be overridden")
+    from qgpm.decoding import check_extra_values
     from qgpm.generation import check_generate_extras  # transformers' GenerationConfig: loaded once a model is configured
     from qgpm.serving import check_remote_extras
 
     try:
         (check_remote_extras if remote else check_generate_extras)(out)
+        check_extra_values(out)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{owner}: generate_kwargs: {exc}") from None
     return out

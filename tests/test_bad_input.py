@@ -143,6 +143,10 @@ GEN_CASES = [
     (dict(typical_p=0.9), ValueError, "typical_p: qgpm samples with temperature, top_p, top_k and min_p only"),
     (dict(do_sample=True), ValueError, r"do_sample: set by qgpm itself"),
     (dict(num_beams=3), ValueError, r"num_beams: not supported; qgpm decodes one sequence per call"),
+    (dict(top_k="a"), TypeError, r"top_k must be an int >= 0 \(0: no top-k cut\), got str 'a'"),
+    (dict(top_k=2.5), ValueError, "top_k must be an int >= 0"),
+    (dict(min_p=2.0), ValueError, r"min_p must be a number in \[0, 1\], got 2.0"),
+    (dict(repetition_penalty=0), ValueError, "repetition_penalty must be a number > 0"),
 ]
 
 

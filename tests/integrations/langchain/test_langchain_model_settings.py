@@ -122,6 +122,7 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
         ({"generate_kwargs": {"method": "qgpm"}}, "set by qgpm itself"),
         ({"generate_kwargs": {"repetition_penaltyy": 1.2}}, r"generate_kwargs: unexpected arguments \['repetition_penaltyy'\]"),
         ({"generate_kwargs": {"typical_p": 0.9}}, "typical_p: qgpm samples with"),
+        ({"generate_kwargs": {"top_k": "a"}}, "generate_kwargs: top_k must be an int >= 0"),
         ({"generate_kwargs": {"num_beams": 4}}, "num_beams: not supported"),
         ({"vllm_url": "http://127.0.0.1:9", "generate_kwargs": {"no_repeat_ngram_size": 3}}, "not decoding settings a vLLM server takes"),
         ({"vllm_url": "http://127.0.0.1:9", "timeout": 30}, "leave timeout unset with vllm_url="),
