@@ -316,6 +316,8 @@ class QGPMLLM(CustomLLM):
         """The ``engine.answer`` call for ``parts``, with this LLM's method and prompt settings."""
         documents = list(parts.documents)
         details: dict[str, Any] = {"step": parts.step, "documents": len(documents), "prompt": parts.source}
+        if parts.system_text is not None:  # the prompt's own text beside the template, the context and the question
+            system = f"{system}\n\n{parts.system_text}" if system else parts.system_text
         kw: dict[str, Any] = dict(system=system, answer_prefix=self.answer_prefix)
         if parts.existing_answer is not None:
             kw["instruction"] = self.refine_instruction.replace("{existing_answer}", parts.existing_answer.strip())
