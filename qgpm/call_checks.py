@@ -33,7 +33,7 @@ from .sources import parse_source
 if TYPE_CHECKING:
     from .preparing import ModelView
 
-__all__ = ["CallOptions", "check_call", "check_config", "check_evidence", "check_method_args", "check_replan"]
+__all__ = ["CallOptions", "check_call", "check_config", "check_edit_args", "check_evidence", "check_method_args", "check_replan"]
 
 
 @dataclass(frozen=True)
@@ -121,17 +121,22 @@ def check_evidence(evidence: Any, spec: MethodSpec | None = None) -> list[str] |
     return items
 
 
-def check_method_args(spec: MethodSpec, opts: CallOptions) -> list[str] | None:
-    """The call's evidence (:func:`check_evidence`), once the arguments only some methods read
-    are checked against ``spec``: ``reranker=`` only for a method that edits the context with a
-    reranker, ``k=`` only for one that keeps the best ``k`` chunks (``topk``)."""
-    evidence = check_evidence(opts.evidence, spec)
-    if opts.k is not None and not spec.takes_k:
+def check_edit_args(spec: MethodSpec, *, reranker: Any = None, k: Any = None) -> None:
+    """Refuse ``reranker=`` (given: not ``None``) for a method that edits the context with no
+    reranker, and ``k=`` for one that does not keep the best ``k`` chunks (only ``topk`` does)."""
+    if k is not None and not spec.takes_k:
         raise ValueError(f"k= is how many chunks method='topk' keeps; method={spec.name!r} takes none"
                          + (" (it keeps every chunk)" if spec.reranker else ""))
-    if opts.reranker is not None and not spec.reranker:
+    if reranker is not None and not spec.reranker:
         raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={spec.name!r} takes none"
                          + (" (it ranks sentences by config.relevance, e.g. QGPMConfig(relevance='bm25'))" if spec.stage is Stage.HEADS else ""))
+
+
+def check_method_args(spec: MethodSpec, opts: CallOptions) -> list[str] | None:
+    """The call's evidence (:func:`check_evidence`), once the arguments only some methods read
+    are checked against ``spec`` (:func:`check_edit_args`)."""
+    evidence = check_evidence(opts.evidence, spec)
+    check_edit_args(spec, reranker=opts.reranker, k=opts.k)
     return evidence
 
 

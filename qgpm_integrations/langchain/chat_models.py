@@ -51,6 +51,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 
 from qgpm.conversation import NO_CONTEXT_REPLY, ChatRequest, check_empty_context_policy
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
+from qgpm.call_checks import check_edit_args
 from qgpm.methods import method_spec
 from qgpm.serving import VLLMServer
 
@@ -59,6 +60,7 @@ from .._common import (
     check_heads,
     check_model_args,
     check_relevance,
+    check_reranker,
     clear_engine_cache,
     device_map_for,
     heads_key,
@@ -163,8 +165,9 @@ class QGPMChatModel(BaseChatModel):
     system: str | None = Field(default=None, description="System prompt used in context mode when the messages carry none.")
     instruction: str | None = Field(default=None, description="Instruction before the context (None = qgpm's default).")
     answer_prefix: str | None = None
-    reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec or instance for method topk/reorder.")
-    k: int = Field(default=DEFAULT_K, ge=1, description="Chunks kept by method='topk'.")
+    reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec or instance for method topk/reorder (given with "
+                          "another method: ValueError).")
+    k: int = Field(default=DEFAULT_K, ge=1, description="Chunks kept by method='topk' (given with another method: ValueError).")
     relevance: str | None = Field(
         default=None,
         description="Where sentence relevance comes from in method='qgpm' calls ('heads', a reranker spec such as "
@@ -227,6 +230,10 @@ class QGPMChatModel(BaseChatModel):
         if self.vllm_url is not None:
             VLLMServer(self.vllm_url, model=self.vllm_model).close()  # a malformed address fails here, before any model work
         check_relevance(self.relevance, self.method)
+        given = self.model_fields_set  # a field at its default is no setting for the method to refuse
+        check_edit_args(method_spec(self.method), reranker=self.reranker if "reranker" in given else None, k=self.k if "k" in given else None)
+        if "reranker" in given:
+            check_reranker(self.reranker, owner)
         if self.options is not None and getattr(self.options, "method", None) != self.method:
             raise ValueError(
                 f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "

@@ -16,6 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 from qgpm.baselines import resolve_options
+from qgpm.call_checks import check_edit_args
 from qgpm.decoding import Decoding
 from qgpm.defaults import DEFAULT_METHOD
 from qgpm.methods import MethodSpec, method_spec
@@ -68,10 +69,7 @@ def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: A
         raise ValueError(f"method={method!r} needs evidence=[exact substrings of the context]")
     if kwargs.get("evidence") is not None and not spec.evidence:
         raise ValueError(f"evidence= is only used with method='oracle', not method={method!r}")
-    if "reranker" in kwargs and not spec.reranker:
-        raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={method!r} takes none")
-    if "k" in kwargs and not spec.takes_k:
-        raise ValueError(f"k= is how many chunks method='topk' keeps; method={method!r} takes none")
+    check_edit_args(spec, reranker=kwargs.get("reranker"), k=kwargs.get("k"))
     if "reranker" in kwargs:
         check_reranker(kwargs["reranker"], OWNER)
     resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here

@@ -114,6 +114,10 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
         ({"no_such": 1}, "no_such"),
         ({"method": "magic"}, "unknown method"),
         ({"relevance": "minlm"}, r"relevance='minlm': unknown reranker 'minlm'"),
+        ({"reranker": "bm25"}, r"reranker= sets the reranker of method='topk' / 'reorder'; method='qgpm' takes none"),
+        ({"k": 2}, r"k= is how many chunks method='topk' keeps; method='qgpm' takes none"),
+        ({"method": "reorder", "k": 2}, r"method='reorder' takes none \(it keeps every chunk\)"),
+        ({"method": "topk", "reranker": "nope"}, r"reranker='nope': unknown reranker 'nope'"),
         ({"model_kwargs": {"dtype": "bf17"}}, "unknown dtype"),
         ({"model_kwargs": {"dtype": "bf16", "torch_dtype": "bf16"}}, "both torch_dtype and dtype"),
         ({"model_kwargs": {"heads": [(0, 0)]}}, "model_kwargs may not hold"),
@@ -133,6 +137,14 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
 def test_bad_arguments_raise_before_loading(kwargs, match, load_calls):
     with pytest.raises((ValidationError, ValueError, TypeError), match=match):
         QGPMChatModel(**kwargs)
+    assert not load_calls
+
+
+def test_method_settings_are_taken_by_the_methods_that_read_them(load_calls):
+    llm = QGPMChatModel(method="topk", reranker="bm25", k=2)
+    assert (llm.reranker, llm.k) == ("bm25", 2)
+    assert QGPMChatModel(method="reorder", reranker="bm25").reranker == "bm25"
+    assert QGPMChatModel(method="qgpm").k == 5  # defaults are no settings to refuse
     assert not load_calls
 
 
