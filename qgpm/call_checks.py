@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 from .baselines import resolve_options
 from .config import QGPMConfig
 from .defaults import PASS1_FIELDS
+from .editing import check_k
 from .hooks import reorder_mask_kind
 from .lexical import require_bm25
 from .limits import check_input_size
@@ -123,7 +124,10 @@ def check_evidence(evidence: Any, spec: MethodSpec | None = None) -> list[str] |
 
 def check_edit_args(spec: MethodSpec, *, reranker: Any = None, k: Any = None) -> None:
     """Refuse ``reranker=`` (given: not ``None``) for a method that edits the context with no
-    reranker, and ``k=`` for one that does not keep the best ``k`` chunks (only ``topk`` does)."""
+    reranker, ``k=`` for one that does not keep the best ``k`` chunks (only ``topk`` does), and a
+    ``k`` that is not an int >= 1 (:func:`~qgpm.editing.check_k`)."""
+    if k is not None and spec.takes_k:
+        check_k(k)
     if k is not None and not spec.takes_k:
         raise ValueError(f"k= is how many chunks method='topk' keeps; method={spec.name!r} takes none"
                          + (" (it keeps every chunk)" if spec.reranker else ""))

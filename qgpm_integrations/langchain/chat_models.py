@@ -70,7 +70,7 @@ from .._common import (
     model_key,
     shared_engine,
 )
-from .call_args import GENERATE_FIELDS, answer_args, build_request, check_call_kwargs, decoding_args, response_metadata
+from .call_args import GENERATE_FIELDS, answer_args, build_request, check_call_kwargs, check_report_args, decoding_args, response_metadata
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
 
@@ -211,6 +211,14 @@ class QGPMChatModel(BaseChatModel):
     def _check_method(cls, v: str) -> str:
         return method_spec(v).name
 
+    @field_validator("max_tokens", "temperature", "top_p", "seed", "k", "explain_k", "timeout", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any, info: Any) -> Any:
+        # pydantic would read True as 1 (temperature=True: sampling at 1.0)
+        if isinstance(v, bool):
+            raise TypeError(f"QGPMChatModel: {info.field_name} must be a number, got bool {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _check(self) -> "QGPMChatModel":
         owner = "QGPMChatModel"
@@ -305,15 +313,22 @@ class QGPMChatModel(BaseChatModel):
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        # tracing metadata, read before the call is checked: a bad value is left out here and refused by the call
+        temperature = kwargs.get("temperature", self.temperature)
+        max_tokens = kwargs.get("max_tokens", kwargs.get("max_new_tokens", self.max_tokens))
         params = LangSmithParams(
             ls_provider="qgpm",
             ls_model_name=str(kwargs["model"]) if isinstance(kwargs.get("model"), str) else self.model_name,
             ls_model_type="chat",
-            ls_temperature=float(kwargs.get("temperature", self.temperature)),
-            ls_max_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
         )
+        if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+            params["ls_temperature"] = float(temperature)
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+            params["ls_max_tokens"] = max_tokens
         stops = stop or self.stop
-        if stops:
+        if stops and isinstance(stops, str):
+            params["ls_stop"] = [stops]
+        elif stops and isinstance(stops, (list, tuple)):
             params["ls_stop"] = list(stops)
         return params
 
@@ -378,6 +393,7 @@ class QGPMChatModel(BaseChatModel):
     def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, ChatRequest, dict[str, Any], dict[str, Any]]:
         """(engine, request, decoding arguments, answer arguments) of one call (:mod:`.call_args`)."""
         check_call_kwargs(kwargs)
+        check_report_args(kwargs)
         policy = check_empty_context_policy(kwargs.get("on_empty_context", self.on_empty_context))
         request = ChatRequest(build_request(messages, kwargs), on_empty_context=policy)
         if not request.needs_engine:

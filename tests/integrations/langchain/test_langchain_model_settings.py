@@ -148,6 +148,41 @@ def test_method_settings_are_taken_by_the_methods_that_read_them(load_calls):
     assert not load_calls
 
 
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        ({"max_tokens": 2.9}, TypeError, "max_tokens must be an int, got float 2.9"),
+        ({"max_new_tokens": True}, TypeError, "max_new_tokens must be an int, got bool"),
+        ({"temperature": True}, TypeError, "temperature must be a number, got bool"),
+        ({"temperature": "hot"}, TypeError, "temperature must be a number, got str"),
+        ({"stop": 5}, TypeError, r"stop must be a string or a list of strings, got int \(the stop= of this call\)"),
+        ({"method": "topk", "reranker": "bm25", "k": 2.7}, TypeError, "k must be an int, got float"),
+        ({"question": ["Where?"]}, TypeError, r"question= must be a string \(the question to answer\), got list \['Where\?'\]"),
+        ({"question": 5}, TypeError, "question= must be a string"),
+        ({"explain_k": -1}, ValueError, "explain_k must be >= 0"),
+        ({"explain_k": 2.5}, TypeError, "explain_k must be an int"),
+        ({"explain_html": "yes"}, TypeError, "explain_html must be True or False"),
+    ],
+)
+def test_bad_call_arguments_raise_before_the_model_runs(tiny_llm, kwargs, exc, match, monkeypatch):
+    engine = tiny_llm.get_engine()
+    monkeypatch.setattr(engine.model, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    with pytest.raises(exc, match=match):
+        tiny_llm.invoke(QUESTION, context=CONTEXT, **kwargs)
+
+
+def test_a_call_setting_given_as_none_is_the_models_own(tiny_llm):
+    msg = tiny_llm.invoke(QUESTION, context=CONTEXT, max_tokens=None, temperature=None, top_p=None)
+    assert 0 < msg.usage_metadata["output_tokens"] <= tiny_llm.max_tokens
+    assert tiny_llm.invoke(QUESTION, context=CONTEXT, max_tokens=2).usage_metadata["output_tokens"] <= 2
+
+
+@pytest.mark.parametrize("field", ["temperature", "max_tokens", "k", "seed"])
+def test_a_bool_is_no_number_for_the_constructor(field, load_calls):
+    with pytest.raises(TypeError, match=f"{field} must be a number, got bool True"):
+        QGPMChatModel(method="topk", **{field: True})
+
+
 def test_loaded_model_needs_its_tokenizer_and_no_model_kwargs(tokenizer):
     model = tiny_model("llama", len(tokenizer))
     with pytest.raises(ValidationError, match="needs its tokenizer"):
