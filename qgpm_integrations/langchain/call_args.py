@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, FunctionMessage, SystemMessage, ToolMessage
 from langchain_core.messages.ai import UsageMetadata
 
+from qgpm.call_checks import CallOptions, check_options
 from qgpm.chat_prompt import ChatParts, message_text, read_chat
 from qgpm.conversation import ChatRequest
 from qgpm.decoding import Decoding, check_stop
@@ -26,8 +27,8 @@ from .prompts import document_texts
 if TYPE_CHECKING:
     from .chat_models import QGPMChatModel
 
-__all__ = ["CALL_KWARGS", "GENERATE_FIELDS", "as_dicts", "build_request", "check_call_kwargs", "check_report_args", "decoding_args",
-           "answer_args", "response_metadata"]
+__all__ = ["CALL_KWARGS", "CONTEXT_ONLY_KWARGS", "GENERATE_FIELDS", "as_dicts", "build_request", "check_call_kwargs", "check_report_args", "decoding_args",
+           "answer_args", "unused_in_plain_chat", "response_metadata"]
 
 CALL_KWARGS = frozenset(
     {
@@ -43,6 +44,10 @@ GENERATE_FIELDS = {
     "seed": "seed", "stop": "stop", "max_time": "timeout",
 }
 """``generate`` arguments that have a field of their own on the chat model (and the field's name)."""
+
+CONTEXT_ONLY_KWARGS = ("method", "evidence", "reranker", "k", "options", "relevance", "qgpm_config", "system", "instruction",
+                       "answer_prefix")
+"""Call keywords that set how an answer over a context is made; a plain chat call (no context) has no use for them."""
 
 
 def _role(msg: BaseMessage) -> str:
@@ -170,6 +175,17 @@ def answer_args(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs:
     if options is not None:
         call["options"] = options
     return call
+
+
+def unused_in_plain_chat(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs: dict[str, Any]) -> list[str]:
+    """The :data:`CONTEXT_ONLY_KWARGS` a plain chat call was given (``None`` counts as not given),
+    once checked as a call with a context checks them (:func:`answer_args`, then the engine's own
+    :func:`qgpm.call_checks.check_options`), so a bad value raises in either mode."""
+    given = [n for n in CONTEXT_ONLY_KWARGS if kwargs.get(n) is not None]
+    if given:
+        call = answer_args(llm, engine, request, kwargs)
+        check_options(method_spec(call["method"]), CallOptions(**call))
+    return given
 
 
 def response_metadata(llm: "QGPMChatModel", engine: Any, request: ChatRequest, result: Any,

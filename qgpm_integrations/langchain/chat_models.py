@@ -70,7 +70,8 @@ from .._common import (
     model_key,
     shared_engine,
 )
-from .call_args import GENERATE_FIELDS, answer_args, build_request, check_call_kwargs, check_report_args, decoding_args, response_metadata
+from .call_args import (GENERATE_FIELDS, answer_args, build_request, check_call_kwargs, check_report_args, decoding_args,
+                        response_metadata, unused_in_plain_chat)
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
 
@@ -239,9 +240,9 @@ class QGPMChatModel(BaseChatModel):
             VLLMServer(self.vllm_url, model=self.vllm_model).close()  # a malformed address fails here, before any model work
         check_relevance(self.relevance, self.method)
         given = self.model_fields_set  # a field at its default is no setting for the method to refuse
-        check_edit_args(method_spec(self.method), reranker=self.reranker if "reranker" in given else None, k=self.k if "k" in given else None)
         if "reranker" in given:
             check_reranker(self.reranker, owner)
+        check_edit_args(method_spec(self.method), reranker=self.reranker if "reranker" in given else None, k=self.k if "k" in given else None)
         if self.options is not None and getattr(self.options, "method", None) != self.method:
             raise ValueError(
                 f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "
@@ -403,8 +404,14 @@ class QGPMChatModel(BaseChatModel):
             logger.warning(UNMARKED_WARNING)
         engine = self.get_engine(kwargs.get("model"))
         gen = decoding_args(self, engine, stop, kwargs)
-        call = answer_args(self, engine, request, kwargs) if request.mode == "context" else {}
-        return engine, request, gen, call
+        if request.mode == "context":
+            return engine, request, gen, answer_args(self, engine, request, kwargs)
+        unused = unused_in_plain_chat(self, engine, request, kwargs)
+        if unused:
+            logger.warning("QGPMChatModel: this call found no context and answers as plain chat, so its %s (settings of an "
+                           "answer over a context) are not used. Pass context=docs or mark the context in the prompt for them "
+                           "to apply.", ", ".join(f"{n}=" for n in unused))
+        return engine, request, gen, {}
 
     # ------------------------------------------------------------------ generation
     def _generate(

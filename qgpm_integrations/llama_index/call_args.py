@@ -69,9 +69,9 @@ def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: A
         raise ValueError(f"method={method!r} needs evidence=[exact substrings of the context]")
     if kwargs.get("evidence") is not None and not spec.evidence:
         raise ValueError(f"evidence= is only used with method='oracle', not method={method!r}")
-    check_edit_args(spec, reranker=kwargs.get("reranker"), k=kwargs.get("k"))
     if "reranker" in kwargs:
         check_reranker(kwargs["reranker"], OWNER)
+    check_edit_args(spec, reranker=kwargs.get("reranker"), k=kwargs.get("k"))
     resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
     check_relevance(kwargs.get("relevance"), method)
     _check_prompts(kwargs)

@@ -171,6 +171,43 @@ def test_bad_call_arguments_raise_before_the_model_runs(tiny_llm, kwargs, exc, m
         tiny_llm.invoke(QUESTION, context=CONTEXT, **kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"method": "qgmp"},
+        {"method": "oracle"},  # needs evidence=
+        {"evidence": ["red door"]},  # only the oracle reads it
+        {"reranker": "bm25"},
+        {"k": 2},
+        {"method": "topk", "reranker": "nope"},
+        {"relevance": "minlm"},
+        {"qgpm_config": "fast"},
+        {"system": 5},
+        {"method": "string", "options": object()},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v!r}" if isinstance(v, (str, int, list)) else f"{k}={type(v).__name__}" for k, v in kw.items()),
+)
+def test_a_plain_call_refuses_context_settings_as_a_context_call_does(tiny_llm, kwargs, monkeypatch):
+    monkeypatch.setattr(tiny_llm.get_engine().model, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    with pytest.raises((TypeError, ValueError)) as with_context:
+        tiny_llm.invoke(QUESTION, context=CONTEXT, **kwargs)
+    with pytest.raises(type(with_context.value)) as plain:
+        tiny_llm.invoke("Hello there.", **kwargs)
+    assert str(plain.value) == str(with_context.value)
+
+
+def test_a_plain_call_names_the_context_settings_it_does_not_use(tiny_llm, caplog):
+    with caplog.at_level("WARNING", logger="qgpm"):
+        msg = tiny_llm.invoke("Hello there.", method="vanilla", system="You are a pirate.", answer_prefix="ARRR", max_tokens=2)
+    assert msg.response_metadata["qgpm"]["mode"] == "plain"
+    assert "found no context and answers as plain chat, so its method=, system=, answer_prefix= " in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qgpm"):
+        tiny_llm.invoke("Hello there.", max_tokens=2, system=None)  # None: not given
+        tiny_llm.invoke(QUESTION, context=CONTEXT, method="vanilla", max_tokens=2)
+    assert "so its" not in caplog.text
+
+
 def test_a_call_setting_given_as_none_is_the_models_own(tiny_llm):
     msg = tiny_llm.invoke(QUESTION, context=CONTEXT, max_tokens=None, temperature=None, top_p=None)
     assert 0 < msg.usage_metadata["output_tokens"] <= tiny_llm.max_tokens
