@@ -85,6 +85,9 @@ UNMARKED_WARNING = (
     "question=...) to invoke() or bind(). Logged once per model instance."
 )
 
+REMOTE_ONLY = ("api_key", "max_retries")
+"""Constructor arguments of hosted chat models: accepted for drop-in code, not used (set: a warning)."""
+
 QGPM_METHODS: tuple[str, ...] = METHODS
 """The methods a call may use (``qgpm.defaults.METHODS``)."""
 _BASELINE_METHODS = BASELINE_METHODS  # qgpm.defaults.BASELINE_METHODS: settings in options=
@@ -201,10 +204,15 @@ class QGPMChatModel(BaseChatModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_remote_only(cls, values: Any) -> Any:
-        # api_key / max_retries belong to hosted models; this one runs locally, so they are
-        # accepted (the standard tests and drop-in code pass them) and ignored.
+        # api_key / max_retries belong to hosted models; this one runs locally. They are accepted
+        # (LangChain's standard tests and drop-in code pass them), not stored, and named in a warning
+        # when set (the key's value is never logged).
         if isinstance(values, dict):
-            values = {k: v for k, v in values.items() if k not in ("api_key", "max_retries")}
+            unused = [k for k in REMOTE_ONLY if values.get(k) is not None]
+            if unused:
+                logger.warning("QGPMChatModel runs a local model and does not use %s (settings of hosted chat models); "
+                               "leave them out", " or ".join(f"{k}=" for k in unused))
+            values = {k: v for k, v in values.items() if k not in REMOTE_ONLY}
         return values
 
     @field_validator("method")

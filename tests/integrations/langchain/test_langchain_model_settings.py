@@ -220,6 +220,18 @@ def test_a_bool_is_no_number_for_the_constructor(field, load_calls):
         QGPMChatModel(method="topk", **{field: True})
 
 
+def test_hosted_model_settings_are_named_as_unused(load_calls, caplog):
+    with caplog.at_level("WARNING", logger="qgpm"):
+        llm = QGPMChatModel(api_key="sk-secret-value", max_retries=7)
+    assert "does not use api_key= or max_retries=" in caplog.text
+    assert "sk-secret-value" not in caplog.text and not hasattr(llm, "api_key")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qgpm"):
+        QGPMChatModel(api_key=None)
+        QGPMChatModel()
+    assert "does not use" not in caplog.text
+
+
 def test_loaded_model_needs_its_tokenizer_and_no_model_kwargs(tokenizer):
     model = tiny_model("llama", len(tokenizer))
     with pytest.raises(ValidationError, match="needs its tokenizer"):
