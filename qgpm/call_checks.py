@@ -22,21 +22,23 @@ from .baselines import resolve_options
 from .config import QGPMConfig
 from .defaults import PASS1_FIELDS
 from .generation import Generator
+from .editing import check_k
 from .hooks import reorder_mask_kind
 from .lexical import require_bm25
 from .limits import check_input_size
 from .methods import METHOD_SPECS, Method, MethodSpec, Stage, method_spec
 from .partial import check_heads_fit
 from .plan import REORDER_LAYERED_ERROR, check_local_layers, reorder_needs_masks
-from .prompt import DEFAULT_TEMPLATE, check_prompt_inputs, check_template
-from .rerank import get_reranker
+from .prompt import DEFAULT_TEMPLATE, check_prompt_inputs, check_prompt_settings, check_template
+from .rerank import check_reranker_spec, get_reranker
 from .results import PreparedCall
-from .sources import check_reranker_spec, parse_source
+from .sources import parse_source
 
 if TYPE_CHECKING:
     from .preparing import ModelView
 
-__all__ = ["CallOptions", "CheckedSetting", "check_call", "check_engine_args", "check_engine_config", "check_reuse_prefill", "check_config", "check_evidence", "check_method_args", "check_replan"]
+__all__ = ["CallOptions", "CheckedSetting", "check_call", "check_config", "check_edit_args", "check_engine_args", "check_engine_config",
+           "check_evidence", "check_method_args", "check_options", "check_replan", "check_reuse_prefill"]
 
 
 @dataclass(frozen=True)
@@ -124,20 +126,42 @@ def check_evidence(evidence: Any, spec: MethodSpec | None = None) -> list[str] |
     return items
 
 
-def check_method_args(spec: MethodSpec, opts: CallOptions) -> list[str] | None:
-    """The call's evidence (:func:`check_evidence`), once the arguments only some methods read
-    are checked against ``spec``: ``reranker=`` only for a method that edits the context with a
-    reranker, ``k=`` only for one that keeps the best ``k`` chunks (``topk``)."""
-    evidence = check_evidence(opts.evidence, spec)
-    if opts.k is not None and not spec.takes_k:
+def check_edit_args(spec: MethodSpec, *, reranker: Any = None, k: Any = None) -> None:
+    """Refuse ``reranker=`` (given: not ``None``) for a method that edits the context with no
+    reranker, ``k=`` for one that does not keep the best ``k`` chunks (only ``topk`` does), and a
+    ``k`` that is not an int >= 1 (:func:`~qgpm.editing.check_k`) or a reranker spec
+    :func:`~qgpm.rerank.get_reranker` does not know (by name: nothing loads)."""
+    if k is not None and spec.takes_k:
+        check_k(k)
+    if reranker is not None and spec.reranker:
+        check_reranker_spec(reranker)
+    if k is not None and not spec.takes_k:
         raise ValueError(f"k= is how many chunks method='topk' keeps; method={spec.name!r} takes none"
                          + (" (it keeps every chunk)" if spec.reranker else ""))
-    if opts.reranker is not None and not spec.reranker:
+    if reranker is not None and not spec.reranker:
         raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={spec.name!r} takes none"
                          + (" (it ranks sentences by config.relevance, e.g. QGPMConfig(relevance='bm25'))" if spec.stage is Stage.HEADS else ""))
-    if isinstance(opts.reranker, str):
-        check_reranker_spec(opts.reranker)  # an unknown kind fails here; the reranker itself loads when the context is edited
+
+
+def check_method_args(spec: MethodSpec, opts: CallOptions) -> list[str] | None:
+    """The call's evidence (:func:`check_evidence`), once the arguments only some methods read
+    are checked against ``spec`` (:func:`check_edit_args`)."""
+    evidence = check_evidence(opts.evidence, spec)
+    check_edit_args(spec, reranker=opts.reranker, k=opts.k)
     return evidence
+
+
+def check_options(spec: MethodSpec, opts: CallOptions) -> tuple[Any, list[str] | None]:
+    """The checks of a call's options that need neither its texts nor the model, which
+    :func:`check_call` runs first: the method's options and arguments (:func:`check_method_args`),
+    the prompt settings' types, the template, and the config's type. Returns ``(options, evidence)``."""
+    options = resolve_options(spec.name, opts.options)
+    evidence = check_method_args(spec, opts)
+    check_prompt_settings(instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
+    check_template(opts.template)
+    if opts.config is not None and not isinstance(opts.config, QGPMConfig):
+        raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(opts.config).__name__}")
+    return options, evidence
 
 
 def check_replan(call: Any, config: Any, engine_config: QGPMConfig) -> None:
@@ -169,13 +193,11 @@ class EngineView(Protocol):
 
 def check_call(eng: EngineView, spec: MethodSpec, context: Any, question: Any, opts: CallOptions) -> tuple[Any, QGPMConfig, list[str] | None]:
     """A call's arguments checked before any model work, cheapest first: the method's settings
-    and arguments, the texts and their size (a bound on characters, then a bounded token count),
+    and arguments (:func:`check_options`), the texts and their size (a bound on characters, then a bounded token count),
     then the config against the model (:func:`check_config`, which loads the relevance source's
     reranker) and the engine's generator. Returns ``(options, config, evidence)``."""
-    options = resolve_options(spec.name, opts.options)
-    evidence = check_method_args(spec, opts)
+    options, evidence = check_options(spec, opts)
     docs = check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
-    check_template(opts.template)
     others = [question, opts.instruction or "", opts.system or "", opts.answer_prefix or ""]
     check_input_size(eng.tokenizer, eng.max_length, others, opts.max_new_tokens, context=docs, exact=not spec.shortens)
     cfg = check_config(eng, eng.config if opts.config is None else opts.config, spec)

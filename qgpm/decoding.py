@@ -22,7 +22,7 @@ from transformers import GenerationConfig, LogitsProcessorList, MinPLogitsWarper
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["Decoding", "DECODING_FIELDS", "check_generate_extras", "cut_at_stop", "finish_text", "SeededSampler"]
+__all__ = ["Decoding", "DECODING_FIELDS", "check_extra_values", "check_generate_extras", "check_stop", "cut_at_stop", "finish_text", "SeededSampler"]
 
 DECODING_FIELDS = ("max_new_tokens", "temperature", "top_p", "stop", "seed")
 """The decoding arguments every generator understands (the rest are ``generate()`` extras)."""
@@ -68,13 +68,14 @@ class Decoding:
                 raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
             if not 0 <= seed < 2**64:
                 raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        check_extra_values(extra, int(max_new_tokens))
         if temperature == 0:
             unused = [n for n, v in (("top_p", top_p if top_p != 1 else None), ("seed", seed), ("top_k", extra.get("top_k")),
                                      ("min_p", extra.get("min_p"))) if v is not None]
             if unused:
                 _warn_once(f"qgpm: temperature=0 decodes greedily, so {', '.join(unused)} have no effect; set temperature > 0 "
                            "to sample with them")
-        return cls(int(max_new_tokens), temperature, top_p, _check_stop(stop), seed, dict(extra))
+        return cls(int(max_new_tokens), temperature, top_p, check_stop(stop), seed, dict(extra))
 
     @classmethod
     def take(cls, kwargs: dict[str, Any], **defaults: Any) -> "Decoding":
@@ -99,7 +100,9 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-def _check_stop(stop: Any) -> tuple[str, ...]:
+def check_stop(stop: Any) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings: ``None``, one string or a list of strings;
+    anything else raises ``TypeError``, an empty string ``ValueError``."""
     if stop is None:
         return ()
     if isinstance(stop, str):
@@ -142,7 +145,7 @@ def _generate_settings() -> frozenset[str]:
     return frozenset(set(GenerationConfig().to_dict()) - {"_from_model_config", "transformers_version"}) | _GENERATE_ARGS
 
 
-def check_generate_extras(extra: Any, max_new_tokens: int | None = None) -> None:
+def check_generate_extras(extra: Any) -> None:
     """Raise, before any model work, for a ``generate()`` extra the transformers generator would
     not apply: one that is neither a ``GenerationConfig`` field nor a ``generate()`` argument, one
     qgpm sets itself, a sampling setting its sampler does not apply, or a setting of another
@@ -164,58 +167,57 @@ def check_generate_extras(extra: Any, max_new_tokens: int | None = None) -> None
     if unknown:
         raise TypeError(f"unexpected arguments {unknown}: neither answer() arguments nor transformers generate() settings "
                         "(GenerationConfig fields such as repetition_penalty, min_new_tokens, top_k, or logits_processor)")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _token_ids(value: Any) -> bool:
+    ids = [value] if _whole(value) else value
+    return not isinstance(ids, (str, bytes)) and hasattr(ids, "__iter__") and all(_whole(i) and i >= 0 for i in ids)
+
+
+def _callables(value: Any) -> bool:
+    return not isinstance(value, (str, bytes)) and hasattr(value, "__iter__") and all(callable(x) for x in value)
+
+
+# generate() extras whose values qgpm can check without a model: (well-typed, in range, what is expected)
+_EXTRA_VALUES: dict[str, tuple[Callable[[Any], bool], Callable[[Any], bool], str]] = {
+    "top_k": (_whole, lambda v: v >= 0, "an int >= 0 (0: no top-k cut)"),
+    "min_p": (_real, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
+    "repetition_penalty": (_real, lambda v: v > 0, "a number > 0 (1.0: no penalty)"),
+    "no_repeat_ngram_size": (_whole, lambda v: v >= 0, "an int >= 0"),
+    "min_new_tokens": (_whole, lambda v: v >= 0, "an int >= 0"),
+    "max_time": (_real, lambda v: v > 0, "a number of seconds > 0"),
+    "eos_token_id": (_token_ids, lambda v: True, "a token id (an int >= 0) or a list of them"),
+    "pad_token_id": (_token_ids, lambda v: True, "a token id (an int >= 0) or a list of them"),
+    "logits_processor": (_callables, lambda v: True, "a list of callables (transformers' LogitsProcessor objects)"),
+    "stopping_criteria": (_callables, lambda v: True, "a list of callables (transformers' StoppingCriteria objects)"),
+}
+
+
+def check_extra_values(extra: Mapping[str, Any], max_new_tokens: int | None = None) -> None:
+    """Raise ``TypeError`` / ``ValueError`` for a ``generate()`` extra whose value cannot work
+    (the settings of ``_EXTRA_VALUES``, and ``min_new_tokens`` above ``max_new_tokens``; ``None``
+    leaves a setting unset). Names are checked by the generator (:func:`check_generate_extras`)."""
     for name, value in extra.items():
         rule = _EXTRA_VALUES.get(name)
-        if rule is not None and value is not None:
-            rule(name, value)
+        if rule is None or value is None:
+            continue
+        typed, in_range, what = rule
+        if not typed(value):
+            wrong_type = not _real(value) or isinstance(value, bool) or typed in (_token_ids, _callables)
+            raise (TypeError if wrong_type else ValueError)(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+        if not in_range(value):
+            raise ValueError(f"{name} must be {what}, got {value!r}")
     low = extra.get("min_new_tokens")
     if max_new_tokens is not None and low is not None and low > max_new_tokens:
         raise ValueError(f"min_new_tokens={low} exceeds max_new_tokens={max_new_tokens}")
-
-
-def _int_at_least(low: int) -> Callable[[str, Any], None]:
-    def check(name: str, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if value < low:
-            raise ValueError(f"{name} must be >= {low}, got {value}")
-    return check
-
-
-def _number_in(low: float, high: float, *, low_open: bool = False) -> Callable[[str, Any], None]:
-    def check(name: str, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-        if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
-            raise ValueError(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {value}")
-    return check
-
-
-def _token_ids(name: str, value: Any) -> None:
-    ids = [value] if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
-    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__") or \
-            not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise TypeError(f"{name} must be a token id (an int >= 0) or a list of them, got {value!r}")
-
-
-def _callables(name: str, value: Any) -> None:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__") or not all(callable(x) for x in value):
-        raise TypeError(f"{name} must be a list of callables (transformers' {name} objects), got {value!r}")
-
-
-# value rules of the generate() extras users set most; the rest are transformers' to check
-_EXTRA_VALUES: dict[str, Callable[[str, Any], None]] = {
-    "top_k": _int_at_least(0),
-    "min_p": _number_in(0.0, 1.0),
-    "repetition_penalty": _number_in(0.0, math.inf, low_open=True),
-    "no_repeat_ngram_size": _int_at_least(0),
-    "min_new_tokens": _int_at_least(0),
-    "max_time": _number_in(0.0, math.inf, low_open=True),
-    "eos_token_id": _token_ids,
-    "pad_token_id": _token_ids,
-    "logits_processor": _callables,
-    "stopping_criteria": _callables,
-}
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

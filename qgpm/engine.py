@@ -359,8 +359,8 @@ class QGPM:
         """
         opts, dec = self._checked(context, question, kwargs)
 
-        def run(state: StreamState) -> Iterator[str]:
-            return self._stream_run(self._prepare(context, question, opts), dec, state)
+        def run(state: StreamState) -> Iterator[str]:  # a generator: nothing is prepared before the first piece is asked for
+            yield from self._stream_run(self._prepare(context, question, opts), dec, state)
 
         return AnswerStream(run, engine=self)
 

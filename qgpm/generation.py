@@ -199,7 +199,7 @@ class TransformersGenerator:
 
     def check_decoding(self, decoding: Decoding) -> None:
         """Raise, before any work, for ``generate()`` extras this generator would not apply."""
-        check_generate_extras(decoding.extra, decoding.max_new_tokens)
+        check_generate_extras(decoding.extra)
 
     def require(self, what: str) -> None:
         """Everything runs here (:class:`qgpm.partial.NoLocalGenerator` refuses instead)."""

@@ -36,6 +36,7 @@ __all__ = [
     "count_prompt_tokens",
     "render_chat",
     "check_prompt_inputs",
+    "check_prompt_settings",
     "check_template",
     "has_visible_text",
     "DEFAULT_TEMPLATE",
@@ -76,6 +77,13 @@ def _type_name(value: Any) -> str:
     return "None" if value is None else type(value).__name__
 
 
+def check_prompt_settings(*, instruction: Any = None, system: Any = None, answer_prefix: Any = None) -> None:
+    """Raise :class:`PromptError` for an instruction / system prompt / answer prefix that is not a string or ``None``."""
+    for name, value in (("instruction", instruction), ("system", system), ("answer_prefix", answer_prefix)):
+        if value is not None and not isinstance(value, str):
+            raise PromptError(f"{name} must be a string or None, got {_type_name(value)}")
+
+
 def check_prompt_inputs(
     context: Any,
     question: Any,
@@ -114,9 +122,7 @@ def check_prompt_inputs(
         raise PromptError(f"question is {type(question).__name__}, not text: decode it first, e.g. question.decode('utf-8')")
     if not isinstance(question, str):
         raise PromptError(f"question must be a string, got {_type_name(question)}")
-    for name, value in (("instruction", instruction), ("system", system), ("answer_prefix", answer_prefix)):
-        if value is not None and not isinstance(value, str):
-            raise PromptError(f"{name} must be a string or None, got {_type_name(value)}")
+    check_prompt_settings(instruction=instruction, system=system, answer_prefix=answer_prefix)
     if not check_empty:
         return docs
     # (visible-text search stops at the first visible character: no copy of a long text)

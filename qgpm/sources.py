@@ -25,7 +25,7 @@ import torch
 
 from .shaping import fuse_heads
 
-__all__ = ["HEADS", "RERANKER_CHOICES", "RelevanceSource", "check_reranker_spec", "parse_source", "reranker_relevance", "fuse_sources"]
+__all__ = ["HEADS", "RERANKER_CHOICES", "RelevanceSource", "check_reranker_name", "parse_source", "reranker_relevance", "fuse_sources"]
 
 HEADS = "heads"
 
@@ -42,7 +42,7 @@ RERANKER_CHOICES: tuple[str, ...] = (
 """Spec strings accepted by :func:`qgpm.rerank.get_reranker`."""
 
 
-def check_reranker_spec(spec: str) -> None:
+def check_reranker_name(spec: str) -> None:
     """Refuse (``ValueError`` listing the choices) a reranker spec of no known kind. Loads
     nothing: whether a ``<path-or-id>`` exists is checked when the reranker is built."""
     kind, sep, arg = spec.strip().partition(":")
@@ -68,7 +68,7 @@ class RelevanceSource:
 
 def parse_source(spec: Any) -> RelevanceSource:
     """Parse ``"heads"``, ``"<reranker>"`` or ``"heads+<reranker>"``; raise ``ValueError`` on other
-    forms and on a reranker spec of no known kind (:func:`check_reranker_spec`; whether a
+    forms and on a reranker spec of no known kind (:func:`check_reranker_name`; whether a
     ``<path-or-id>`` exists is checked when the engine builds the reranker, before pass 1).
     """
     if not isinstance(spec, str) or not spec.strip():
@@ -88,7 +88,7 @@ def parse_source(spec: Any) -> RelevanceSource:
 
 def _check_part(spec: str, reranker: str) -> None:
     try:
-        check_reranker_spec(reranker)
+        check_reranker_name(reranker)
     except ValueError:
         raise ValueError(f"relevance {spec!r}: {reranker!r} is not a relevance source; use 'heads', a reranker "
                          f"({', '.join(RERANKER_CHOICES)}) or 'heads+<reranker>'") from None

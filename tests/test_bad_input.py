@@ -147,16 +147,18 @@ GEN_CASES = [
     (dict(stop=""), ValueError, "stop strings must be non-empty"),
     (dict(stop=["ok", ""]), ValueError, "stop strings must be non-empty"),
     (dict(max_length=10), ValueError, r"max_length: set by qgpm itself .*max_new_tokens="),
-    (dict(top_k="a"), TypeError, "top_k must be an int, got str"),
-    (dict(top_k=-3), ValueError, "top_k must be >= 0, got -3"),
-    (dict(min_p=2.0), ValueError, r"min_p must be in \[0.0, 1.0\], got 2.0"),
-    (dict(repetition_penalty=-1.0), ValueError, r"repetition_penalty must be in \(0.0, inf\]"),
-    (dict(no_repeat_ngram_size=-2), ValueError, "no_repeat_ngram_size must be >= 0"),
-    (dict(max_time=-1), ValueError, r"max_time must be in \(0.0, inf\]"),
+    (dict(top_k=-3), ValueError, r"top_k must be an int >= 0 \(0: no top-k cut\), got -3"),
+    (dict(repetition_penalty=-1.0), ValueError, "repetition_penalty must be a number > 0"),
+    (dict(no_repeat_ngram_size=-2), ValueError, "no_repeat_ngram_size must be an int >= 0"),
+    (dict(max_time=-1), ValueError, "max_time must be a number of seconds > 0"),
     (dict(min_new_tokens=100), ValueError, "min_new_tokens=100 exceeds max_new_tokens=4"),
     (dict(eos_token_id="x"), TypeError, "eos_token_id must be a token id"),
     (dict(logits_processor=5), TypeError, "logits_processor must be a list of callables"),
     (dict(logits_processor=[object()]), TypeError, "logits_processor must be a list of callables"),
+    (dict(top_k="a"), TypeError, r"top_k must be an int >= 0 \(0: no top-k cut\), got str 'a'"),
+    (dict(top_k=2.5), ValueError, "top_k must be an int >= 0"),
+    (dict(min_p=2.0), ValueError, r"min_p must be a number in \[0, 1\], got 2.0"),
+    (dict(repetition_penalty=0), ValueError, "repetition_penalty must be a number > 0"),
 ]
 
 
@@ -586,3 +588,20 @@ def test_engine_settings_are_checked_on_every_assignment(engine):
     engine.config = before[0].with_(k_sharp=3.0)
     assert engine.config.k_sharp == 3.0
     engine.config = before[0]
+
+
+def test_stream_checks_at_once_and_prepares_at_the_first_piece(engine, monkeypatch):
+    """engine.stream() raises for bad arguments at once; pass 1 runs only when the first
+    piece is asked for (a stream closed before that runs nothing)."""
+    import qgpm.engine
+
+    raises(ValueError, "max_new_tokens must be >= 1", engine.stream, CTX, Q, max_new_tokens=0)
+    prepared = []
+    real = qgpm.engine.QGPM._prepare
+    monkeypatch.setattr(qgpm.engine.QGPM, "_prepare", lambda self, *a: prepared.append(1) or real(self, *a))
+    unused = engine.stream(CTX, Q, method="vanilla", max_new_tokens=3)
+    unused.close()
+    stream = engine.stream(CTX, Q, method="vanilla", max_new_tokens=3)
+    assert prepared == []
+    text = "".join(stream)
+    assert prepared == [1] and stream.result is not None and stream.result.text == text.strip()
