@@ -64,20 +64,14 @@ def check_generate_kwargs(generate_kwargs: Mapping[str, Any] | None, owner: str,
 
 def check_relevance(relevance: str | None, method: str) -> None:
     """Refuse a ``relevance=`` the call would not use: a spec :func:`qgpm.sources.parse_source`
-    rejects, a reranker :func:`qgpm.rerank.get_reranker` does not know (checked by name, nothing
-    loads), or any source for a method that does not rank sentences (only ``qgpm`` does)."""
+    rejects (a malformed one, or a reranker of no known kind: checked by name, nothing loads),
+    or any source for a method that does not rank sentences (only ``qgpm`` does)."""
     from qgpm.methods import Stage, method_spec  # lazy: the adapters' shared helpers load no engine code up front
-    from qgpm.rerank import check_reranker_spec  # lazy: as above
     from qgpm.sources import parse_source  # lazy: as above
 
     if relevance is None:
         return
-    source = parse_source(relevance)
-    if source.reranker is not None:
-        try:
-            check_reranker_spec(source.reranker)
-        except ValueError as exc:
-            raise ValueError(f"relevance={relevance!r}: {exc}") from None
+    parse_source(relevance)
     if method_spec(method).stage is not Stage.HEADS:
         raise ValueError(f"relevance={relevance!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
 

@@ -113,7 +113,7 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
     [
         ({"no_such": 1}, "no_such"),
         ({"method": "magic"}, "unknown method"),
-        ({"relevance": "minlm"}, r"relevance='minlm': unknown reranker 'minlm'"),
+        ({"relevance": "minlm"}, r"relevance 'minlm': 'minlm' is not a relevance source"),
         ({"reranker": "bm25"}, r"reranker= sets the reranker of method='topk' / 'reorder'; method='qgpm' takes none"),
         ({"k": 2}, r"k= is how many chunks method='topk' keeps; method='qgpm' takes none"),
         ({"method": "reorder", "k": 2}, r"method='reorder' takes none \(it keeps every chunk\)"),
