@@ -435,6 +435,8 @@ def test_unknown_reranker(engine, stays_vanilla):
         ([{"role": "user"}], "must be a dict with 'role' and 'content'"),
         ([{"role": "user", "content": None}], "content must be a string, got NoneType"),
         ([{"role": "user", "content": b"hi"}], "content must be a string, got bytes"),
+        ([{"role": "robot", "content": "hi"}], "message 0 role must be one of system, developer, user, assistant, tool, ipython, got 'robot'"),
+        ([{"role": None, "content": "hi"}], "role must be one of .* got None"),
     ],
 )
 def test_bad_chat_messages(engine, stays_vanilla, messages, match):
@@ -605,3 +607,9 @@ def test_stream_checks_at_once_and_prepares_at_the_first_piece(engine, monkeypat
     assert prepared == []
     text = "".join(stream)
     assert prepared == [1] and stream.result is not None and stream.result.text == text.strip()
+
+
+def test_too_long_says_which_part_to_shorten(engine, stays_vanilla):
+    raises(ContextTooLongError, r"Shorten the context \(or retrieve fewer documents\)", engine.answer, TEN_MB, Q)
+    raises(ContextTooLongError, "Shorten the longest text besides the context", engine.answer, CTX, TEN_MB, method="vanilla")
+    raises(ContextTooLongError, "Shorten the longest text besides the context", engine.answer, CTX, Q, instruction=TEN_MB)
