@@ -226,10 +226,13 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
-def finish_text(text: str, n_new: int, decoding: Decoding) -> tuple[str, str]:
+def finish_text(text: str, n_new: int, decoding: Decoding, seconds: float | None = None) -> tuple[str, str]:
     """The answer from the decoded new text: cut at the first stop string and stripped, with its
-    finish reason (``"stop"``: a stop string or the end of sequence; ``"length"``: the budget)."""
-    reason = "length" if n_new >= decoding.max_new_tokens else "stop"
+    finish reason (``"stop"``: a stop string or the end of sequence; ``"length"``: the budget,
+    ``max_new_tokens`` or, when the generation took ``seconds``, the ``max_time`` extra)."""
+    max_time = decoding.extra.get("max_time")
+    out_of_time = max_time is not None and seconds is not None and seconds >= max_time
+    reason = "length" if n_new >= decoding.max_new_tokens or out_of_time else "stop"
     text, hit = cut_at_stop(text, decoding.stop)
     return text.strip(), "stop" if hit else reason
 

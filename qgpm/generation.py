@@ -129,7 +129,7 @@ def build_result(call: PreparedCall, out: Generated, decoding: Decoding) -> QGPM
 
     With prompt tokens reused from pass 1's continued prefill, that part of the prefill
     (run at the end of pass 1) counts in ``prefill_s``."""
-    text, reason = finish_text(out.text, len(out.token_ids), decoding)
+    text, reason = finish_text(out.text, len(out.token_ids), decoding, out.t1 - out.t0)
     first = out.first if out.first is not None else out.t1
     pre = call.timings
     ahead = call.prefill.seconds if out.reused and call.prefill is not None else 0.0

@@ -613,3 +613,15 @@ def test_too_long_says_which_part_to_shorten(engine, stays_vanilla):
     raises(ContextTooLongError, r"Shorten the context \(or retrieve fewer documents\)", engine.answer, TEN_MB, Q)
     raises(ContextTooLongError, "Shorten the longest text besides the context", engine.answer, CTX, TEN_MB, method="vanilla")
     raises(ContextTooLongError, "Shorten the longest text besides the context", engine.answer, CTX, Q, instruction=TEN_MB)
+
+
+def test_an_answer_cut_by_max_time_finishes_for_length(engine):
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Slow(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            time.sleep(0.05)
+            return scores
+
+    res = engine.answer(CTX, Q, method="vanilla", max_new_tokens=40, max_time=0.1, logits_processor=LogitsProcessorList([Slow()]))
+    assert res.usage.answer_tokens < 40 and res.finish_reason == "length"
