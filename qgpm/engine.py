@@ -227,8 +227,10 @@ class QGPM:
 
     @property
     def max_length(self) -> int:
-        """The model window in tokens (``max_position_embeddings``)."""
-        return int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        """The window a call must fit, in tokens: the model's (``max_position_embeddings``), or a
+        remote generator's (a vLLM server's ``max_model_len``) where that is shorter; 0: none known."""
+        windows = [int(w) for w in (getattr(self.model.config, "max_position_embeddings", 0), getattr(self.generator, "max_model_len", 0)) if w]
+        return min(windows, default=0)
 
     @property
     def device(self) -> torch.device:
