@@ -149,6 +149,8 @@ def test_version_and_python_dash_m(capsys):
         (["ask", "--methods", "topk", "--reranker", "nope"], ["--reranker: unknown reranker 'nope'"]),
         (["ask", "--config", "relevance=minlm"], ["'minlm' is not a relevance source"]),
         (["calibrate", "--top", "0"], ["qgpm calibrate: error:", "--top must be >= 1, got 0"]),
+        (["--bogus"], ["qgpm: error: unrecognized arguments: --bogus (the command comes first"]),
+        (["ask", "--bogus"], ["qgpm ask: error: unrecognized arguments: --bogus", "(see qgpm ask --help)"]),
         (["calibrate", "--holdout", "-1"], ["--holdout must be >= 0, got -1"]),
     ],
 )
