@@ -43,6 +43,11 @@ class QGPMArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
 
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        """argparse's, kept as ``self.commands`` so that a command's own parser reports its errors."""
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
+
 
 def _one_line(msg: Any) -> str:
     return " ".join(str(msg).split())
@@ -114,10 +119,8 @@ def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
 
 def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
     """The subcommand's parser (``parser`` itself when there is none)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
-            return action.choices[command]
-    return parser
+    commands = getattr(parser, "commands", None)
+    return commands.choices[command] if commands is not None and command in commands.choices else parser
 
 
 def run_command(args: argparse.Namespace) -> int:
