@@ -73,8 +73,8 @@ class Decoding:
             unused = [n for n, v in (("top_p", top_p if top_p != 1 else None), ("seed", seed), ("top_k", extra.get("top_k")),
                                      ("min_p", extra.get("min_p"))) if v is not None]
             if unused:
-                _warn_once(f"qgpm: temperature=0 decodes greedily, so {', '.join(unused)} have no effect; set temperature > 0 "
-                           "to sample with them")
+                verb = "has" if len(unused) == 1 else "have"
+                _warn_once(f"qgpm: temperature=0 decodes greedily, so {', '.join(unused)} {verb} no effect; set temperature > 0 to sample with them")
         return cls(int(max_new_tokens), temperature, top_p, check_stop(stop), seed, dict(extra))
 
     @classmethod
@@ -101,8 +101,8 @@ def _warn_once(message: str) -> None:
 
 
 def check_stop(stop: Any) -> tuple[str, ...]:
-    """``stop`` as a tuple of non-empty strings: ``None``, one string or a list of strings;
-    anything else raises ``TypeError``, an empty string ``ValueError``."""
+    """``stop`` as a tuple of non-empty strings: ``None``, one string or a list of strings (empty
+    strings are dropped: they stop nothing); anything else raises ``TypeError``."""
     if stop is None:
         return ()
     if isinstance(stop, str):
@@ -113,9 +113,7 @@ def check_stop(stop: Any) -> tuple[str, ...]:
     bad = [type(x).__name__ for x in stops if not isinstance(x, str)]
     if bad:
         raise TypeError(f"stop must be a string or a list of strings; it holds {', '.join(sorted(set(bad)))}")
-    if not all(stops):
-        raise ValueError("stop strings must be non-empty (an empty one would end every answer before it starts); pass stop=None for none")
-    return tuple(stops)
+    return tuple(x for x in stops if x)  # an empty string stops nothing (a LangChain or OpenAI caller's "no stop")
 
 
 # ----------------------------------------------------------------------------- generate() extras
@@ -178,6 +176,8 @@ def _real(value: Any) -> bool:
 
 
 def _token_ids(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        value = value.tolist() if not value.is_floating_point() and not value.is_complex() else [0.5]
     ids = [value] if _whole(value) else value
     return not isinstance(ids, (str, bytes)) and hasattr(ids, "__iter__") and all(_whole(i) and i >= 0 for i in ids)
 
@@ -188,7 +188,7 @@ def _callables(value: Any) -> bool:
 
 # generate() extras whose values qgpm can check without a model: (well-typed, in range, what is expected)
 _EXTRA_VALUES: dict[str, tuple[Callable[[Any], bool], Callable[[Any], bool], str]] = {
-    "top_k": (_whole, lambda v: v >= 0, "an int >= 0 (0: no top-k cut)"),
+    "top_k": (_whole, lambda v: v >= -1, "an int >= 0 (0 or -1: no top-k cut)"),
     "min_p": (_real, lambda v: 0 <= v <= 1, "a number in [0, 1]"),
     "repetition_penalty": (_real, lambda v: v > 0, "a number > 0 (1.0: no penalty)"),
     "no_repeat_ngram_size": (_whole, lambda v: v >= 0, "an int >= 0"),
@@ -226,12 +226,12 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     return (text[: min(hits)], True) if hits else (text, False)
 
 
-def finish_text(text: str, n_new: int, decoding: Decoding, seconds: float | None = None) -> tuple[str, str]:
+def finish_text(text: str, n_new: int, decoding: Decoding, eos: bool | None = None) -> tuple[str, str]:
     """The answer from the decoded new text: cut at the first stop string and stripped, with its
     finish reason (``"stop"``: a stop string or the end of sequence; ``"length"``: the budget,
-    ``max_new_tokens`` or, when the generation took ``seconds``, the ``max_time`` extra)."""
-    max_time = decoding.extra.get("max_time")
-    out_of_time = max_time is not None and seconds is not None and seconds >= max_time
+    ``max_new_tokens``, or the ``max_time`` extra when the answer did not end with an
+    end-of-sequence token, ``eos`` False)."""
+    out_of_time = decoding.extra.get("max_time") is not None and eos is False
     reason = "length" if n_new >= decoding.max_new_tokens or out_of_time else "stop"
     text, hit = cut_at_stop(text, decoding.stop)
     return text.strip(), "stop" if hit else reason
@@ -252,7 +252,7 @@ class SeededSampler:
         warpers: list[Any] = []
         if temperature != 1.0:
             warpers.append(TemperatureLogitsWarper(float(temperature)))
-        if top_k:
+        if top_k and top_k > 0:
             warpers.append(TopKLogitsWarper(int(top_k)))
         if top_p < 1.0:
             warpers.append(TopPLogitsWarper(float(top_p)))

@@ -48,6 +48,7 @@ class Generated:
     t1: float
     reused: int = 0
     details: dict[str, Any] = field(default_factory=dict)
+    eos: bool | None = None  # the last new token ends the sequence (None: not known)
 
 
 class PieceStream(Protocol):
@@ -129,7 +130,7 @@ def build_result(call: PreparedCall, out: Generated, decoding: Decoding) -> QGPM
 
     With prompt tokens reused from pass 1's continued prefill, that part of the prefill
     (run at the end of pass 1) counts in ``prefill_s``."""
-    text, reason = finish_text(out.text, len(out.token_ids), decoding, out.t1 - out.t0)
+    text, reason = finish_text(out.text, len(out.token_ids), decoding, out.eos)
     first = out.first if out.first is not None else out.t1
     pre = call.timings
     ahead = call.prefill.seconds if out.reused and call.prefill is not None else 0.0
@@ -253,7 +254,13 @@ class TransformersGenerator:
         new = out[0, call.num_tokens :].tolist()
         if isinstance(call.plan, PositionPlan):
             details["pass2"] = pass2_kind(call.plan, plan)
-        return Generated(self._decode(new), new, t0, streamer.first_token_at, t1, reused, details)
+        return Generated(self._decode(new), new, t0, streamer.first_token_at, t1, reused, details, eos=self._ends(new, decoding))
+
+    def _ends(self, new: list[int], decoding: Decoding) -> bool:
+        """Whether ``new`` ends with an end-of-sequence token (the call's ``eos_token_id``, else the model's)."""
+        eos = decoding.extra.get("eos_token_id", getattr(self.model.generation_config, "eos_token_id", None))
+        ids = set(torch.as_tensor(eos).flatten().tolist()) if eos is not None else set()
+        return bool(new) and new[-1] in ids
 
     def logprob(self, call: PreparedCall, score: list[int]) -> float:
         """``log p(score | prompt)`` under the call's positions (no generation)."""
@@ -315,7 +322,8 @@ class _ThreadStream:
             t1 = time.perf_counter()
             new = held["ids"][0, call.num_tokens :].tolist()
             details = {"pass2": pass2_kind(call.plan, held["plan"])} if isinstance(call.plan, PositionPlan) else {}
-            self.generated = Generated(g._decode(new), new, t0, timing.first_token_at, t1, held.get("reused", 0), details)
+            self.generated = Generated(g._decode(new), new, t0, timing.first_token_at, t1, held.get("reused", 0), details,
+                                       eos=g._ends(new, self.decoding))
         finally:
             cancel.set()
             if worker.ident is not None:

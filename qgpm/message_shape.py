@@ -185,10 +185,14 @@ def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None
     head_end, start, marker, tag = found
     if start > end:
         return None
-    if tag is not None:  # the last closing tag: a document quoting it stays in the context
-        closes = list(re.compile(r"</" + re.escape(tag) + r">", re.I).finditer(text, start, end))
-        if closes:
-            end = closes[-1].start()
+    if tag is not None:  # the last closing tag on a line of its own (a document quoting it mid-line stays in), else the first
+        close = re.escape(tag)
+        alone = list(re.compile(r"^[ \t]*</" + close + r">[ \t]*$", re.I | re.M).finditer(text, start, end))
+        first = re.compile(r"</" + close + r">", re.I).search(text, start, end)
+        if alone:
+            end = alone[-1].start()
+        elif first is not None:
+            end = first.start()
     body = text[start:end]
     lead = len(body) - len(body.lstrip())
     c0, c1 = start + lead, start + len(body.rstrip())

@@ -37,9 +37,6 @@ from .tokens import count_plain, encode_prompt, special_token_ids
 
 logger = logging.getLogger("qgpm")
 
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "ipython")
-"""The message roles chat templates know (``ipython``: Llama 3.1's tool results)."""
-
 __all__ = ["ModelView", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
            "warn_vanilla_kept"]
 
@@ -74,9 +71,10 @@ def plain_chat_call(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, wi
             raise PromptError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
         if not isinstance(m["content"], str):
             raise PromptError(f"message {i} content must be a string, got {type(m['content']).__name__}")
-        if m["role"] not in CHAT_ROLES:
-            raise PromptError(f"message {i} role must be one of {', '.join(CHAT_ROLES)}, got {m['role']!r}")
-        msgs.append(dict(role=str(m["role"]), content=m["content"]))
+        if not isinstance(m["role"], str) or not m["role"].strip():
+            raise PromptError(f"message {i} role must be a non-empty string such as 'user', 'assistant' or 'system' (the chat "
+                              f"template's roles), got {m['role']!r}")
+        msgs.append(dict(role=m["role"], content=m["content"]))
     if not msgs or not any(has_visible_text(m["content"]) for m in msgs):
         raise PromptError("messages are empty: pass at least one message with text")
     contents = [m["content"] for m in msgs]

@@ -51,7 +51,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 
 from qgpm.conversation import NO_CONTEXT_REPLY, ChatRequest, check_empty_context_policy
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
-from qgpm.call_checks import check_edit_args
+from qgpm.editing import check_k
 from qgpm.methods import method_spec
 from qgpm.serving import VLLMServer
 
@@ -247,10 +247,11 @@ class QGPMChatModel(BaseChatModel):
         if self.vllm_url is not None:
             VLLMServer(self.vllm_url, model=self.vllm_model).close()  # a malformed address fails here, before any model work
         check_relevance(self.relevance, self.method)
-        given = self.model_fields_set  # a field at its default is no setting for the method to refuse
-        if "reranker" in given:
+        # values only: a call's method= (.bind, configurable_fields) may be one that reads reranker / k, and the call checks that
+        if self.reranker is not None:
             check_reranker(self.reranker, owner)
-        check_edit_args(method_spec(self.method), reranker=self.reranker if "reranker" in given else None, k=self.k if "k" in given else None)
+        if self.k is not None:
+            check_k(self.k)
         if self.options is not None and getattr(self.options, "method", None) != self.method:
             raise ValueError(
                 f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "

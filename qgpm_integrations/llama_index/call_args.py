@@ -119,9 +119,19 @@ def _check_prompts(kwargs: Mapping[str, Any]) -> None:
         raise ValueError(f"{OWNER}: refine_instruction={refine!r} has no {{existing_answer}}: refine steps put the answer so far "
                          "there, so without it every refine step answers from its own chunk alone. Add {existing_answer}")
     wrapper = kwargs.get("query_wrapper_prompt")
-    if wrapper is not None and "query_str" not in getattr(wrapper, "template_vars", ()):
+    if wrapper is not None and not _wraps_query(wrapper):
         raise ValueError(f"{OWNER}: query_wrapper_prompt has no {{query_str}}: LlamaIndex puts the whole prompt there, so "
                          "without it only the wrapper's own text would reach the model. Add {query_str}")
+
+
+def _wraps_query(wrapper: Any) -> bool:
+    """Whether ``wrapper`` formatted with ``query_str`` puts that text in its output (its
+    ``template_var_mappings`` included); a wrapper that cannot be formatted so is left to LlamaIndex."""
+    mark = "\ue000qgpm-query\ue001"
+    try:
+        return mark in wrapper.format(query_str=mark)
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError):
+        return True
 
 
 def check_window(max_new_tokens: Any, window: Any) -> None:

@@ -46,6 +46,7 @@ class _QGPMRerankBase(BaseNodePostprocessor):
     def _refuse_unknown(cls, values: Any) -> Any:
         """``TypeError`` naming every argument that is no field (and the field meant, for a known alias)."""
         if isinstance(values, dict):
+            values = {k: v for k, v in values.items() if k != "class_name"}  # to_dict() writes it; from_dict() drops it too
             unknown = sorted(k for k in values if k not in cls.model_fields)
             if unknown:
                 hints = "; ".join(f"{k}: {cls._ALIASES[k]}" for k in unknown if k in cls._ALIASES)

@@ -105,6 +105,19 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
     assert msg.usage_metadata["output_tokens"] > 0
 
 
+def test_reranker_and_k_settings_serve_a_calls_method(tiny_llm):
+    """reranker= / k= on the model serve calls whose method= (a .bind, configurable fields) reads
+    them; a call whose method reads neither refuses them."""
+    llm = QGPMChatModel(engine=tiny_llm.get_engine(), reranker="bm25", k=2, max_tokens=2)
+    msg = llm.bind(method="topk").invoke(QUESTION, context=CONTEXT)
+    assert msg.response_metadata["method"] == "topk"
+    edit = msg.response_metadata["qgpm"]["edit"]
+    assert edit["mode"] == "topk" and len(edit["kept"]) == 2  # k=2 of the model, not the default 5
+    assert llm.invoke(QUESTION, context=CONTEXT).response_metadata["method"] == "qgpm"  # the model's method reads neither
+    with pytest.raises(ValueError, match="takes none"):
+        llm.invoke(QUESTION, context=CONTEXT, k=3)
+
+
 # --------------------------------------------------------------------------- bad arguments fail before loading
 
 
@@ -114,9 +127,7 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
         ({"no_such": 1}, "no_such"),
         ({"method": "magic"}, "unknown method"),
         ({"relevance": "minlm"}, r"relevance 'minlm': 'minlm' is not a relevance source"),
-        ({"reranker": "bm25"}, r"reranker= sets the reranker of method='topk' / 'reorder'; method='qgpm' takes none"),
-        ({"k": 2}, r"k= is how many chunks method='topk' keeps; method='qgpm' takes none"),
-        ({"method": "reorder", "k": 2}, r"method='reorder' takes none \(it keeps every chunk\)"),
+        ({"k": 0}, "greater than or equal to 1"),
         ({"method": "topk", "reranker": "nope"}, r"reranker='nope': unknown reranker 'nope'"),
         ({"model_kwargs": {"dtype": "bf17"}}, "unknown dtype"),
         ({"model_kwargs": {"dtype": "bf16", "torch_dtype": "bf16"}}, "both torch_dtype and dtype"),

@@ -147,6 +147,8 @@ def test_an_answer_budget_as_large_as_the_window_is_refused_when_built(stub_engi
     with pytest.raises(ValueError, match=f"max_new_tokens={stub_engine.max_length} leaves no room"):
         QGPMLLM(engine=stub_engine, max_new_tokens=stub_engine.max_length)
     assert QGPMLLM(engine=stub_engine, max_new_tokens=stub_engine.max_length - 1).metadata.num_output == stub_engine.max_length - 1
+    mapped = PromptTemplate("[INST] {q} [/INST]", template_var_mappings={"query_str": "q"})  # LlamaIndex formats it with query_str
+    assert QGPMLLM(engine=stub_engine, query_wrapper_prompt=mapped).query_wrapper_prompt is mapped
     assert stub_engine.calls == []
 
 

@@ -91,6 +91,7 @@ def test_unknown_arguments_raise_and_name_the_field_meant():
         QGPMTopKPostprocessor(reranker="nope")
     kept = QGPMTopKPostprocessor(reranker="bm25", top_n=2)
     assert QGPMTopKPostprocessor.from_dict(kept.to_dict()).top_n == 2  # LlamaIndex's own round trip still works
+    assert QGPMTopKPostprocessor.model_validate(kept.to_dict()).top_n == 2  # to_dict() holds class_name, which is no argument
 
 
 def test_postprocessors_in_a_query_engine(stub_engine, monkeypatch):
