@@ -43,6 +43,11 @@ class QGPMArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
 
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        """argparse's, kept as ``self.commands`` so that a command's own parser reports its errors."""
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
+
 
 def _one_line(msg: Any) -> str:
     return " ".join(str(msg).split())
@@ -99,12 +104,23 @@ def split_config_args(values: Sequence[str] | None, overrides: Sequence[str] = (
 def run_cli(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> int:
     """Parse ``argv`` (``None``: the process's arguments) and run the command it names, as a
     ``main`` returns it: ``--help`` / ``--version`` 0, a usage error 2 (one line)."""
+    argv = list(argv) if argv is not None else sys.argv[1:]
     try:
-        args = parser.parse_args(argv)
+        if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+            parser.error(f"unrecognized arguments: {argv[0]} (the command comes first: {parser.prog} ask ...)")
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the command's own parser: "qgpm ask: error: ... (see qgpm ask --help)"
+            _command_parser(parser, getattr(args, "command", None)).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:  # --help, --version, or a one-line usage error (exit code 2)
         return int(exc.code or 0)
-    args.argv = list(argv) if argv is not None else sys.argv[1:]
+    args.argv = argv
     return run_command(args)
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The subcommand's parser (``parser`` itself when there is none)."""
+    commands = getattr(parser, "commands", None)
+    return commands.choices[command] if commands is not None and command in commands.choices else parser
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -22,9 +22,10 @@ __all__ = ["answer_many", "aanswer"]
 
 def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concurrency: int = 8) -> list[Any]:
     """``engine.answer(**request)`` for every request, at most ``max_concurrency`` in flight;
-    the results in the requests' order. Every request is checked (a mapping with ``context`` and
-    ``question``) before any runs; the first call that fails raises its exception after the
-    calls already started have finished."""
+    the results in the requests' order. Every request is checked before any runs (a mapping with
+    ``context`` and ``question``, and ``engine.check_request`` of its arguments: a bad request
+    raises, naming its index, and nothing runs); a call that fails while running raises its
+    exception after the calls already started have finished."""
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, numbers.Integral) or max_concurrency < 1:
         raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
     if isinstance(requests, (str, bytes, Mapping)):
@@ -35,6 +36,12 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
             raise TypeError(f"request {i} must be a dict with 'context' and 'question', got {type(r).__name__}")
     if not reqs:
         return []
+    for i, r in enumerate(reqs):
+        try:
+            engine.check_request(**r)
+        except (TypeError, ValueError) as exc:  # PromptError and ContextTooLongError are ValueErrors too
+            exc.add_note(f"in request {i} of answer_many()")
+            raise
     with ThreadPoolExecutor(max_workers=min(max_concurrency, len(reqs)), thread_name_prefix="qgpm-call") as pool:
         futures = [pool.submit(functools.partial(engine.answer, **r)) for r in reqs]
         return [f.result() for f in futures]

@@ -42,13 +42,15 @@ from ._cliutil import (
 from . import QGPM, __version__
 from .baselines import options_from_strings
 from .config_files import check_config_args, load_config
-from .explain import sentence_rows, term_note
+from .editing import check_k
+from .explain import decision_note, sentence_rows, term_note
 from .fingerprint import gguf_shape
 from .heads import find_head_set, has_head_set_for_shape, parse_heads
 from .loading import parse_dtype, resolve_device, resolve_source, source_fingerprint
 from .serving import VLLMServer
 from .defaults import DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
 from .methods import Stage, method_spec
+from .rerank import check_reranker_spec
 from .sources import parse_source
 
 __all__ = ["main", "sample_document", "default_example", "build_parser"]
@@ -143,14 +145,9 @@ def _print_why(method: str, result, top: int) -> None:
         for r in rows:
             z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
             print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {100 * r['depth']:4.0f} %  {r['text'][:110]}")
-        if d.flat_relevance:
-            print(f"  (the relevance was flat, top z below min_top_z, so {method} kept vanilla positions)")
-        elif d.decisive_relevance:
-            print(f"  (one sentence stood out, its z at least decisive_margin above the next, so {method} kept vanilla positions)")
-        elif d.s_low is not None and d.s_low >= 1.0:
-            print(f"  (the context is no longer than keep_length, so {method} kept vanilla positions)")
-        elif d.solo_relevance:
-            print(f"  (the top sentence stood out, its z at least solo_margin above the next, so {method} promoted it alone)")
+        note = decision_note(d, method)
+        if note:
+            print(f"  ({note})")
         if d.term_dropped:
             print(f"  ({term_note(d.term_dropped)})")
     if result.edit is not None:
@@ -208,6 +205,14 @@ def _ask(args: argparse.Namespace) -> int:
         raise UsageError(f"--reranker sets the reranker of topk / reorder, which --methods {','.join(methods)} does not run")
     if args.k is not None and not any(s.takes_k for s in specs):
         raise UsageError(f"--k is how many chunks topk keeps, and --methods {','.join(methods)} does not run topk")
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    for flag, value, check in (("--k", args.k, check_k), ("--reranker", args.reranker, check_reranker_spec)):
+        try:
+            if value is not None:
+                check(value)
+        except ValueError as exc:
+            raise UsageError(f"{flag}: {exc}") from None
     config_file, overrides = split_config_args(args.config)
     check_config_args(config_file, overrides)  # bad fields or values fail here, before the model loads
     relevance = [v.split("=", 1)[1].strip() for v in overrides if v.split("=", 1)[0].strip() == "relevance"]

@@ -33,6 +33,7 @@ from .segment import Sentence, split_documents, split_sentences
 __all__ = [
     "Chunk",
     "EditedContext",
+    "check_k",
     "chunk_sentences",
     "topk_order",
     "reorder_order",
@@ -186,7 +187,9 @@ def _check_scores(chunks: Sequence[Chunk], scores: Sequence[float]) -> list[floa
     return _finite(scores)
 
 
-def _check_k(k: int) -> int:
+def check_k(k: int) -> int:
+    """``k`` (how many chunks Top-K keeps) as an int; ``TypeError`` for a non-int (a bool or a
+    float such as 2.0 included), ``ValueError`` below 1."""
     if isinstance(k, bool) or not isinstance(k, numbers.Integral):
         raise TypeError(f"k must be an int, got {type(k).__name__}")
     if k < 1:
@@ -204,7 +207,7 @@ def topk_order(scores: Sequence[float], k: int) -> list[int]:
         TypeError: If ``k`` is not an int.
         ValueError: If ``k < 1`` or a score is not finite.
     """
-    _check_k(k)
+    check_k(k)
     s = _finite(scores)
     return sorted(sorted(range(len(s)), key=lambda i: (-s[i], i))[:k])
 
@@ -245,7 +248,7 @@ def topk_edit(text: str, chunks: Sequence[Chunk], scores: Sequence[float], k: in
         ValueError: If ``k < 1``, or ``scores`` does not match ``chunks`` or has
             non-finite values.
     """
-    _check_k(k)
+    check_k(k)
     s = _check_scores(chunks, scores)
     return _build(text, chunks, s, topk_order(s, k), "topk")
 
@@ -304,7 +307,7 @@ def edit_context(
     """
     if mode not in ("topk", "reorder"):
         raise ValueError(f"mode must be 'topk' or 'reorder', got {mode!r}")
-    _check_k(k)
+    check_k(k)
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     if not isinstance(question, str) or not question.strip():

@@ -31,24 +31,23 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from .baselines import resolve_options
 from .batching import aanswer, answer_many
+from .call_checks import CallOptions, CheckedSetting, check_call, check_config, check_engine_args, check_engine_config, check_replan, check_reuse_prefill
 from .config import QGPMConfig
 from .decoding import Decoding
 from .defaults import METHODS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .generation import Generated, Generator, TransformersGenerator, build_result, checked_decoding
 from .heads import HeadSet, HeadSetMissingError, choose_head_set, known_model_name
-from .limits import ContextTooLongError, check_fits, check_input_size
-from .loading import load_model, load_tokenizer, resolve_source
+from .limits import ContextTooLongError, check_fits
+from .loading import load_model, load_tokenizer, parse_dtype, resolve_source
 from .methods import Method, MethodSpec, method_spec
 from .partial import (NoLocalGenerator, check_heads_fit, check_pass1_layers_only, full_layers, full_rotary, is_partial, load_pass1_model,
                       loaded_layers, weight_bytes_not_loaded)
 from .pass1 import pass1_precision
 from .prefill import reuse_applies
-from .preparing import (CallOptions, check_config, check_method_args, check_replan, edit_context_stage, plain_chat_call, prepare_stage,
-                        replan as replan_call)
-from .prompt import DEFAULT_TEMPLATE, PromptSpec, build_prompt, check_prompt_inputs, check_template
+from .preparing import edit_context_stage, plain_chat_call, prepare_stage, replan as replan_call
+from .prompt import DEFAULT_TEMPLATE, PromptSpec, build_prompt
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import rotary_info
 from .runtime import check_supported
@@ -71,6 +70,9 @@ class QGPM:
     ``generator``: where pass 2 and decoding run (default this process; :meth:`use_generator`).
     """
 
+    config = CheckedSetting(check_engine_config)  # the engine's settings; every assignment is checked
+    reuse_prefill = CheckedSetting(check_reuse_prefill)
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -82,8 +84,7 @@ class QGPM:
         reuse_prefill: bool = True,
         generator: Generator | None = None,
     ) -> None:
-        if not isinstance(reuse_prefill, bool):
-            raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
+        check_engine_args(config=config, reuse_prefill=reuse_prefill, heads=heads, generator=generator)
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
         self.model, self.tokenizer, self.reuse_prefill = model, tokenizer, reuse_prefill
@@ -144,9 +145,8 @@ class QGPM:
         bytes that saves); such an engine cannot generate or score in this process. Other keyword
         arguments go to ``AutoModelForCausalLM.from_pretrained``.
         """
-        if not isinstance(reuse_prefill, bool):
-            raise TypeError(f"reuse_prefill must be True or False, got {reuse_prefill!r}")
-        pass1_layers_only = check_pass1_layers_only(pass1_layers_only, generator)
+        check_engine_args(config=config, reuse_prefill=reuse_prefill, heads=heads, generator=generator)
+        pass1_layers_only, dtype = check_pass1_layers_only(pass1_layers_only, generator), parse_dtype(dtype)
         source = resolve_source(model, gguf_file)
         if heads == "calibrate":
             from .samples import check_data_packages  # the samples need qgpm[eval]; only calibration reads them
@@ -227,8 +227,10 @@ class QGPM:
 
     @property
     def max_length(self) -> int:
-        """The model window in tokens (``max_position_embeddings``)."""
-        return int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
+        """The window a call must fit, in tokens: the model's (``max_position_embeddings``), or a
+        remote generator's (a vLLM server's ``max_model_len``) where that is shorter; 0: none known."""
+        windows = [int(w) for w in (getattr(self.model.config, "max_position_embeddings", 0), getattr(self.generator, "max_model_len", 0)) if w]
+        return min(windows, default=0)
 
     @property
     def device(self) -> torch.device:
@@ -357,17 +359,10 @@ class QGPM:
         The arguments are checked here, before anything runs; the call is prepared (pass 1
         included) when the first piece is asked for.
         """
-        kw = dict(kwargs)
-        opts = CallOptions.take(kw, max_new_tokens=64)
-        dec = checked_decoding(self.generator, Decoding.take(kw, max_new_tokens=opts.max_new_tokens))
-        spec = self._check_ready(opts.method)
-        self.generator.check(spec, self._check_config(opts.config, spec))
-        check_method_args(spec, opts)
-        check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
-        check_template(opts.template)
+        opts, dec = self._checked(context, question, kwargs)
 
-        def run(state: StreamState) -> Iterator[str]:
-            return self._stream_run(self._prepare(context, question, opts), dec, state)
+        def run(state: StreamState) -> Iterator[str]:  # a generator: nothing is prepared before the first piece is asked for
+            yield from self._stream_run(self._prepare(context, question, opts), dec, state)
 
         return AnswerStream(run, engine=self)
 
@@ -391,13 +386,25 @@ class QGPM:
         if not isinstance(answer, str):
             raise TypeError(f"answer must be a string, got {type(answer).__name__}")
         self.local.require("answer_logprob")
-        call = self.prepare(context, question, **kwargs)
         ans = encode_plain(self.tokenizer, answer)
         if not ans:
-            raise ValueError("answer is empty")
+            raise ValueError("answer is empty: pass the continuation whose log-probability you want")
+        call = self.prepare(context, question, **kwargs)
         return self.local.logprob(call, ans)
 
+    def check_request(self, context: str | Sequence[str], question: str, **kwargs: Any) -> None:
+        """Check :meth:`answer`'s arguments as :meth:`answer` does, and run nothing: the same
+        exceptions, before any model work (:meth:`answer_many` checks every request so)."""
+        self._checked(context, question, kwargs)
+
     # ------------------------------------------------------------------ stages
+    def _checked(self, context: Any, question: Any, kwargs: Mapping[str, Any]) -> tuple[CallOptions, Decoding]:
+        kw = dict(kwargs)
+        opts = CallOptions.take(kw, max_new_tokens=64)
+        dec = checked_decoding(self.generator, Decoding.take(kw, max_new_tokens=opts.max_new_tokens))
+        check_call(self, self._check_ready(opts.method), context, question, opts)
+        return opts, dec
+
     def _check_ready(self, method: Any) -> MethodSpec:
         spec = method_spec(method)
         if spec.rotary and self._support_error is not None:
@@ -409,17 +416,10 @@ class QGPM:
         return check_config(self, self.config if config is None else config, spec)
 
     def _prepare(self, context: str | Sequence[str], question: str, opts: CallOptions) -> PreparedCall:
-        """Everything before generation: check the inputs (before any model work), edit the
-        context (topk / reorder / llmlingua-2), build the prompt, run pass 1 and build the plan."""
+        """Everything before generation: check the inputs (:func:`~qgpm.call_checks.check_call`), edit
+        the context (topk / reorder / llmlingua-2), build the prompt, run pass 1 and build the plan."""
         spec = self._check_ready(opts.method)
-        options = resolve_options(spec.name, opts.options)  # bad settings fail before any work
-        cfg = self._check_config(opts.config, spec)
-        evidence = check_method_args(spec, opts)
-        docs = check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
-        check_template(opts.template)
-        others = [question, opts.instruction or "", opts.system or "", opts.answer_prefix or ""]
-        check_input_size(self.tokenizer, self.max_length, others, opts.max_new_tokens, context=docs, exact=not spec.shortens)
-        self.generator.check(spec, cfg)  # a generator that cannot run this method's pass 2 says so before any work
+        options, cfg, evidence = check_call(self, spec, context, question, opts)
         context, edit, edit_s, details = edit_context_stage(spec, context, question, reranker=opts.reranker, k=opts.k, options=options,
                                                             tokenizer=self.tokenizer)
         prompt = build_prompt(self.tokenizer, PromptSpec(context=context, question=question, instruction=opts.instruction, system=opts.system,

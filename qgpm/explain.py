@@ -18,7 +18,7 @@ from typing import Any, Protocol, Sequence
 
 from .diagnostics import Diagnostics
 
-__all__ = ["render_html", "plot_relevance", "sentence_rows", "Explained"]
+__all__ = ["render_html", "plot_relevance", "sentence_rows", "decision_note", "term_note", "Explained"]
 
 
 class Explained(Protocol):
@@ -55,6 +55,21 @@ def term_note(n: int) -> str:
     """What the query-term filter (``QGPMConfig.term_ratio``) did, for ``qgpm ask`` and the page."""
     return (f"term_ratio: {n} of the top-ranked sentences carried too few of the question's rare words "
             "(BM25), so they were not promoted and kept their place")
+
+
+def decision_note(details: Diagnostics, method: str) -> str | None:
+    """Why a call kept vanilla positions or promoted one sentence alone (the confidence rules
+    of :class:`qgpm.settings.ConfidenceRules`), for ``explain()``, ``qgpm ask`` and the page;
+    ``None`` where no rule fired."""
+    if details.flat_relevance:
+        return f"the relevance was flat (top z below min_top_z), so {method} kept vanilla positions"
+    if details.decisive_relevance:
+        return f"one sentence stood out (its z at least decisive_margin above the next), so {method} kept vanilla positions"
+    if details.s_low is not None and details.s_low >= 1.0:
+        return f"the context is no longer than keep_length, so {method} kept vanilla positions"
+    if details.solo_relevance:
+        return f"the top sentence stood out (its z at least solo_margin above the next), so {method} promoted it alone"
+    return None
 
 
 def sentence_rows(result: Explained) -> list[dict[str, Any]]:
@@ -117,14 +132,9 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         meta.append(f"ranked by {esc(d.relevance_source)}")
     if d.anchor_length is not None:
         meta.append(f"frequency gate at wavelength {d.anchor_length:.0f} tokens")
-    if d.flat_relevance:
-        meta.append("relevance flat: vanilla positions kept")
-    elif d.decisive_relevance:
-        meta.append("one sentence stands out (decisive_margin): vanilla positions kept")
-    elif d.s_low is not None and d.s_low >= 1.0:
-        meta.append("short context (keep_length): vanilla positions kept")
-    elif d.solo_relevance:
-        meta.append("the top sentence stands out (solo_margin): it alone was promoted")
+    note = decision_note(d, result.method) if rows else None
+    if note:
+        meta.append(esc(note))
     if d.term_dropped:
         meta.append(esc(term_note(d.term_dropped)))
     if d.prefill_reused:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,10 +20,10 @@ from queue import Queue
 from typing import Any, Iterator, Protocol, runtime_checkable
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
 from .config import QGPMConfig
-from .decoding import Decoding, SeededSampler, finish_text
+from .decoding import Decoding, SeededSampler, check_generate_extras, finish_text
 from .diagnostics import FIELDS as DIAGNOSTIC_FIELDS
 from .methods import METHOD_SPECS, MethodSpec, Stage
 from .prefill import rewind, take_prefill, fresh_cache
@@ -49,6 +48,7 @@ class Generated:
     t1: float
     reused: int = 0
     details: dict[str, Any] = field(default_factory=dict)
+    eos: bool | None = None  # the last new token ends the sequence (None: not known)
 
 
 class PieceStream(Protocol):
@@ -130,7 +130,7 @@ def build_result(call: PreparedCall, out: Generated, decoding: Decoding) -> QGPM
 
     With prompt tokens reused from pass 1's continued prefill, that part of the prefill
     (run at the end of pass 1) counts in ``prefill_s``."""
-    text, reason = finish_text(out.text, len(out.token_ids), decoding)
+    text, reason = finish_text(out.text, len(out.token_ids), decoding, out.eos)
     first = out.first if out.first is not None else out.t1
     pre = call.timings
     ahead = call.prefill.seconds if out.reused and call.prefill is not None else 0.0
@@ -171,54 +171,6 @@ class _TimingStreamer:
     def end(self) -> None:
         if self.inner is not None:
             self.inner.end()
-
-
-# generate() arguments qgpm sets itself for every call
-_GENERATE_OWN = frozenset({"input_ids", "attention_mask", "streamer", "tokenizer", "stop_strings", "do_sample"})
-# sampling settings SeededSampler does not apply (generate() itself decodes greedily, so they would do nothing)
-_SAMPLING_NOT_APPLIED = frozenset({"typical_p", "epsilon_cutoff", "eta_cutoff", "top_h"})
-# settings for other decoding strategies (several sequences, beams, contrastive / DoLa / assisted decoding) and for
-# outputs other than one sequence of token ids: qgpm decodes one sequence, token by token, under its position plan
-_OTHER_DECODING = frozenset({
-    "num_beams", "num_beam_groups", "diversity_penalty", "length_penalty", "early_stopping", "num_return_sequences", "constraints",
-    "force_words_ids", "penalty_alpha", "dola_layers", "assistant_model", "assistant_early_exit", "prompt_lookup_num_tokens",
-    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold", "assistant_lookbehind",
-    "target_lookbehind", "max_matching_ngram_size", "speculation_type", "use_mtp", "return_dict_in_generate", "output_scores",
-    "output_logits", "output_attentions", "output_hidden_states", "synced_gpus", "generation_config", "custom_generate",
-    "continuous_batching_config", "low_memory", "use_cache",
-})
-# generate() keyword arguments that are no GenerationConfig field
-_GENERATE_ARGS = frozenset({"logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "negative_prompt_ids",
-                            "negative_prompt_attention_mask"})
-
-
-@functools.cache
-def _generate_settings() -> frozenset[str]:
-    """The names ``generate()`` takes as settings: ``GenerationConfig``'s fields and its own arguments."""
-    return frozenset(set(GenerationConfig().to_dict()) - {"_from_model_config", "transformers_version"}) | _GENERATE_ARGS
-
-
-def check_generate_extras(extra: Any) -> None:
-    """Raise, before any model work, for a ``generate()`` extra the transformers generator would
-    not apply: one that is neither a ``GenerationConfig`` field nor a ``generate()`` argument, one
-    qgpm sets itself, a sampling setting its sampler does not apply, or a setting of another
-    decoding strategy (beams, several sequences, assisted decoding)."""
-    if not extra:  # most calls: nothing to check
-        return
-    own = sorted(set(extra) & _GENERATE_OWN)
-    if own:
-        raise ValueError(f"{', '.join(own)}: set by qgpm itself for every call (sampling: temperature > 0; stop strings: stop=)")
-    unapplied = sorted(set(extra) & _SAMPLING_NOT_APPLIED)
-    if unapplied:
-        raise ValueError(f"{', '.join(unapplied)}: qgpm samples with temperature, top_p, top_k and min_p only; drop {', '.join(unapplied)}")
-    other = sorted(set(extra) & _OTHER_DECODING)
-    if other:
-        raise ValueError(f"{', '.join(other)}: not supported; qgpm decodes one sequence per call, token by token under its "
-                         "position plan (greedy, or sampled with temperature > 0)")
-    unknown = sorted(set(extra) - _generate_settings())
-    if unknown:
-        raise TypeError(f"unexpected arguments {unknown}: neither answer() arguments nor transformers generate() settings "
-                        "(GenerationConfig fields such as repetition_penalty, min_new_tokens, top_k, or logits_processor)")
 
 
 def checked_decoding(generator: Any, decoding: Decoding) -> Decoding:
@@ -302,7 +254,13 @@ class TransformersGenerator:
         new = out[0, call.num_tokens :].tolist()
         if isinstance(call.plan, PositionPlan):
             details["pass2"] = pass2_kind(call.plan, plan)
-        return Generated(self._decode(new), new, t0, streamer.first_token_at, t1, reused, details)
+        return Generated(self._decode(new), new, t0, streamer.first_token_at, t1, reused, details, eos=self._ends(new, decoding))
+
+    def _ends(self, new: list[int], decoding: Decoding) -> bool:
+        """Whether ``new`` ends with an end-of-sequence token (the call's ``eos_token_id``, else the model's)."""
+        eos = decoding.extra.get("eos_token_id", getattr(self.model.generation_config, "eos_token_id", None))
+        ids = set(torch.as_tensor(eos).flatten().tolist()) if eos is not None else set()
+        return bool(new) and new[-1] in ids
 
     def logprob(self, call: PreparedCall, score: list[int]) -> float:
         """``log p(score | prompt)`` under the call's positions (no generation)."""
@@ -338,8 +296,7 @@ class _ThreadStream:
             def __call__(self, input_ids, scores, **kwargs):
                 return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
 
-        crit = kw.pop("stopping_criteria", None) or StoppingCriteriaList()
-        crit.append(_Cancel())
+        crit = StoppingCriteriaList([*(kw.pop("stopping_criteria", None) or ()), _Cancel()])  # a new list: the caller's stays as it was
         errors: Queue = Queue()
         held: dict[str, Any] = {}
 
@@ -365,7 +322,8 @@ class _ThreadStream:
             t1 = time.perf_counter()
             new = held["ids"][0, call.num_tokens :].tolist()
             details = {"pass2": pass2_kind(call.plan, held["plan"])} if isinstance(call.plan, PositionPlan) else {}
-            self.generated = Generated(g._decode(new), new, t0, timing.first_token_at, t1, held.get("reused", 0), details)
+            self.generated = Generated(g._decode(new), new, t0, timing.first_token_at, t1, held.get("reused", 0), details,
+                                       eos=g._ends(new, self.decoding))
         finally:
             cancel.set()
             if worker.ident is not None:

@@ -23,7 +23,7 @@ from typing import Iterator, Protocol, Sequence
 
 import torch
 
-from .layers import decoder_layers
+from .layers import attention_implementation, decoder_layers
 
 __all__ = ["position_hooks", "reorder_mask_kind", "HookedPlan"]
 
@@ -96,7 +96,7 @@ def reorder_mask_kind(model: torch.nn.Module) -> str:
     """How this model's attention reads the custom causal mask of ``remap="reorder"``:
     ``"bool"`` (sdpa) or ``"additive"`` (eager). Raises ``ValueError`` for an attention
     implementation that takes no such mask; the engine calls it before pass 1."""
-    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    impl = attention_implementation(model)
     if impl == "sdpa":
         return "bool"
     if impl == "eager":

@@ -1,4 +1,5 @@
-"""Where a HuggingFace decoder keeps its layers, and the error for a model QGPM cannot modulate.
+"""Where a HuggingFace decoder keeps its layers, which attention implementation it runs, and the
+error for a model QGPM cannot modulate.
 
 The smallest module of the package (it imports nothing from it), so that both the rotary
 code (:mod:`qgpm.rope`) and the hooks that patch the layers (:mod:`qgpm.hooks`) can use it.
@@ -6,11 +7,14 @@ code (:mod:`qgpm.rope`) and the hooks that patch the layers (:mod:`qgpm.hooks`) 
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import Iterator, Sequence
 
 import torch
 
-__all__ = ["UnsupportedModelError", "decoder_layers"]
+__all__ = ["UnsupportedModelError", "attention_implementation", "attention_switched", "decoder_layers"]
+
+_SWITCHED: dict[int, str | None] = {}  # id(model.config) -> its own implementation while a call runs another
 
 
 class UnsupportedModelError(ValueError):
@@ -24,3 +28,25 @@ def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
     if layers is None:
         raise UnsupportedModelError(f"{type(model).__name__} has no decoder layer list at model.base_model.layers")
     return layers
+
+
+def attention_implementation(model: torch.nn.Module) -> str:
+    """The attention implementation ``model`` runs outside any call (``"eager"`` when unset):
+    while a RoPE baseline's call has switched it (:func:`attention_switched`), the one it
+    switched away from, so that other threads' checks read the model's own."""
+    cfg = model.config
+    key = id(cfg)
+    impl = _SWITCHED[key] if key in _SWITCHED else getattr(cfg, "_attn_implementation", None)
+    return impl or "eager"
+
+
+@contextlib.contextmanager
+def attention_switched(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block the caller (holding the model lock) switches ``model``'s attention
+    implementation; :func:`attention_implementation` keeps reporting the model's own."""
+    key = id(model.config)
+    _SWITCHED[key] = getattr(model.config, "_attn_implementation", None)
+    try:
+        yield
+    finally:
+        _SWITCHED.pop(key, None)

@@ -41,11 +41,14 @@ def check_input_size(tokenizer: Any, window: int, texts: Sequence[str], max_new_
         )
     per = max_token_chars(tokenizer)
     chars = sum(len(t) for t in texts) + sum(len(d) for d in context)
+    longest = max((len(t) for t in texts), default=0)
+    shorten = ("the context (or retrieve fewer documents)" if sum(len(d) for d in context) >= longest
+               else "the longest text besides the context (the question, instruction, system prompt or a message)")
     if chars > room * per:
         raise ContextTooLongError(
             f"the input is {chars} characters: more than can fit the model window of {window} tokens with "
             f"max_new_tokens={max_new_tokens} (a token of this tokenizer covers at most {per} characters, so at most "
-            f"{room * per} characters fit). Shorten the context (or retrieve fewer documents), or lower max_new_tokens."
+            f"{room * per} characters fit). Shorten {shorten}, or lower max_new_tokens."
         )
     counted = list(texts) + (list(context) if exact else [])
     if sum(len(t) for t in counted) > 4 * room:
@@ -55,8 +58,8 @@ def check_input_size(tokenizer: Any, window: int, texts: Sequence[str], max_new_
             if n > room:
                 raise ContextTooLongError(
                     f"the input is more than {room} tokens (counted until the limit): with max_new_tokens="
-                    f"{max_new_tokens} it cannot fit the model window of {window} tokens. Shorten the context "
-                    "(or retrieve fewer documents), or lower max_new_tokens."
+                    f"{max_new_tokens} it cannot fit the model window of {window} tokens. Shorten {shorten}, "
+                    "or lower max_new_tokens."
                 )
 
 

@@ -101,12 +101,15 @@ def resolve_source(model: str | os.PathLike[str] | None, gguf_file: str | None =
     """Turn what a user passes (None, "smollm2", an HF id, a folder, a .gguf file) into a source."""
     if is_default_model(model):
         return default_model_source()
-    path = str(model)
+    path = os.path.expanduser(str(model)) if str(model).startswith("~") else str(model)
     if path.endswith(".gguf") and gguf_file is None:
         p = Path(path)
         if not p.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
         return ModelSource(path=str(p.parent), gguf_file=p.name, name=_gguf_name(p.name))
+    if (os.path.isabs(path) or path.startswith(".")) and not os.path.exists(path):
+        raise FileNotFoundError(f"no model at {path}: that folder does not exist (pass an existing folder, a .gguf file, an HF id "
+                                "such as 'HuggingFaceTB/SmolLM2-135M-Instruct', or None for the embedded default)")
     name = Path(path.rstrip("/")).name if (os.path.isdir(path) or "/" in path) else path
     return ModelSource(path=path, gguf_file=gguf_file, name=name)
 

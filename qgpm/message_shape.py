@@ -1,7 +1,8 @@
 """The shape of one message: where its context block (and its question) sits.
 
 :func:`find_context_block` finds a context after a marker near the start of the message
-text: a tag such as ``<context>``, a label line (``Context:``, ``Documents:``, ...), a rule
+text: a tag such as ``<context>`` (the context ends at the last closing tag before the
+question, so a document that quotes ``</context>`` stays whole), a label line (``Context:``, ``Documents:``, ...), a rule
 line (``-----``) after an instruction that mentions the context, or a blank line after such
 an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS` characters or
 half the instruction's length). With ``with_question=True`` the message must also end with
@@ -184,10 +185,14 @@ def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None
     head_end, start, marker, tag = found
     if start > end:
         return None
-    if tag is not None:
-        c = re.compile(r"</" + re.escape(tag) + r">", re.I).search(text, start, end)
-        if c is not None:
-            end = c.start()
+    if tag is not None:  # the last closing tag on a line of its own (a document quoting it mid-line stays in), else the first
+        close = re.escape(tag)
+        alone = list(re.compile(r"^[ \t]*</" + close + r">[ \t]*$", re.I | re.M).finditer(text, start, end))
+        first = re.compile(r"</" + close + r">", re.I).search(text, start, end)
+        if alone:
+            end = alone[-1].start()
+        elif first is not None:
+            end = first.start()
     body = text[start:end]
     lead = len(body) - len(body.lstrip())
     c0, c1 = start + lead, start + len(body.rstrip())

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from .layers import attention_implementation
 from .rope import PositionPlan
 
 logger = logging.getLogger("qgpm")
@@ -63,7 +64,7 @@ def prefill_reuse_pays(prefix: int, num_tokens: int, deepest: int, n_layers: int
 
 def prefix_safe(model: torch.nn.Module) -> bool:
     """Whether ``model``'s attention implementation handles a chunk of queries after a cached prefix."""
-    return (getattr(model.config, "_attn_implementation", None) or "eager") in PREFIX_SAFE_ATTENTION
+    return attention_implementation(model) in PREFIX_SAFE_ATTENTION
 
 
 def reuse_applies(model: torch.nn.Module, warned: set) -> bool:
@@ -71,7 +72,7 @@ def reuse_applies(model: torch.nn.Module, warned: set) -> bool:
     implementation that cannot is logged once per ``warned`` set (the engine's)."""
     if prefix_safe(model):
         return True
-    impl = getattr(model.config, "_attn_implementation", None)
+    impl = attention_implementation(model)
     if impl not in warned:
         warned.add(impl)
         logger.warning("qgpm: reuse_prefill is not applied with attention implementation %r (a chunk after a cached prefix "
@@ -102,10 +103,8 @@ def take_prefill(prefill: Prefill | None, plan: Any, num_tokens: int, installed:
     use = min(plan.vanilla_prefix(), prefill.valid, num_tokens - 1)
     if use <= 0:
         return None, 0
-    extra = prefill.cache.get_seq_length() - use
     try:
-        if extra > 0:
-            prefill.cache.crop(-extra)
+        _cut_back(prefill.cache, use)
     except RuntimeError as exc:  # a cache layer that cannot be cut back: prefill the whole prompt
         logger.warning("qgpm: pass 1's prefill cannot be reused (%s); pass 2 prefills the whole prompt (same answer)", exc)
         prefill.valid = 0
@@ -113,6 +112,16 @@ def take_prefill(prefill: Prefill | None, plan: Any, num_tokens: int, installed:
     # a sliding-window layer keeps only its window once cut back: no later reuse of a shorter prefix
     prefill.valid = 0 if any(getattr(prefill.cache, "is_sliding", ())) else use
     return prefill.cache, use
+
+
+def _cut_back(cache: Any, length: int) -> None:
+    """Cut every layer of ``cache`` back to its first ``length`` tokens, each from its own length:
+    a generation stopped inside a forward (an exception, Ctrl-C) leaves the layers it reached
+    one token longer than the rest."""
+    for layer in getattr(cache, "layers", None) or [cache]:
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)
 
 
 def rewind(cache: Any, tokens: int) -> bool:

@@ -1,4 +1,4 @@
-"""The plan stage: from checked inputs to a :class:`~qgpm.results.PreparedCall`, one function per :class:`~qgpm.methods.Stage`.
+"""The plan stage: from checked inputs (:mod:`qgpm.call_checks`) to a :class:`~qgpm.results.PreparedCall`, one function per :class:`~qgpm.methods.Stage`.
 
 text -> role spans (:mod:`qgpm.prompt`) -> tokens -> relevance (:mod:`qgpm.pass1`, or the
 caller's evidence) -> scores -> positions (:func:`qgpm.plan.build_plan`) -> the prepared call.
@@ -9,76 +9,36 @@ another config with the same plan code as the first preparation (:func:`plan_cal
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import weakref
-from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, Protocol, Sequence
 
 import torch
 
 from .baselines import build_baseline_plan
+from .chat_template import render_chat
 from .config import CALIBRATED, QGPMConfig
-from .defaults import DEFAULT_K, DEFAULT_RERANKER, PASS1_FIELDS
+from .defaults import DEFAULT_K, DEFAULT_RERANKER
 from .diagnostics import Diagnostics
 from .editing import edit_context
 from .heads import HeadSet
+from .lexical import bm25_scores
 from .limits import check_fits, check_input_size
-from .methods import METHOD_SPECS, Method, MethodSpec, Stage, method_spec
+from .methods import MethodSpec, Stage, method_spec
 from .pass1 import qgpm_relevance
-from .partial import check_heads_fit
-from .plan import REORDER_LAYERED_ERROR, PlanOutcome, build_plan, check_local_layers, oracle_units, reorder_needs_masks
-from .chat_template import render_chat
-from .prompt import DEFAULT_TEMPLATE, Prompt, PromptError, has_visible_text
-from .lexical import bm25_scores, require_bm25
-from .rerank import get_reranker
-from .hooks import reorder_mask_kind
+from .plan import PlanOutcome, build_plan, oracle_units
+from .prompt import Prompt, PromptError, has_visible_text
+from .results import PreparedCall, SentenceRelevance, Timings
 from .sources import parse_source
 from .thresholds import calibrated_min_top_z
-from .results import PreparedCall, SentenceRelevance, Timings
 from .tokens import count_plain, encode_prompt, special_token_ids
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["CallOptions", "ModelView", "check_config", "check_evidence", "check_method_args", "check_replan", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
+__all__ = ["ModelView", "plain_chat_call", "edit_context_stage", "prepare_stage", "plan_call", "replan", "sentence_relevance", "evidence_tokens",
            "warn_vanilla_kept"]
-
-
-@dataclass(frozen=True)
-class CallOptions:
-    """How to prepare one call: the arguments of :meth:`QGPM.prepare` besides context and question.
-
-    :meth:`QGPM.answer`, :meth:`QGPM.prepare` and :meth:`QGPM.stream` take these as keyword
-    arguments (see :meth:`QGPM.answer` for each); the engine carries them as one object.
-    ``max_new_tokens`` is the generation budget the prompt must leave room for. Values are
-    stored as given and checked when the call is prepared.
-    """
-
-    method: Method = "qgpm"
-    evidence: Sequence[str] | None = None
-    system: str | None = None
-    instruction: str | None = None
-    answer_prefix: str | None = None
-    template: str = DEFAULT_TEMPLATE
-    reranker: Any = None
-    k: int | None = None  # None: DEFAULT_K
-    config: QGPMConfig | None = None
-    max_new_tokens: int = 0
-    options: Any = None
-
-    @classmethod
-    def take(cls, kwargs: dict[str, Any], **defaults: Any) -> "CallOptions":
-        """Pop this class's fields out of ``kwargs`` (the rest stays there).
-
-        ``defaults`` replace the class defaults for fields ``kwargs`` does not hold.
-        """
-        values = dict(defaults)
-        for f in dataclasses.fields(cls):
-            if f.name in kwargs:
-                values[f.name] = kwargs.pop(f.name)
-        return cls(**values)
 
 
 class ModelView(Protocol):
@@ -98,35 +58,6 @@ class ModelView(Protocol):
     def heads(self) -> list[tuple[int, int]]: ...
 
 
-def check_config(eng: ModelView, cfg: Any, spec: MethodSpec) -> QGPMConfig:
-    """``cfg`` checked against the engine's model before any model work: what pass 1, the plan
-    and the patching would refuse later (split layer, layer counts, local layers, the relevance
-    source and its reranker, the term filter's BM25, a reorder that needs per-layer masks)."""
-    if not isinstance(cfg, QGPMConfig):
-        raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(cfg).__name__}")
-    if not spec.config or eng.rotary is None:
-        return cfg
-    n = eng.n_layers
-    if cfg.split_layer is not None and cfg.split_layer > n:
-        raise ValueError(f"config.split_layer={cfg.split_layer} is beyond this model's {n} layers (use 0..{n}, or None for {n // 2})")
-    if cfg.unmodulated_layers > n:
-        raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
-    check_local_layers(cfg, eng.rotary)
-    if spec.stage is Stage.HEADS:
-        source = parse_source(cfg.relevance)
-        if source.heads:  # no head set: the engine's own error, with what to do; heads in layers not loaded: named
-            check_heads_fit(eng.heads, eng.model, loaded=True)
-        if source.reranker is not None:  # an unknown spec or a missing package fails here, before any model work
-            get_reranker(source.reranker)
-        if cfg.term_ratio is not None:  # the query-term filter's BM25, before pass 1
-            require_bm25("QGPMConfig.term_ratio (the query-term filter)")
-    if cfg.remap == "reorder" and reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
-        if eng.rotary.layered:
-            raise ValueError(REORDER_LAYERED_ERROR)
-        reorder_mask_kind(eng.model)
-    return cfg
-
-
 def plain_chat_call(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, window: int, max_new_tokens: int) -> PreparedCall:
     """A plain chat call (``method="plain"``: standard RoPE, no context marked) over
     ``[{"role": ..., "content": ...}]``: the model's chat template where it has one, special-token
@@ -140,7 +71,10 @@ def plain_chat_call(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, wi
             raise PromptError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
         if not isinstance(m["content"], str):
             raise PromptError(f"message {i} content must be a string, got {type(m['content']).__name__}")
-        msgs.append(dict(role=str(m["role"]), content=m["content"]))
+        if not isinstance(m["role"], str) or not m["role"].strip():
+            raise PromptError(f"message {i} role must be a non-empty string such as 'user', 'assistant' or 'system' (the chat "
+                              f"template's roles), got {m['role']!r}")
+        msgs.append(dict(role=m["role"], content=m["content"]))
     if not msgs or not any(has_visible_text(m["content"]) for m in msgs):
         raise PromptError("messages are empty: pass at least one message with text")
     contents = [m["content"] for m in msgs]
@@ -165,41 +99,6 @@ def plain_chat_call(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, wi
     ids = torch.tensor([ids], dtype=torch.long)
     check_fits(window, ids.shape[1], max_new_tokens, shorten="the messages")
     return PreparedCall(None, "plain", None, [], Timings(), None, {}, input_ids=ids)
-
-
-def check_evidence(evidence: Any, spec: MethodSpec | None = None) -> list[str] | None:
-    """Oracle evidence as a list of strings; a single string is one evidence item. With the
-    call's ``spec``: evidence only for a method that reads it, and required by one."""
-    if spec is not None:
-        if evidence is not None and not spec.evidence:
-            raise ValueError("evidence= is only used by method='oracle'")
-        if spec.evidence and not evidence:
-            raise ValueError(f"method={spec.name!r} needs evidence=[exact substrings of the context]")
-    if evidence is None:
-        return None
-    if isinstance(evidence, str):
-        return [evidence]
-    if isinstance(evidence, (bytes, Mapping)) or not hasattr(evidence, "__iter__"):
-        raise TypeError(f"evidence must be a string or a list of strings (exact substrings of the context), got {type(evidence).__name__}")
-    items = list(evidence)
-    for i, ev in enumerate(items):
-        if not isinstance(ev, str):
-            raise TypeError(f"evidence item {i} is {type(ev).__name__}, expected str (an exact substring of the context)")
-    return items
-
-
-def check_method_args(spec: MethodSpec, opts: CallOptions) -> list[str] | None:
-    """The call's evidence (:func:`check_evidence`), once the arguments only some methods read
-    are checked against ``spec``: ``reranker=`` only for a method that edits the context with a
-    reranker, ``k=`` only for one that keeps the best ``k`` chunks (``topk``)."""
-    evidence = check_evidence(opts.evidence, spec)
-    if opts.k is not None and not spec.takes_k:
-        raise ValueError(f"k= is how many chunks method='topk' keeps; method={spec.name!r} takes none"
-                         + (" (it keeps every chunk)" if spec.reranker else ""))
-    if opts.reranker is not None and not spec.reranker:
-        raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={spec.name!r} takes none"
-                         + (" (it ranks sentences by config.relevance, e.g. QGPMConfig(relevance='bm25'))" if spec.stage is Stage.HEADS else ""))
-    return evidence
 
 
 def edit_context_stage(spec: MethodSpec, context: Any, question: str, *, reranker: Any, k: int, options: Any, tokenizer: Any
@@ -314,21 +213,6 @@ def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, 
             details["term_dropped"] = len(planned.term_dropped)
     relevance = sentence_relevance(prompt, planned, z if units is None else None, units)
     return planned, relevance, details
-
-
-def check_replan(call: Any, config: Any, engine_config: QGPMConfig) -> None:
-    """Refuse what :meth:`QGPM.replan <qgpm.QGPM.replan>` cannot do: a call that is not a
-    prepared qgpm / oracle call, or a config that changes pass 1 or the prompt."""
-    if not isinstance(call, PreparedCall):
-        raise TypeError(f"call must be a PreparedCall from QGPM.prepare(), got {type(call).__name__}")
-    if call.method not in METHOD_SPECS or not method_spec(call.method).config or call.z is None or call.prompt is None:
-        raise ValueError(f"replan needs a qgpm or oracle call from QGPM.prepare(), got method={call.method!r}")
-    if not isinstance(config, QGPMConfig):
-        raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(config).__name__}")
-    old = call.config or engine_config
-    changed = [f for f in PASS1_FIELDS if getattr(old, f) != getattr(config, f)]
-    if changed:
-        raise ValueError(f"{', '.join(changed)} change pass 1 or the prompt: call prepare() again with config= instead of replan()")
 
 
 def replan(eng: ModelView, call: PreparedCall, config: QGPMConfig) -> PreparedCall:

@@ -36,6 +36,7 @@ __all__ = [
     "count_prompt_tokens",
     "render_chat",
     "check_prompt_inputs",
+    "check_prompt_settings",
     "check_template",
     "has_visible_text",
     "DEFAULT_TEMPLATE",
@@ -76,6 +77,13 @@ def _type_name(value: Any) -> str:
     return "None" if value is None else type(value).__name__
 
 
+def check_prompt_settings(*, instruction: Any = None, system: Any = None, answer_prefix: Any = None) -> None:
+    """Raise :class:`PromptError` for an instruction / system prompt / answer prefix that is not a string or ``None``."""
+    for name, value in (("instruction", instruction), ("system", system), ("answer_prefix", answer_prefix)):
+        if value is not None and not isinstance(value, str):
+            raise PromptError(f"{name} must be a string or None, got {_type_name(value)}")
+
+
 def check_prompt_inputs(
     context: Any,
     question: Any,
@@ -114,9 +122,7 @@ def check_prompt_inputs(
         raise PromptError(f"question is {type(question).__name__}, not text: decode it first, e.g. question.decode('utf-8')")
     if not isinstance(question, str):
         raise PromptError(f"question must be a string, got {_type_name(question)}")
-    for name, value in (("instruction", instruction), ("system", system), ("answer_prefix", answer_prefix)):
-        if value is not None and not isinstance(value, str):
-            raise PromptError(f"{name} must be a string or None, got {_type_name(value)}")
+    check_prompt_settings(instruction=instruction, system=system, answer_prefix=answer_prefix)
     if not check_empty:
         return docs
     # (visible-text search stops at the first visible character: no copy of a long text)
@@ -245,6 +251,7 @@ class RenderedPrompt:
     messages: tuple[tuple[int, int], ...] | None
     system_span: tuple[int, int] | None
     add_special_tokens: bool
+    user_length: int
 
     @property
     def role_spans(self) -> dict[str, tuple[int, int]]:
@@ -258,13 +265,15 @@ class RenderedPrompt:
 
     @property
     def protected(self) -> list[tuple[int, int]]:
-        """The caller's text in ``text`` (read as plain text when tokenized): every field of
-        the user message, the system prompt and the answer prefix. Where the user message
-        was not located: the message contents as found, and the answer prefix."""
+        """The caller's text in ``text`` (read as plain text when tokenized): the whole user
+        message (its fields and the template's own text, which an adapter copies from a
+        chat message), the system prompt and the answer prefix. Where the user message was
+        not located: the message contents as found, and the answer prefix. Special tokens
+        come only from the model's chat template."""
         prefix = (self.head, len(self.text))
         if self.user_start is None:
             return list(self.messages or []) + [prefix]
-        out = [(a + self.user_start, b + self.user_start) for a, b in self.fields] + [prefix]
+        out = [(self.user_start, self.user_start + self.user_length), prefix]
         if self.system_span is not None:
             out.append(self.system_span)
         return out
@@ -308,6 +317,7 @@ def _render(tokenizer: Any, spec: PromptSpec, context_text: str) -> RenderedProm
         messages=None if located is None else tuple(located),
         system_span=system_span,
         add_special_tokens=add_special,
+        user_length=len(user),
     )
 
 

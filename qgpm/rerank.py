@@ -39,6 +39,7 @@ from .defaults import DEFAULT_MODEL_NAME, DEFAULT_RERANKER, is_default_model
 from .judge import DEFAULT_INSTRUCTION, QWEN3_RERANKER_SYSTEM, LLMJudgeReranker
 from .lexical import bm25_scores, require_bm25
 from .rerank_contract import Reranker, check_inputs, finite_scores, require_package
+from .sources import RERANKER_CHOICES, check_reranker_name
 
 __all__ = [
     "Reranker",
@@ -47,6 +48,7 @@ __all__ = [
     "EmbeddingReranker",
     "BM25Reranker",
     "get_reranker",
+    "check_reranker_spec",
     "reranker_key",
     "RERANKER_CHOICES",
     "QWEN3_RERANKER_SYSTEM",
@@ -204,18 +206,6 @@ class BM25Reranker:
 
 # --------------------------------------------------------------------------- factory
 
-RERANKER_CHOICES: tuple[str, ...] = (
-    "bm25",
-    "minilm",
-    "embedding",
-    "embedding:<path-or-id>",
-    "judge",
-    "llm-judge",
-    "judge:<path-or-id>",
-    "cross-encoder:<path-or-id>",
-)
-"""Spec strings accepted by :func:`get_reranker`."""
-
 DEFAULT_JUDGE_NAME = DEFAULT_MODEL_NAME
 
 _RERANKERS: dict[str, Reranker] = {}
@@ -241,6 +231,21 @@ def reranker_key(spec: str) -> str:
     return f"{kind}:{arg}" if arg else (kind if not sep or kind in {"minilm", "judge"} else f"{kind}:")
 
 
+def check_reranker_spec(spec: Any) -> Reranker | str:
+    """``spec`` if :func:`get_reranker` would accept it, without building or loading anything.
+
+    A string must name a known reranker (``ValueError`` listing the choices otherwise); any
+    other object must be a :class:`Reranker`. Whether a named model exists is checked when it
+    loads.
+    """
+    if not isinstance(spec, str):
+        if isinstance(spec, Reranker):
+            return spec
+        raise TypeError(f"reranker must be a spec string or a Reranker, got {type(spec).__name__}")
+    check_reranker_name(spec)
+    return spec
+
+
 def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
     """Return a reranker for ``spec``, cached per process.
 
@@ -264,10 +269,8 @@ def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
     Raises:
         ValueError: For an unknown spec (the message lists the choices).
     """
-    if not isinstance(spec, str):
-        if isinstance(spec, Reranker):
-            return spec
-        raise TypeError(f"reranker must be a spec string or a Reranker, got {type(spec).__name__}")
+    if not isinstance(check_reranker_spec(spec), str):
+        return spec
     key = reranker_key(spec)
     arg = key.partition(":")[2]
     with _RERANKERS_LOCK:
@@ -283,9 +286,7 @@ def get_reranker(spec: Reranker | str = DEFAULT_RERANKER) -> Reranker:
             r = LLMJudgeReranker()
         elif key.startswith("judge:"):
             r = LLMJudgeReranker(arg, **_auto_placement())
-        elif key.startswith("cross-encoder:") and arg:
+        else:  # "cross-encoder:<id>" (check_reranker_spec refused every other spec)
             r = CrossEncoderReranker(arg)
-        else:
-            raise ValueError(f"unknown reranker {spec!r}; choose one of: {', '.join(RERANKER_CHOICES)}")
         _RERANKERS[key] = r
         return r

@@ -18,7 +18,7 @@ import torch
 from .methods import METHOD_SPECS, Stage
 from .config import QGPMConfig
 from .diagnostics import Diagnostics
-from .explain import plot_relevance, render_html
+from .explain import decision_note, plot_relevance, render_html, term_note
 from .prompt import Prompt
 
 __all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
@@ -127,10 +127,13 @@ class QGPMResult:
             return f"method={self.method}: no relevance ranking ({how})"
         source = self.details.relevance_source
         ranked = f", ranked by {source}" if source else (", ranked by the model's heads" if self.method in METHOD_SPECS and METHOD_SPECS[self.method].stage is Stage.HEADS else "")
-        lines = [f"method={self.method}: top {k} of {len(self.relevance)} sentences{ranked}"]
-        for s in self.top_sentences(k):
+        top = self.top_sentences(k)
+        lines = [f"method={self.method}: top {len(top)} of {len(self.relevance)} sentences{ranked}"]
+        for s in top:
             z = "" if s.z is None else f" z={s.z:+.2f}"
             lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}  {s.text[:120]}")
+        notes = [decision_note(self.details, self.method), term_note(self.details.term_dropped) if self.details.term_dropped else None]
+        lines += [f"  ({n})" for n in notes if n]
         return "\n".join(lines)
 
 

@@ -25,9 +25,32 @@ import torch
 
 from .shaping import fuse_heads
 
-__all__ = ["HEADS", "RelevanceSource", "parse_source", "reranker_relevance", "fuse_sources"]
+__all__ = ["HEADS", "RERANKER_CHOICES", "RelevanceSource", "check_reranker_name", "parse_source", "reranker_relevance", "fuse_sources"]
 
 HEADS = "heads"
+
+RERANKER_CHOICES: tuple[str, ...] = (
+    "bm25",
+    "minilm",
+    "embedding",
+    "embedding:<path-or-id>",
+    "judge",
+    "llm-judge",
+    "judge:<path-or-id>",
+    "cross-encoder:<path-or-id>",
+)
+"""Spec strings accepted by :func:`qgpm.rerank.get_reranker`."""
+
+
+def check_reranker_name(spec: str) -> None:
+    """Refuse (``ValueError`` listing the choices) a reranker spec of no known kind. Loads
+    nothing: whether a ``<path-or-id>`` exists is checked when the reranker is built."""
+    kind, sep, arg = spec.strip().partition(":")
+    kind, arg = kind.strip().lower(), arg.strip()
+    kind = {"embedding": "minilm", "llm-judge": "judge"}.get(kind, kind)
+    if kind in {"minilm", "judge"} or (kind == "bm25" and not sep) or (kind == "cross-encoder" and arg):
+        return
+    raise ValueError(f"unknown reranker {spec!r}; choose one of: {', '.join(RERANKER_CHOICES)}")
 
 
 @dataclass(frozen=True)
@@ -44,10 +67,9 @@ class RelevanceSource:
 
 
 def parse_source(spec: Any) -> RelevanceSource:
-    """Parse ``"heads"``, ``"<reranker>"`` or ``"heads+<reranker>"``; raise ``ValueError`` on other forms.
-
-    Whether the reranker spec names a known reranker is checked by
-    :func:`qgpm.rerank.get_reranker` when the engine builds it (before pass 1).
+    """Parse ``"heads"``, ``"<reranker>"`` or ``"heads+<reranker>"``; raise ``ValueError`` on other
+    forms and on a reranker spec of no known kind (:func:`check_reranker_name`; whether a
+    ``<path-or-id>`` exists is checked when the engine builds the reranker, before pass 1).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"relevance must be 'heads', a reranker spec (e.g. 'minilm', 'bm25') or 'heads+<reranker>', got {spec!r}")
@@ -58,8 +80,18 @@ def parse_source(spec: Any) -> RelevanceSource:
     if plus:
         if head.strip().lower() != HEADS or not rest.strip() or "+" in rest or rest.strip().lower() == HEADS:
             raise ValueError(f"relevance {spec!r}: a fused source is written 'heads+<reranker>', e.g. 'heads+bm25'")
+        _check_part(spec, rest.strip())
         return RelevanceSource(f"{HEADS}+{rest.strip()}", True, rest.strip())
+    _check_part(spec, text)
     return RelevanceSource(text, False, text)
+
+
+def _check_part(spec: str, reranker: str) -> None:
+    try:
+        check_reranker_name(reranker)
+    except ValueError:
+        raise ValueError(f"relevance {spec!r}: {reranker!r} is not a relevance source; use 'heads', a reranker "
+                         f"({', '.join(RERANKER_CHOICES)}) or 'heads+<reranker>'") from None
 
 
 def reranker_relevance(reranker: Any, question: str, sentences: Sequence[str]) -> torch.Tensor:

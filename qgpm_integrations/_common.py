@@ -10,7 +10,7 @@ import os
 import threading
 from typing import Any, AsyncIterator, Iterator, Mapping, TypeVar
 
-__all__ = ["check_generate_kwargs", "check_heads", "check_relevance", "device_map_for", "is_loaded_model", "check_model_args", "shared_engine",
+__all__ = ["check_generate_kwargs", "check_heads", "check_relevance", "check_reranker", "device_map_for", "is_loaded_model", "check_model_args", "shared_engine",
            "clear_engine_cache", "heads_key", "kwargs_key", "model_key", "iterate_in_thread"]
 
 _T = TypeVar("_T")
@@ -33,7 +33,8 @@ def check_generate_kwargs(generate_kwargs: Mapping[str, Any] | None, owner: str,
     ``fields`` maps generate argument names the adapter has a field for (``temperature``,
     ``max_new_tokens``, ...) to that field's name: those raise, pointing to the field, so
     one setting never has two values. The rest are checked as the generator will check them
-    on every call (``remote``: a vLLM server's, else transformers' ``generate()``).
+    on every call (``remote``: a vLLM server's, else transformers' ``generate()``), and the
+    values that can be checked without a model (:func:`qgpm.decoding.check_extra_values`).
     """
     if generate_kwargs is None:
         return {}
@@ -49,11 +50,13 @@ def check_generate_kwargs(generate_kwargs: Mapping[str, Any] | None, owner: str,
             raise ValueError(f"{owner}: sampling is on when temperature > 0 (greedy at 0); drop generate_kwargs['do_sample']")
         if key in _GENERATE_OWN or key in _ENGINE_ARGS:
             raise ValueError(f"{owner}: generate_kwargs[{key!r}] is set by qgpm itself and cannot be overridden")
+    from qgpm.decoding import check_extra_values
     from qgpm.generation import check_generate_extras  # transformers' GenerationConfig: loaded once a model is configured
     from qgpm.serving import check_remote_extras
 
     try:
         (check_remote_extras if remote else check_generate_extras)(out)
+        check_extra_values(out)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{owner}: generate_kwargs: {exc}") from None
     return out
@@ -61,7 +64,8 @@ def check_generate_kwargs(generate_kwargs: Mapping[str, Any] | None, owner: str,
 
 def check_relevance(relevance: str | None, method: str) -> None:
     """Refuse a ``relevance=`` the call would not use: a spec :func:`qgpm.sources.parse_source`
-    rejects, or any source for a method that does not rank sentences (only ``qgpm`` does)."""
+    rejects (a malformed one, or a reranker of no known kind: checked by name, nothing loads),
+    or any source for a method that does not rank sentences (only ``qgpm`` does)."""
     from qgpm.methods import Stage, method_spec  # lazy: the adapters' shared helpers load no engine code up front
     from qgpm.sources import parse_source  # lazy: as above
 
@@ -70,6 +74,17 @@ def check_relevance(relevance: str | None, method: str) -> None:
     parse_source(relevance)
     if method_spec(method).stage is not Stage.HEADS:
         raise ValueError(f"relevance={relevance!r} sets how method='qgpm' ranks sentences; method={method!r} takes none")
+
+
+def check_reranker(reranker: Any, owner: str) -> None:
+    """Refuse a ``reranker=`` that :func:`qgpm.rerank.get_reranker` would refuse: an unknown
+    spec, or an object without the reranker protocol (checked by name; nothing loads)."""
+    from qgpm.rerank import check_reranker_spec  # lazy: as in check_relevance
+
+    try:
+        check_reranker_spec(reranker)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{owner}: reranker={reranker!r}: {exc}") from None
 
 
 def check_heads(heads: Any, owner: str) -> None:

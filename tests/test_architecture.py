@@ -193,7 +193,7 @@ def test_the_rules_catch_what_they_forbid(tmp_path, monkeypatch):
 
 # --------------------------------------------------------------------------- the engine's stages and the method registry
 
-STAGES = ("limits", "prompt", "pass1", "preparing", "generation", "decoding", "prefill", "streaming", "methods")
+STAGES = ("limits", "call_checks", "prompt", "pass1", "preparing", "generation", "decoding", "prefill", "streaming", "methods")
 ENGINE_MAX_LINES = 450  # the front end: construction, the public calls, and the dispatch to the stages
 METHOD_NAME = r'"(vanilla|qgpm|oracle|topk|reorder|string|ms-poe|self-extend|llmlingua-2)"'
 # the harness's own files filter result rows by method name and name the methods it tunes
@@ -206,7 +206,7 @@ def test_the_engine_is_a_front_end_over_named_stages():
     imported = {module.rpartition(".")[2] for module, _, _ in _top_level_imports(ROOT / "qgpm" / "engine.py")}
     for stage in STAGES:
         assert (ROOT / "qgpm" / f"{stage}.py").exists(), stage
-    assert {"limits", "prompt", "preparing", "generation", "decoding", "streaming", "methods"} <= imported
+    assert {"limits", "call_checks", "prompt", "preparing", "generation", "decoding", "streaming", "methods"} <= imported
 
 
 def test_no_import_cycles_counting_every_import():

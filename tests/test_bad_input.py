@@ -13,6 +13,7 @@ import time
 import tracemalloc
 
 import pytest
+import torch
 
 from qgpm import (
     QGPM,
@@ -143,6 +144,19 @@ GEN_CASES = [
     (dict(typical_p=0.9), ValueError, "typical_p: qgpm samples with temperature, top_p, top_k and min_p only"),
     (dict(do_sample=True), ValueError, r"do_sample: set by qgpm itself"),
     (dict(num_beams=3), ValueError, r"num_beams: not supported; qgpm decodes one sequence per call"),
+    (dict(max_length=10), ValueError, r"max_length: set by qgpm itself .*max_new_tokens="),
+    (dict(top_k=-3), ValueError, r"top_k must be an int >= 0 \(0 or -1: no top-k cut\), got -3"),
+    (dict(repetition_penalty=-1.0), ValueError, "repetition_penalty must be a number > 0"),
+    (dict(no_repeat_ngram_size=-2), ValueError, "no_repeat_ngram_size must be an int >= 0"),
+    (dict(max_time=-1), ValueError, "max_time must be a number of seconds > 0"),
+    (dict(min_new_tokens=100), ValueError, "min_new_tokens=100 exceeds max_new_tokens=4"),
+    (dict(eos_token_id="x"), TypeError, "eos_token_id must be a token id"),
+    (dict(logits_processor=5), TypeError, "logits_processor must be a list of callables"),
+    (dict(logits_processor=[object()]), TypeError, "logits_processor must be a list of callables"),
+    (dict(top_k="a"), TypeError, r"top_k must be an int >= 0 \(0 or -1: no top-k cut\), got str 'a'"),
+    (dict(top_k=2.5), ValueError, "top_k must be an int >= 0"),
+    (dict(min_p=2.0), ValueError, r"min_p must be a number in \[0, 1\], got 2.0"),
+    (dict(repetition_penalty=0), ValueError, "repetition_penalty must be a number > 0"),
 ]
 
 
@@ -155,6 +169,32 @@ def test_bad_decoding_arguments(engine, stays_vanilla, change, exc, match):
     raises(exc, match, engine.chat, [{"role": "user", "content": Q}], **{k: v for k, v in kw.items() if k != "method"})
     call = engine.prepare(CTX, Q, method="vanilla")
     raises(exc, match, engine.generate_prepared, call, **{k: v for k, v in kw.items() if k != "method"})
+
+
+def test_greedy_decoding_says_once_which_sampling_settings_it_does_not_use(engine, caplog):
+    import qgpm.decoding
+
+    qgpm.decoding._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        engine.answer(CTX, Q, method="vanilla", max_new_tokens=2, seed=3, top_k=5)
+        engine.answer(CTX, Q, method="vanilla", max_new_tokens=2, seed=3, top_k=5)
+        engine.answer(CTX, Q, method="vanilla", max_new_tokens=2, temperature=0.7, seed=3, top_k=5)
+    said = [r.getMessage() for r in caplog.records if "decodes greedily" in r.getMessage()]
+    assert said == ["qgpm: temperature=0 decodes greedily, so seed, top_k have no effect; set temperature > 0 to sample with them"]
+
+
+def test_a_stream_leaves_the_callers_stopping_criteria_as_they_were(engine):
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Never(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    crit = StoppingCriteriaList([Never()])
+    first = "".join(engine.stream(CTX, Q, method="vanilla", max_new_tokens=6, stopping_criteria=crit))
+    assert len(crit) == 1
+    again = engine.answer(CTX, Q, method="vanilla", max_new_tokens=6, stopping_criteria=crit)
+    assert again.text == first.strip() and again.usage.answer_tokens == 6
 
 
 def test_stop_as_one_string_is_one_stop_string(engine, stays_vanilla):
@@ -393,6 +433,8 @@ def test_unknown_reranker(engine, stays_vanilla):
         ([{"role": "user"}], "must be a dict with 'role' and 'content'"),
         ([{"role": "user", "content": None}], "content must be a string, got NoneType"),
         ([{"role": "user", "content": b"hi"}], "content must be a string, got bytes"),
+        ([{"role": None, "content": "hi"}], "message 0 role must be a non-empty string .* got None"),
+        ([{"role": " ", "content": "hi"}], "message 0 role must be a non-empty string"),
     ],
 )
 def test_bad_chat_messages(engine, stays_vanilla, messages, match):
@@ -515,3 +557,69 @@ def test_langchain_get_num_tokens_without_loading_the_model(tokenizer, monkeypat
     monkeypatch.setattr(cm, "_get_engine", lambda *a: (_ for _ in ()).throw(AssertionError("the model was loaded")))
     n = QGPMChatModel().get_num_tokens("Hello there, world.")
     assert n == len(tokenizer("Hello there, world.", add_special_tokens=False)["input_ids"])
+
+
+def test_empty_answer_to_score_fails_before_pass1(engine, stays_vanilla):
+    raises(ValueError, "answer is empty", engine.answer_logprob, CTX, Q, "")
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(config={"k_sharp": 3}), TypeError, r"config must be a qgpm.QGPMConfig .*got dict"),
+    (dict(reuse_prefill="no"), TypeError, "reuse_prefill must be True or False"),
+    (dict(dtype="float33"), ValueError, "unknown dtype 'float33'; choose float32, bfloat16, float16 or auto"),
+    (dict(model="/nonexistent/model_folder"), FileNotFoundError, "no model at /nonexistent/model_folder: that folder does not exist"),
+    (dict(heads="no_such_heads.json"), FileNotFoundError, "head-set file not found: no_such_heads.json"),
+    (dict(generator="http://127.0.0.1:8000"), TypeError, "generator must have check"),
+], ids=["config", "reuse_prefill", "dtype", "model", "heads", "generator"])
+def test_from_pretrained_refuses_bad_arguments_before_loading(monkeypatch, kwargs, exc, match):
+    import qgpm.engine
+
+    monkeypatch.setattr(qgpm.engine, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("weights loaded")))
+    monkeypatch.setattr(qgpm.engine, "load_pass1_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("weights loaded")))
+    raises(exc, match, QGPM.from_pretrained, **kwargs)
+
+
+def test_engine_settings_are_checked_on_every_assignment(engine):
+    before = (engine.config, engine.reuse_prefill)
+    raises(TypeError, r"config must be a qgpm.QGPMConfig", setattr, engine, "config", {"k_sharp": 3})
+    raises(TypeError, "reuse_prefill must be True or False", setattr, engine, "reuse_prefill", "no")
+    raises(TypeError, r"config must be a qgpm.QGPMConfig", QGPM, engine.model, engine.tokenizer, config={"k_sharp": 3})
+    assert (engine.config, engine.reuse_prefill) == before
+    engine.config = before[0].with_(k_sharp=3.0)
+    assert engine.config.k_sharp == 3.0
+    engine.config = before[0]
+
+
+def test_stream_checks_at_once_and_prepares_at_the_first_piece(engine, monkeypatch):
+    """engine.stream() raises for bad arguments at once; pass 1 runs only when the first
+    piece is asked for (a stream closed before that runs nothing)."""
+    import qgpm.engine
+
+    raises(ValueError, "max_new_tokens must be >= 1", engine.stream, CTX, Q, max_new_tokens=0)
+    prepared = []
+    real = qgpm.engine.QGPM._prepare
+    monkeypatch.setattr(qgpm.engine.QGPM, "_prepare", lambda self, *a: prepared.append(1) or real(self, *a))
+    unused = engine.stream(CTX, Q, method="vanilla", max_new_tokens=3)
+    unused.close()
+    stream = engine.stream(CTX, Q, method="vanilla", max_new_tokens=3)
+    assert prepared == []
+    text = "".join(stream)
+    assert prepared == [1] and stream.result is not None and stream.result.text == text.strip()
+
+
+def test_too_long_says_which_part_to_shorten(engine, stays_vanilla):
+    raises(ContextTooLongError, r"Shorten the context \(or retrieve fewer documents\)", engine.answer, TEN_MB, Q)
+    raises(ContextTooLongError, "Shorten the longest text besides the context", engine.answer, CTX, TEN_MB, method="vanilla")
+    raises(ContextTooLongError, "Shorten the longest text besides the context", engine.answer, CTX, Q, instruction=TEN_MB)
+
+
+def test_an_answer_cut_by_max_time_finishes_for_length(engine):
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Slow(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            time.sleep(0.05)
+            return scores
+
+    res = engine.answer(CTX, Q, method="vanilla", max_new_tokens=40, max_time=0.1, logits_processor=LogitsProcessorList([Slow()]))
+    assert res.usage.answer_tokens < 40 and res.finish_reason == "length"

@@ -33,3 +33,59 @@ def test_bad_batches_fail_before_any_call(engine, monkeypatch):
         engine.answer_many({"context": "a", "question": "b"})
     with pytest.raises(ValueError, match="max_concurrency"):
         engine.answer_many([], max_concurrency=True)
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (dict(method="bogus"), ValueError, "unknown method"),
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
+    (dict(foo=1), TypeError, "unexpected arguments"),
+    (dict(question="  "), ValueError, "question"),
+], ids=["method", "max_new_tokens", "unknown", "question"])
+def test_a_bad_request_stops_the_batch_before_any_call(engine, monkeypatch, bad, exc, match):
+    """Every request's arguments are checked as answer() checks them, before the first runs."""
+    monkeypatch.setattr(engine, "answer", lambda **kw: (_ for _ in ()).throw(AssertionError("a call ran")))
+    good = dict(context=needle_context(3, n=10), question=NEEDLE_QUESTION, max_new_tokens=4)
+    with pytest.raises(exc, match=match) as info:
+        engine.answer_many([good, good, {**good, **bad}])
+    assert "in request 2 of answer_many()" in getattr(info.value, "__notes__", [])
+
+
+def test_check_request_raises_as_answer_does_and_runs_nothing(engine, monkeypatch):
+    monkeypatch.setattr("qgpm.engine.build_prompt", lambda *a, **k: (_ for _ in ()).throw(AssertionError("prompt built")))
+    engine.check_request(needle_context(3, n=10), NEEDLE_QUESTION, method="vanilla", max_new_tokens=4, top_k=3)
+    with pytest.raises(TypeError, match="top_k must be an int"):
+        engine.check_request(needle_context(3, n=10), NEEDLE_QUESTION, top_k="3")
+
+
+def test_checks_in_other_threads_read_the_models_own_attention_while_a_baseline_runs(tokenizer):
+    """A RoPE baseline's call switches the model's attention implementation while it holds the
+    model lock; a call checked meanwhile in another thread sees the model's own (sdpa here)."""
+    import threading
+
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from qgpm import QGPMConfig
+
+    engine = QGPM(tiny_model("llama", len(tokenizer), attn_implementation="sdpa"), tokenizer, heads=[(1, 0), (2, 1)])
+    inside, release = threading.Event(), threading.Event()
+
+    class Hold(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            inside.set()
+            release.wait(30)
+            return scores
+
+    ctx = needle_context(3, n=60)  # long enough for STRING to change positions
+    worker = threading.Thread(target=engine.answer, args=(ctx, NEEDLE_QUESTION),
+                              kwargs=dict(method="string", max_new_tokens=2, logits_processor=LogitsProcessorList([Hold()])))
+    worker.start()
+    try:
+        assert inside.wait(30)
+        assert engine.model.config._attn_implementation != "sdpa"  # the baseline's, while it runs
+        two_maps = QGPMConfig(relevance="heads", remap="reorder", split_layer=1, keep_length=0)  # needs the model's own masks
+        engine.check_request(ctx, NEEDLE_QUESTION, config=two_maps)
+        assert engine.prefill_reuse_on()
+    finally:
+        release.set()
+        worker.join(30)
+    assert engine.model.config._attn_implementation == "sdpa"

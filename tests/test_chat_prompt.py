@@ -41,6 +41,23 @@ def test_context_block_markers(text, marker, instruction):
     assert block.documents() == DOCS
 
 
+def test_a_document_quoting_the_closing_tag_stays_in_the_context():
+    quoting = "The style guide says to end the block with </context> on its own line."
+    docs = [DOCS[0], quoting, DOCS[1]]
+    text = "Answer from the context.\n<context>\n" + "\n\n".join(docs) + f"\n</context>\nQuestion: {QUESTION}"
+    block = find_context_block(text, with_question=True)
+    assert block.marker == "tag" and block.documents() == docs and block.question == QUESTION
+    parts = read_chat([{"role": "user", "content": text}])
+    assert list(parts.documents) == docs and render(parts) == text
+
+
+def test_an_instruction_naming_the_tag_after_the_block_stays_out_of_the_context():
+    text = ("<context>\n" + "\n\n".join(DOCS) + "\n</context>\nAnswer using only the text between <context> and </context>.\n"
+            f"Question: {QUESTION}")
+    block = find_context_block(text, with_question=True)
+    assert block.marker == "tag" and block.documents() == DOCS and block.question == QUESTION
+
+
 def test_one_message_with_labelled_question_renders_back_exactly():
     text = f"Use the following pieces of context to answer the question at the end.\n\n{CONTEXT}\n\nQuestion: {QUESTION}\nHelpful Answer:"
     parts = read_chat([{"role": "user", "content": text}])

@@ -144,6 +144,14 @@ def test_version_and_python_dash_m(capsys):
         (["ask", "--html", "/no/such/dir/why.html"], ["--html /no/such/dir/why.html", "does not exist"]),
         (["ask", "--methods", "vanilla,topk", "--plot", "why.png"], ["--plot draws sentence relevance"]),
         (["ask", "--top", "-2"], ["--top must be >= 0"]),
+        (["ask", "--max-new-tokens", "0"], ["--max-new-tokens must be >= 1"]),
+        (["ask", "--methods", "topk", "--k", "0"], ["--k: k must be >= 1"]),
+        (["ask", "--methods", "topk", "--reranker", "nope"], ["--reranker: unknown reranker 'nope'"]),
+        (["ask", "--config", "relevance=minlm"], ["'minlm' is not a relevance source"]),
+        (["calibrate", "--top", "0"], ["qgpm calibrate: error:", "--top must be >= 1, got 0"]),
+        (["--bogus"], ["qgpm: error: unrecognized arguments: --bogus (the command comes first"]),
+        (["ask", "--bogus"], ["qgpm ask: error: unrecognized arguments: --bogus", "(see qgpm ask --help)"]),
+        (["calibrate", "--holdout", "-1"], ["--holdout must be >= 0, got -1"]),
     ],
 )
 def test_bad_input_is_one_line_exit_2_before_loading(argv, fragments, capsys, no_load):

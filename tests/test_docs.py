@@ -84,3 +84,40 @@ def test_the_readmes_runnable_snippets_run_as_written(index, capsys):
     code = _runnable_blocks(README.read_text(encoding="utf-8"))[index]
     exec(compile(code, f"README.md snippet {index}", "exec"), {"__name__": f"readme_snippet_{index}"})
     assert capsys.readouterr().out.strip(), "a README snippet should print what it shows"
+
+
+def _field_rows(text: str) -> dict[str, list[str]]:
+    """The field tables of docs/configuration.md: field name -> its three value cells."""
+    rows = {}
+    for line in text.splitlines():
+        m = re.match(r"^\| `(\w+)` \|(.*)$", line)
+        if m:
+            rows[m.group(1)] = [c.strip() for c in m.group(2).split("|")][:3]
+    return rows
+
+
+def _cell_value(cell: str):
+    import ast
+
+    return ast.literal_eval(cell.split(" (")[0].strip().strip("`"))
+
+
+def test_the_configuration_tables_show_the_codes_values():
+    """Every field's columns `QGPMConfig()` / `RECIPE` / SmolLM2 in docs/configuration.md
+    equal the values in the code (the page says they are read from it)."""
+    from qgpm import QGPMConfig
+    from qgpm.config import PRESETS, RECIPE, SMOLLM2_KEY
+
+    configs = (QGPMConfig(), RECIPE, PRESETS[SMOLLM2_KEY])
+    rows = _field_rows((ROOT / "docs" / "configuration.md").read_text(encoding="utf-8"))
+    fields = [f for f in rows if hasattr(QGPMConfig(), f)]
+    assert len(fields) >= 20, f"only {len(fields)} field rows found"
+    wrong = {f: ([_cell_value(c) for c in rows[f]], [getattr(c, f) for c in configs]) for f in fields
+             if [_cell_value(c) for c in rows[f]] != [getattr(c, f) for c in configs]}
+    assert not wrong, f"docs/configuration.md (table, code): {wrong}"
+
+
+def test_the_configuration_table_check_reads_a_wrong_cell():
+    rows = _field_rows('| `relevance` | `"heads"` | `"heads"` | `"minilm"` | where z comes from |\n')
+    assert [_cell_value(c) for c in rows["relevance"]] == ["heads", "heads", "minilm"]
+    assert _cell_value("8.0 (–, one map)") == 8.0 and _cell_value("`None`") is None

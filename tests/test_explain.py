@@ -103,3 +103,16 @@ def test_page_says_when_the_query_term_filter_kept_candidates_in_place(engine):
     assert html.escape(f"term_ratio: {n} of the top-ranked sentences") in res.to_html()
     plain = engine.answer(CONTEXT, QUESTION, method="qgpm", max_new_tokens=2, config=QGPMConfig(k_sharp=40.0, k_broad=50.0))
     assert "term_dropped" not in plain.details and "term_ratio:" not in plain.to_html()
+
+
+def test_explain_says_why_positions_were_kept_and_counts_what_it_shows(engine):
+    short = engine.answer("The gate opens at six. The tide gauge was calibrated by Ottilie Brandvold.", QUESTION, max_new_tokens=2,
+                          config=QGPMConfig(keep_length=1024))
+    text = short.explain(5)
+    assert text.splitlines()[0].startswith("method=qgpm: top 2 of 2 sentences")
+    assert "(the context is no longer than keep_length, so qgpm kept vanilla positions)" in text
+    flat = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig(min_top_z=1e6, keep_length=0))
+    assert "(the relevance was flat (top z below min_top_z), so qgpm kept vanilla positions)" in flat.explain(3)
+    assert "kept vanilla positions" in flat.to_html()
+    moved = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig(min_top_z=None, decisive_margin=None, keep_length=0))
+    assert "kept vanilla positions" not in moved.explain(3) and len(moved.explain(3).splitlines()) == 4

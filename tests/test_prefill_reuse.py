@@ -198,6 +198,34 @@ def test_a_fault_in_generation_leaves_the_model_and_later_calls_right(tokenizer)
     assert got.text == want.text and abs(got.details["score_logprob"] - want.details["score_logprob"]) < 1e-4
 
 
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_a_fault_inside_a_forward_leaves_the_shared_prefill_usable(tokenizer, attn):
+    """Stopped inside a decoder layer's forward, a generation leaves the layers it reached one
+    token longer than the rest; the same prepared call answers as before the fault."""
+
+    class Boom(Exception):
+        pass
+
+    model = tiny_model("llama", len(tokenizer), attn_implementation=attn)
+    on = QGPM(model, tokenizer, heads=HEADS, config=ONE_MAP)
+    call = on.prepare(context(12), QUESTION, method="qgpm", config=FALLBACK)
+    want = on.generate_prepared(call, max_new_tokens=6, score=" tangerine")
+    assert want.details["prefill_reused"] > 0
+
+    def boom(module, args, kwargs):
+        raise Boom
+
+    hook = decoder_layers(model)[2].register_forward_pre_hook(boom, with_kwargs=True)
+    try:
+        with pytest.raises(Boom):
+            on.generate_prepared(call, max_new_tokens=6)
+    finally:
+        hook.remove()
+    assert len({layer.get_seq_length() for layer in call.prefill.cache.layers}) > 1  # the fault's uneven cache
+    got = on.generate_prepared(call, max_new_tokens=6, score=" tangerine")
+    assert got.text == want.text and abs(got.details["score_logprob"] - want.details["score_logprob"]) < 1e-4
+
+
 def test_reuse_prefill_is_checked_and_an_unknown_attention_prefills_everything(tokenizer, caplog):
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

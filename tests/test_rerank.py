@@ -157,6 +157,21 @@ def test_get_reranker_unknown_lists_choices(spec):
         assert choice in msg
 
 
+def test_check_reranker_spec_names_what_get_reranker_accepts_without_building_it(monkeypatch):
+    monkeypatch.setattr(rerank, "_RERANKERS", {})
+    for spec in ("bm25", " BM25 ", "minilm", "embedding", "embedding:some/model", "judge", "llm-judge", "judge:some/model",
+                 "cross-encoder:some/model"):
+        assert rerank.check_reranker_spec(spec) == spec
+    r = BM25Reranker()
+    assert rerank.check_reranker_spec(r) is r
+    for spec in ("minlm", "nope", "cross-encoder:", "bm25:", "bm26"):
+        with pytest.raises(ValueError, match="unknown reranker"):
+            rerank.check_reranker_spec(spec)
+    with pytest.raises(TypeError, match="a spec string or a Reranker"):
+        rerank.check_reranker_spec(42)
+    assert rerank._RERANKERS == {}  # nothing was built
+
+
 def test_get_reranker_rejects_other_types():
     with pytest.raises(TypeError):
         get_reranker(42)  # type: ignore[arg-type]

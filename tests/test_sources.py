@@ -62,11 +62,28 @@ def test_reranker_source_runs_no_pass1_and_needs_no_head_set(tokenizer, monkeypa
     assert torch.equal(call.z, expected)
 
 
-def test_unknown_reranker_source_fails_before_model_work(tokenizer, monkeypatch):
+@pytest.mark.parametrize("spec", ["nosuch", "minlm", "heads+nope", "bm25:x", "cross-encoder", "cross-encoder:"])
+def test_unknown_relevance_source_fails_when_the_config_is_built(spec):
+    with pytest.raises(ValueError, match=r"is not a relevance source; use 'heads', a reranker \(bm25, minilm"):
+        QGPMConfig(relevance=spec)
+
+
+@pytest.mark.parametrize("spec", ["embedding", "llm-judge", "judge:some/model", "cross-encoder:some/model", "heads+Embedding:/a/path"])
+def test_known_reranker_kinds_build_without_loading(spec, monkeypatch):
+    from qgpm import rerank
+
+    monkeypatch.setattr(rerank, "_RERANKERS", {})
+    assert QGPMConfig(relevance=spec).relevance == spec
+    assert rerank._RERANKERS == {}  # nothing was built
+
+
+def test_unknown_reranker_fails_before_model_work(tokenizer, monkeypatch):
     engine = QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=[(0, 0)])
     monkeypatch.setattr("qgpm.engine.build_prompt", lambda *a, **k: (_ for _ in ()).throw(AssertionError("no prompt work")))
-    with pytest.raises(ValueError, match="unknown reranker"):
-        engine.answer("A. B.", "q?", config=QGPMConfig(relevance="nosuch"))
+    monkeypatch.setattr("qgpm.preparing.edit_context", lambda *a, **k: (_ for _ in ()).throw(AssertionError("no context edit")))
+    for method in ("topk", "reorder"):
+        with pytest.raises(ValueError, match="unknown reranker 'nosuch'; choose one of: bm25, minilm"):
+            engine.answer("A. B.", "q?", method=method, reranker="nosuch")
 
 
 @pytest.mark.real_model

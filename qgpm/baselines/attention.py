@@ -32,6 +32,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..rope import apply_rope, rotate_half
+from ..layers import attention_switched
 from ..runtime import UnsupportedModelError, decoder_layers
 
 __all__ = [
@@ -132,22 +133,23 @@ def installed(model: torch.nn.Module, plan: Any) -> Iterator[None]:
         modules.append(attn)
     owners = _implementation_owners(model)
     saved = [(cfg, cfg._attn_implementation_internal) for cfg in owners]
-    try:
-        for i, attn in enumerate(modules):
-            _ACTIVE[id(attn)] = (plan, i)
-        plan.reset()
-        model.set_attn_implementation(ATTENTION_NAME)
-        if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
-            raise UnsupportedModelError(
-                f"{type(model).__name__} does not let its attention implementation be switched at run time "
-                "(transformers' AttentionInterface), which the RoPE baselines need"
-            )
-        yield
-    finally:
-        for attn in modules:
-            _ACTIVE.pop(id(attn), None)
-        for cfg, value in saved:
-            cfg._attn_implementation_internal = value
+    with attention_switched(model):  # other threads' checks keep reading the model's own implementation
+        try:
+            for i, attn in enumerate(modules):
+                _ACTIVE[id(attn)] = (plan, i)
+            plan.reset()
+            model.set_attn_implementation(ATTENTION_NAME)
+            if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
+                raise UnsupportedModelError(
+                    f"{type(model).__name__} does not let its attention implementation be switched at run time "
+                    "(transformers' AttentionInterface), which the RoPE baselines need"
+                )
+            yield
+        finally:
+            for attn in modules:
+                _ACTIVE.pop(id(attn), None)
+            for cfg, value in saved:
+                cfg._attn_implementation_internal = value
 
 
 # ----------------------------------------------------------------------------- rotations

@@ -283,6 +283,9 @@ def main_calibrate(args) -> int:
         raise ValueError(f"--n {args.n} sets how many samples to score, but --scores-from reuses stored scores and scores none: "
                          "give one of them")
     n = 36 if args.n is None else args.n
+    for flag, value, low in (("--top", args.top, 1), ("--n", n, 1), ("--holdout", args.holdout, 0)):
+        if value < low:
+            raise ValueError(f"{flag} must be >= {low}, got {value}")
     if args.scores_from is not None:  # read before the model loads: a bad file fails fast
         earlier = HeadSet.load(args.scores_from)
         scores = HeadScores.from_head_set(earlier)

@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, FunctionMessage, SystemMessage, ToolMessage
 from langchain_core.messages.ai import UsageMetadata
 
+from qgpm.call_checks import CallOptions, check_options
 from qgpm.chat_prompt import ChatParts, message_text, read_chat
 from qgpm.conversation import ChatRequest
+from qgpm.decoding import Decoding, check_stop
+from qgpm.editing import check_k
 from qgpm.methods import Stage, method_spec
 
 from .._common import check_relevance
@@ -24,8 +27,8 @@ from .prompts import document_texts
 if TYPE_CHECKING:
     from .chat_models import QGPMChatModel
 
-__all__ = ["CALL_KWARGS", "GENERATE_FIELDS", "as_dicts", "build_request", "check_call_kwargs", "decoding_args", "answer_args",
-           "response_metadata"]
+__all__ = ["CALL_KWARGS", "CONTEXT_ONLY_KWARGS", "GENERATE_FIELDS", "as_dicts", "build_request", "check_call_kwargs", "check_report_args", "decoding_args",
+           "answer_args", "unused_in_plain_chat", "response_metadata"]
 
 CALL_KWARGS = frozenset(
     {
@@ -41,6 +44,10 @@ GENERATE_FIELDS = {
     "seed": "seed", "stop": "stop", "max_time": "timeout",
 }
 """``generate`` arguments that have a field of their own on the chat model (and the field's name)."""
+
+CONTEXT_ONLY_KWARGS = ("method", "evidence", "reranker", "k", "options", "relevance", "qgpm_config", "system", "instruction",
+                       "answer_prefix")
+"""Call keywords that set how an answer over a context is made; a plain chat call (no context) has no use for them."""
 
 
 def _role(msg: BaseMessage) -> str:
@@ -68,7 +75,10 @@ def build_request(messages: Sequence[BaseMessage], kw: dict[str, Any]) -> ChatPa
     """Context, question, instruction, system and history of one call (:func:`qgpm.chat_prompt.read_chat`)."""
     context = document_texts(kw["context"]) if kw.get("context") is not None else None
     question = kw.get("question")
-    return read_chat(as_dicts(messages), context=context, question=None if question is None else str(question))
+    if question is not None and not isinstance(question, str):
+        raise TypeError(f"question= must be a string (the question to answer), got {type(question).__name__} {question!r}; "
+                        "leave it out to use the last human message")
+    return read_chat(as_dicts(messages), context=context, question=question)
 
 
 def check_call_kwargs(kwargs: dict[str, Any]) -> None:
@@ -78,18 +88,51 @@ def check_call_kwargs(kwargs: dict[str, Any]) -> None:
         raise TypeError(f"QGPMChatModel got unexpected keyword arguments {sorted(unknown)}; allowed: {sorted(CALL_KWARGS)}")
 
 
-def decoding_args(llm: "QGPMChatModel", engine: Any, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The decoding arguments of one call: the call's keywords over ``llm``'s fields, then its ``generate_kwargs``."""
-    stops = [s for s in (stop if stop is not None else []) if s] + [s for s in (llm.stop or []) if s]
+def _setting(kwargs: dict[str, Any], name: str, default: Any) -> Any:
+    """A call's ``name``, or ``default`` (the model's own) where the call leaves it out or gives ``None``."""
+    value = kwargs.get(name)
+    return default if value is None else value
+
+
+def check_report_args(kwargs: dict[str, Any]) -> None:
+    """Refuse a call's ``explain_k`` / ``explain_html`` that the model's fields would refuse."""
+    k = kwargs.get("explain_k")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int)):
+        raise TypeError(f"explain_k must be an int >= 0 (top sentences reported), got {type(k).__name__} {k!r}")
+    if k is not None and k < 0:
+        raise ValueError(f"explain_k must be >= 0 (0: none reported), got {k}")
+    html = kwargs.get("explain_html")
+    if html is not None and not isinstance(html, bool):
+        raise TypeError(f"explain_html must be True or False, got {type(html).__name__} {html!r}")
+
+
+def decoding_args(llm: "QGPMChatModel", engine: Any, stop: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The decoding arguments of one call: the call's keywords over ``llm``'s fields, then its
+    ``generate_kwargs``, checked as the engine checks them (:meth:`qgpm.decoding.Decoding.check`:
+    no bool or float budget, no bool temperature, ...). A keyword given as ``None`` is the model's own
+    setting (``seed=None``: no seed)."""
+    try:
+        call_stop = check_stop(stop)
+    except TypeError as exc:
+        raise TypeError(f"{exc} (the stop= of this call)") from None
+    stops = [*call_stop, *check_stop(llm.stop)]
+    budget_name = "max_tokens" if kwargs.get("max_tokens") is not None else "max_new_tokens"
     if kwargs.get("max_tokens") is not None and kwargs.get("max_new_tokens") is not None and kwargs["max_tokens"] != kwargs["max_new_tokens"]:
         raise ValueError(f"max_tokens={kwargs['max_tokens']!r} and max_new_tokens={kwargs['max_new_tokens']!r} name one budget: pass one")
     gen: dict[str, Any] = dict(
-        max_new_tokens=int(kwargs.get("max_tokens", kwargs.get("max_new_tokens", llm.max_tokens))),
-        temperature=float(kwargs.get("temperature", llm.temperature)),
-        top_p=float(kwargs.get("top_p", llm.top_p)),
+        max_new_tokens=_setting(kwargs, budget_name, llm.max_tokens),
+        temperature=_setting(kwargs, "temperature", llm.temperature),
+        top_p=_setting(kwargs, "top_p", llm.top_p),
         stop=list(dict.fromkeys(stops)) or None,
         seed=kwargs.get("seed", llm.seed),
     )
+    try:
+        Decoding.check(**gen)
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        if message.startswith("max_new_tokens") and budget_name == "max_tokens":
+            message = "max_tokens" + message[len("max_new_tokens"):]
+        raise type(exc)(message) from None
     gen.update(llm.generate_kwargs or {})
     timeout = kwargs.get("timeout", llm.timeout)
     if timeout is not None:
@@ -119,7 +162,7 @@ def answer_args(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs:
     if spec.reranker:
         call["reranker"] = kwargs.get("reranker", llm.reranker)
     if spec.takes_k:
-        call["k"] = int(kwargs.get("k", llm.k))
+        call["k"] = check_k(_setting(kwargs, "k", llm.k))
     # a call's own reranker= / k= for a method that does not read them reach the engine, which refuses them
     call.update({n: kwargs[n] for n in ("reranker", "k") if kwargs.get(n) is not None and n not in call})
     check_relevance(kwargs.get("relevance"), method)
@@ -134,6 +177,17 @@ def answer_args(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs:
     return call
 
 
+def unused_in_plain_chat(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs: dict[str, Any]) -> list[str]:
+    """The :data:`CONTEXT_ONLY_KWARGS` a plain chat call was given (``None`` counts as not given),
+    once checked as a call with a context checks them (:func:`answer_args`, then the engine's own
+    :func:`qgpm.call_checks.check_options`), so a bad value raises in either mode."""
+    given = [n for n in CONTEXT_ONLY_KWARGS if kwargs.get(n) is not None]
+    if given:
+        call = answer_args(llm, engine, request, kwargs)
+        check_options(method_spec(call["method"]), CallOptions(**call))
+    return given
+
+
 def response_metadata(llm: "QGPMChatModel", engine: Any, request: ChatRequest, result: Any,
                       kwargs: dict[str, Any]) -> tuple[dict[str, Any], UsageMetadata]:
     """``response_metadata`` (with the request's report under ``"qgpm"``) and ``usage_metadata`` of a call's result."""
@@ -141,8 +195,8 @@ def response_metadata(llm: "QGPMChatModel", engine: Any, request: ChatRequest, r
         "model_name": str(engine.name) if engine is not None else llm.model_name,
         "method": result.method,
         "finish_reason": result.finish_reason,
-        "qgpm": request.report(result, top_k=int(kwargs.get("explain_k", llm.explain_k)),
-                               html=bool(kwargs.get("explain_html", llm.explain_html))),
+        "qgpm": request.report(result, top_k=_setting(kwargs, "explain_k", llm.explain_k),
+                               html=_setting(kwargs, "explain_html", llm.explain_html)),
     }
     usage = UsageMetadata(
         input_tokens=int(result.usage.prompt_tokens),

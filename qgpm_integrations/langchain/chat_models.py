@@ -51,6 +51,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 
 from qgpm.conversation import NO_CONTEXT_REPLY, ChatRequest, check_empty_context_policy
 from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
+from qgpm.editing import check_k
 from qgpm.methods import method_spec
 from qgpm.serving import VLLMServer
 
@@ -59,6 +60,7 @@ from .._common import (
     check_heads,
     check_model_args,
     check_relevance,
+    check_reranker,
     clear_engine_cache,
     device_map_for,
     heads_key,
@@ -68,7 +70,8 @@ from .._common import (
     model_key,
     shared_engine,
 )
-from .call_args import GENERATE_FIELDS, answer_args, build_request, check_call_kwargs, decoding_args, response_metadata
+from .call_args import (GENERATE_FIELDS, answer_args, build_request, check_call_kwargs, check_report_args, decoding_args,
+                        response_metadata, unused_in_plain_chat)
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
 
@@ -81,6 +84,9 @@ UNMARKED_WARNING = (
     "put the documents after such a marker, build the prompt with qgpm_prompt(), or pass context=docs (and "
     "question=...) to invoke() or bind(). Logged once per model instance."
 )
+
+REMOTE_ONLY = ("api_key", "max_retries")
+"""Constructor arguments of hosted chat models: accepted for drop-in code, not used (set: a warning)."""
 
 QGPM_METHODS: tuple[str, ...] = METHODS
 """The methods a call may use (``qgpm.defaults.METHODS``)."""
@@ -163,8 +169,9 @@ class QGPMChatModel(BaseChatModel):
     system: str | None = Field(default=None, description="System prompt used in context mode when the messages carry none.")
     instruction: str | None = Field(default=None, description="Instruction before the context (None = qgpm's default).")
     answer_prefix: str | None = None
-    reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec or instance for method topk/reorder.")
-    k: int = Field(default=DEFAULT_K, ge=1, description="Chunks kept by method='topk'.")
+    reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec or instance for method topk/reorder (given with "
+                          "another method: ValueError).")
+    k: int = Field(default=DEFAULT_K, ge=1, description="Chunks kept by method='topk' (given with another method: ValueError).")
     relevance: str | None = Field(
         default=None,
         description="Where sentence relevance comes from in method='qgpm' calls ('heads', a reranker spec such as "
@@ -197,16 +204,29 @@ class QGPMChatModel(BaseChatModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_remote_only(cls, values: Any) -> Any:
-        # api_key / max_retries belong to hosted models; this one runs locally, so they are
-        # accepted (the standard tests and drop-in code pass them) and ignored.
+        # api_key / max_retries belong to hosted models; this one runs locally. They are accepted
+        # (LangChain's standard tests and drop-in code pass them), not stored, and named in a warning
+        # when set (the key's value is never logged).
         if isinstance(values, dict):
-            values = {k: v for k, v in values.items() if k not in ("api_key", "max_retries")}
+            unused = [k for k in REMOTE_ONLY if values.get(k) is not None]
+            if unused:
+                logger.warning("QGPMChatModel runs a local model and does not use %s (settings of hosted chat models); "
+                               "leave them out", " or ".join(f"{k}=" for k in unused))
+            values = {k: v for k, v in values.items() if k not in REMOTE_ONLY}
         return values
 
     @field_validator("method")
     @classmethod
     def _check_method(cls, v: str) -> str:
         return method_spec(v).name
+
+    @field_validator("max_tokens", "temperature", "top_p", "seed", "k", "explain_k", "timeout", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any, info: Any) -> Any:
+        # pydantic would read True as 1 (temperature=True: sampling at 1.0)
+        if isinstance(v, bool):
+            raise TypeError(f"QGPMChatModel: {info.field_name} must be a number, got bool {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "QGPMChatModel":
@@ -227,6 +247,11 @@ class QGPMChatModel(BaseChatModel):
         if self.vllm_url is not None:
             VLLMServer(self.vllm_url, model=self.vllm_model).close()  # a malformed address fails here, before any model work
         check_relevance(self.relevance, self.method)
+        # values only: a call's method= (.bind, configurable_fields) may be one that reads reranker / k, and the call checks that
+        if self.reranker is not None:
+            check_reranker(self.reranker, owner)
+        if self.k is not None:
+            check_k(self.k)
         if self.options is not None and getattr(self.options, "method", None) != self.method:
             raise ValueError(
                 f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "
@@ -298,15 +323,22 @@ class QGPMChatModel(BaseChatModel):
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        # tracing metadata, read before the call is checked: a bad value is left out here and refused by the call
+        temperature = kwargs.get("temperature", self.temperature)
+        max_tokens = kwargs.get("max_tokens", kwargs.get("max_new_tokens", self.max_tokens))
         params = LangSmithParams(
             ls_provider="qgpm",
             ls_model_name=str(kwargs["model"]) if isinstance(kwargs.get("model"), str) else self.model_name,
             ls_model_type="chat",
-            ls_temperature=float(kwargs.get("temperature", self.temperature)),
-            ls_max_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
         )
+        if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+            params["ls_temperature"] = float(temperature)
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+            params["ls_max_tokens"] = max_tokens
         stops = stop or self.stop
-        if stops:
+        if stops and isinstance(stops, str):
+            params["ls_stop"] = [stops]
+        elif stops and isinstance(stops, (list, tuple)):
             params["ls_stop"] = list(stops)
         return params
 
@@ -371,6 +403,7 @@ class QGPMChatModel(BaseChatModel):
     def _plan(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, ChatRequest, dict[str, Any], dict[str, Any]]:
         """(engine, request, decoding arguments, answer arguments) of one call (:mod:`.call_args`)."""
         check_call_kwargs(kwargs)
+        check_report_args(kwargs)
         policy = check_empty_context_policy(kwargs.get("on_empty_context", self.on_empty_context))
         request = ChatRequest(build_request(messages, kwargs), on_empty_context=policy)
         if not request.needs_engine:
@@ -380,8 +413,14 @@ class QGPMChatModel(BaseChatModel):
             logger.warning(UNMARKED_WARNING)
         engine = self.get_engine(kwargs.get("model"))
         gen = decoding_args(self, engine, stop, kwargs)
-        call = answer_args(self, engine, request, kwargs) if request.mode == "context" else {}
-        return engine, request, gen, call
+        if request.mode == "context":
+            return engine, request, gen, answer_args(self, engine, request, kwargs)
+        unused = unused_in_plain_chat(self, engine, request, kwargs)
+        if unused:
+            logger.warning("QGPMChatModel: this call found no context and answers as plain chat, so its %s (settings of an "
+                           "answer over a context) are not used. Pass context=docs or mark the context in the prompt for them "
+                           "to apply.", ", ".join(f"{n}=" for n in unused))
+        return engine, request, gen, {}
 
     # ------------------------------------------------------------------ generation
     def _generate(

@@ -19,6 +19,12 @@ blank line; a node's own paragraphs become documents of their own; see
 :func:`split_documents`). Prompts with no such
 shape -- query rewriting, summaries without a question, any other component's prompt --
 give ``None``: the LLM then generates plainly from the text.
+
+No text of the prompt is dropped unseen: what is neither the template's own text nor the
+context, the question and the earlier answer -- lines before a default template (other than
+LlamaIndex's own default system prompts), the instruction before a context marker, text
+between a closed context and the question -- comes back as :attr:`PromptParts.system_text`,
+which ``QGPMLLM`` sends in the system message.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.prompts import chat_prompts, default_prompts
 
 from qgpm.chat_prompt import find_context_block, history_text
+from qgpm.message_shape import QUESTION_LABEL
 from qgpm.prompt import has_visible_text
 
 __all__ = ["PromptParts", "read_prompt", "split_documents", "split_context", "messages_to_prompt"]
@@ -50,13 +57,15 @@ class PromptParts:
     ``source`` says where the parts were found: ``"nodes"`` (handed over by
     :class:`~qgpm_integrations.llama_index.QGPMSynthesizer`), ``"template"`` (one of
     LlamaIndex's default templates) or ``"shape:<marker>"`` (the core's shape reader;
-    the marker is ``label``, ``tag``, ``rule`` or ``paragraph``).
+    the marker is ``label``, ``tag``, ``rule`` or ``paragraph``). ``system_text``: the rest
+    of the prompt's own text, for the system message (see the module docs); ``None`` if none.
     """
 
     documents: tuple[str, ...]
     question: str
     existing_answer: Optional[str] = None
     source: str = "nodes"
+    system_text: Optional[str] = None
 
     @property
     def step(self) -> str:
@@ -116,6 +125,22 @@ def _default_patterns() -> tuple[re.Pattern[str], ...]:
     return tuple(_template_pattern(t) for t in _default_templates())
 
 
+@lru_cache(maxsize=1)
+def _default_system_texts() -> tuple[str, ...]:
+    """The system messages of LlamaIndex's default chat templates (template text, not the caller's)."""
+    texts = []
+    for messages in (chat_prompts.TEXT_QA_PROMPT_TMPL_MSGS, chat_prompts.TREE_SUMMARIZE_PROMPT_TMPL_MSGS,
+                     chat_prompts.CHAT_REFINE_PROMPT_TMPL_MSGS):
+        texts += [m.content.strip() for m in messages if _ROLES.get(m.role) == "system" and isinstance(m.content, str) and m.content.strip()]
+    return tuple(dict.fromkeys(texts))
+
+
+def _kept_text(*pieces: str) -> Optional[str]:
+    """The pieces that hold visible text, stripped and joined by a blank line (``None`` if none)."""
+    kept = [p.strip() for p in pieces if has_visible_text(p)]
+    return "\n\n".join(kept) or None
+
+
 def _from_default_template(text: str) -> Optional[PromptParts]:
     for pattern in _default_patterns():
         m = pattern.search(text)
@@ -128,16 +153,32 @@ def _from_default_template(text: str) -> Optional[PromptParts]:
         if not documents or not question:
             return None
         existing = values.get("existing_answer")
-        return PromptParts(tuple(documents), question, None if existing is None else existing.strip(), "template")
+        leading = text[: m.start()]
+        for default in _default_system_texts():  # messages_to_prompt puts the chat template's system message first
+            leading = leading.replace(default, "")
+        return PromptParts(tuple(documents), question, None if existing is None else existing.strip(), "template", _kept_text(leading))
     return None
 
 
 # --------------------------------------------------------------------------- any other template: the core's shape reader
 
 
+_CLOSING = re.compile(r"\A\s*(?:</[A-Za-z_]+>|" + _RULE_LINE.pattern + r"$)", re.M)
+_QUESTION_TAG = re.compile(r"<(?:question|query)>\s*\Z", re.I)
+
+
+def _between(text: str) -> str:
+    """The text between a context and its question, without the context's closing tag or rule
+    line and the question's label or tag."""
+    text = _CLOSING.sub("", text, count=1)
+    labels = [m for m in QUESTION_LABEL.finditer(text) if m.end() == len(text)]
+    cut = labels[-1].start() if labels else (m.start() if (m := _QUESTION_TAG.search(text)) else len(text))
+    return text[:cut]
+
+
 def _from_shape(text: str) -> Optional[PromptParts]:
     block = find_context_block(text, with_question=True)
-    if block is None or block.question is None:
+    if block is None or block.question is None or block.question_start is None:
         return None
     if block.marker == "rule":
         opening = text[block.instruction_end : block.start].strip()
@@ -148,7 +189,8 @@ def _from_shape(text: str) -> Optional[PromptParts]:
     question = block.question.strip()
     if not documents or not question:
         return None
-    return PromptParts(tuple(documents), question, None, f"shape:{block.marker}")
+    kept = _kept_text(block.instruction, _between(text[block.end : block.question_start]))
+    return PromptParts(tuple(documents), question, None, f"shape:{block.marker}", kept)
 
 
 def read_prompt(text: str) -> Optional[PromptParts]:

@@ -2,8 +2,10 @@
 and turned into decoding arguments on each call.
 
 :func:`check_init_args` refuses, before any model loads, every constructor argument the LLM
-would not use (a key it has no field for, a method setting for a method that does not read it,
-loading arguments beside a shared engine) and returns what the constructor loads with;
+would not use or could not run (a key it has no field for, a method setting for a method that
+does not read it, loading arguments beside a shared engine, decoding values the engine would
+refuse, an unknown reranker, a prompt setting without its placeholder) and returns what the
+constructor loads with;
 :func:`decoding_args` gives a completion's decoding arguments, refusing any call keyword but the
 decoding ones.
 """
@@ -14,16 +16,18 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 from qgpm.baselines import resolve_options
+from qgpm.call_checks import check_edit_args
+from qgpm.decoding import Decoding
 from qgpm.defaults import DEFAULT_METHOD
 from qgpm.methods import MethodSpec, method_spec
 
-from .._common import check_generate_kwargs, check_heads, check_model_args, check_relevance
+from .._common import check_generate_kwargs, check_heads, check_model_args, check_relevance, check_reranker
 from ._prompt import messages_to_prompt
 
 if TYPE_CHECKING:
     from .llm import QGPMLLM
 
-__all__ = ["CALL_KEYS", "CALL_ARGS", "GENERATE_FIELDS", "INIT_ARGS", "check_init_args", "decoding_args"]
+__all__ = ["CALL_KEYS", "CALL_ARGS", "GENERATE_FIELDS", "INIT_ARGS", "check_init_args", "check_window", "decoding_args"]
 
 OWNER = "QGPMLLM"
 
@@ -65,12 +69,12 @@ def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: A
         raise ValueError(f"method={method!r} needs evidence=[exact substrings of the context]")
     if kwargs.get("evidence") is not None and not spec.evidence:
         raise ValueError(f"evidence= is only used with method='oracle', not method={method!r}")
-    if "reranker" in kwargs and not spec.reranker:
-        raise ValueError(f"reranker= sets the reranker of method='topk' / 'reorder'; method={method!r} takes none")
-    if "k" in kwargs and not spec.takes_k:
-        raise ValueError(f"k= is how many chunks method='topk' keeps; method={method!r} takes none")
+    if "reranker" in kwargs:
+        check_reranker(kwargs["reranker"], OWNER)
+    check_edit_args(spec, reranker=kwargs.get("reranker"), k=kwargs.get("k"))
     resolve_options(method, kwargs.get("options"))  # options of another method, or for a method without any, fail here
     check_relevance(kwargs.get("relevance"), method)
+    _check_prompts(kwargs)
     if isinstance(model, (str, os.PathLike)):
         if kwargs.get("model_name") is not None:
             raise ValueError("pass the model id as model_name= (or model=), not both")
@@ -82,7 +86,13 @@ def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: A
             raise ValueError(f"device_map given twice: {device_map!r} and model_kwargs['device_map']={model_kwargs['device_map']!r}")
         model_kwargs["device_map"] = device_map
     kwargs["model_kwargs"] = model_kwargs
-    check_generate_kwargs(kwargs.get("generate_kwargs"), OWNER, GENERATE_FIELDS, remote=kwargs.get("vllm_url") is not None)
+    extras = check_generate_kwargs(kwargs.get("generate_kwargs"), OWNER, GENERATE_FIELDS, remote=kwargs.get("vllm_url") is not None)
+    try:  # the engine's own check of a call's decoding arguments, on the values every call will start from
+        Decoding.check(**{k: kwargs[k] for k in CALL_KEYS if k in kwargs}, **extras)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{OWNER}: {exc}") from None
+    if kwargs.get("context_window") is not None:
+        check_window(kwargs.get("max_new_tokens", fields["max_new_tokens"].default), kwargs["context_window"])
     if engine is not None:
         given = [n for n, v in (("model", model), ("model_name", kwargs.get("model_name")), ("tokenizer", tokenizer),
                                 ("heads", heads), ("model_kwargs", model_kwargs or None), ("vllm_url", kwargs.get("vllm_url")))
@@ -98,6 +108,39 @@ def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: A
     if kwargs.get("messages_to_prompt") is None:
         kwargs["messages_to_prompt"] = messages_to_prompt
     return spec, model, load_kwargs
+
+
+def _check_prompts(kwargs: Mapping[str, Any]) -> None:
+    """Refuse a prompt setting that would lose the text it is given for: a ``refine_instruction``
+    without ``{existing_answer}`` (the earlier answer would not reach refine steps), a
+    ``query_wrapper_prompt`` without ``{query_str}`` (LlamaIndex would send the wrapper alone)."""
+    refine = kwargs.get("refine_instruction")
+    if isinstance(refine, str) and "{existing_answer}" not in refine:
+        raise ValueError(f"{OWNER}: refine_instruction={refine!r} has no {{existing_answer}}: refine steps put the answer so far "
+                         "there, so without it every refine step answers from its own chunk alone. Add {existing_answer}")
+    wrapper = kwargs.get("query_wrapper_prompt")
+    if wrapper is not None and not _wraps_query(wrapper):
+        raise ValueError(f"{OWNER}: query_wrapper_prompt has no {{query_str}}: LlamaIndex puts the whole prompt there, so "
+                         "without it only the wrapper's own text would reach the model. Add {query_str}")
+
+
+def _wraps_query(wrapper: Any) -> bool:
+    """Whether ``wrapper`` formatted with ``query_str`` puts that text in its output (its
+    ``template_var_mappings`` included); a wrapper that cannot be formatted so is left to LlamaIndex."""
+    mark = "\ue000qgpm-query\ue001"
+    try:
+        return mark in wrapper.format(query_str=mark)
+    except (KeyError, IndexError, ValueError, TypeError, AttributeError):
+        return True
+
+
+def check_window(max_new_tokens: Any, window: Any) -> None:
+    """Refuse an answer budget that leaves no room for a prompt in ``window`` tokens (LlamaIndex
+    packs prompts into ``context_window - max_new_tokens``)."""
+    if isinstance(max_new_tokens, int) and isinstance(window, int) and window > 0 and max_new_tokens >= window:
+        raise ValueError(f"{OWNER}: max_new_tokens={max_new_tokens} leaves no room for a prompt in the context window of "
+                         f"{window} tokens (LlamaIndex packs prompts into context_window - max_new_tokens); use a smaller "
+                         "max_new_tokens")
 
 
 def decoding_args(llm: "QGPMLLM", kwargs: dict[str, Any]) -> dict[str, Any]:

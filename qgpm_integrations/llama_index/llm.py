@@ -65,7 +65,7 @@ from .._common import is_loaded_model, iterate_in_thread, shared_engine
 from . import _tracing
 from ._prompt import PromptParts, read_prompt
 from ._tracing import QGPMTrace
-from .call_args import check_init_args, decoding_args
+from .call_args import check_init_args, check_window, decoding_args
 
 logger = logging.getLogger("qgpm")
 
@@ -239,6 +239,7 @@ class QGPMLLM(CustomLLM):
         window = engine.max_length
         if self.context_window is not None and window and self.context_window > window:
             raise ValueError(f"context_window={self.context_window} is larger than the model window ({window} tokens)")
+        check_window(self.max_new_tokens, self.context_window or window)
         if spec.stage is Stage.HEADS and parse_source(self.relevance or engine.config.relevance).heads:
             engine.heads  # raise HeadSetMissingError now rather than at the first query
         self._engine = engine
@@ -315,6 +316,8 @@ class QGPMLLM(CustomLLM):
         """The ``engine.answer`` call for ``parts``, with this LLM's method and prompt settings."""
         documents = list(parts.documents)
         details: dict[str, Any] = {"step": parts.step, "documents": len(documents), "prompt": parts.source}
+        if parts.system_text is not None:  # the prompt's own text beside the template, the context and the question
+            system = f"{system}\n\n{parts.system_text}" if system else parts.system_text
         kw: dict[str, Any] = dict(system=system, answer_prefix=self.answer_prefix)
         if parts.existing_answer is not None:
             kw["instruction"] = self.refine_instruction.replace("{existing_answer}", parts.existing_answer.strip())

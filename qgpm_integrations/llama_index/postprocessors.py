@@ -17,24 +17,47 @@ earlier node, Reorder keeps tied nodes in their original order. The input list a
 
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, ClassVar, List, Optional
 
-from llama_index.core.bridge.pydantic import Field
+from llama_index.core.bridge.pydantic import ConfigDict, Field, field_validator, model_validator
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.editing import reorder_order, topk_order
-from qgpm.rerank import get_reranker
+from qgpm.rerank import check_reranker_spec, get_reranker
 
 __all__ = ["QGPMTopKPostprocessor", "QGPMReorderPostprocessor"]
 
 
 class _QGPMRerankBase(BaseNodePostprocessor):
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
     reranker: Any = Field(default=DEFAULT_RERANKER, description="qgpm.rerank spec (bm25, minilm, judge, cross-encoder:<id>) or a Reranker.")
     metadata_mode: MetadataMode = Field(default=MetadataMode.EMBED, description="Which node text the reranker reads.")
     keep_retrieval_score: bool = Field(default=False, description="Keep the retriever's score in metadata['retrieval_score'].")
+
+    # names other postprocessors use for a setting of this one -> what to pass instead
+    _ALIASES: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown(cls, values: Any) -> Any:
+        """``TypeError`` naming every argument that is no field (and the field meant, for a known alias)."""
+        if isinstance(values, dict):
+            values = {k: v for k, v in values.items() if k != "class_name"}  # to_dict() writes it; from_dict() drops it too
+            unknown = sorted(k for k in values if k not in cls.model_fields)
+            if unknown:
+                hints = "; ".join(f"{k}: {cls._ALIASES[k]}" for k in unknown if k in cls._ALIASES)
+                raise TypeError(f"{cls.class_name()} got unexpected arguments {unknown}" + (f" ({hints})" if hints else "")
+                                + f"; it takes {', '.join(sorted(cls.model_fields))}")
+        return values
+
+    @field_validator("reranker")
+    @classmethod
+    def _known_reranker(cls, v: Any) -> Any:
+        return check_reranker_spec(v)  # an unknown spec fails here, not at the first query
 
     def _score(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle]) -> list[float]:
         if query_bundle is None:
@@ -77,6 +100,8 @@ class QGPMTopKPostprocessor(_QGPMRerankBase):
 
     top_n: int = Field(default=DEFAULT_K, gt=0, description="Nodes to keep.")
 
+    _ALIASES: ClassVar[dict[str, str]] = {n: "the number of nodes kept is top_n=..." for n in ("top_k", "k", "similarity_top_k")}
+
     @classmethod
     def class_name(cls) -> str:
         return "QGPMTopKPostprocessor"
@@ -87,6 +112,10 @@ class QGPMTopKPostprocessor(_QGPMRerankBase):
 
 class QGPMReorderPostprocessor(_QGPMRerankBase):
     """Keep every node, sorted by ascending reranker score: the best node comes last."""
+
+    _ALIASES: ClassVar[dict[str, str]] = {
+        n: "Reorder keeps every node; to keep the best ones use QGPMTopKPostprocessor(top_n=...)" for n in ("top_n", "top_k", "k")
+    }
 
     @classmethod
     def class_name(cls) -> str:

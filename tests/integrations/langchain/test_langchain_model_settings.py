@@ -105,6 +105,19 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
     assert msg.usage_metadata["output_tokens"] > 0
 
 
+def test_reranker_and_k_settings_serve_a_calls_method(tiny_llm):
+    """reranker= / k= on the model serve calls whose method= (a .bind, configurable fields) reads
+    them; a call whose method reads neither refuses them."""
+    llm = QGPMChatModel(engine=tiny_llm.get_engine(), reranker="bm25", k=2, max_tokens=2)
+    msg = llm.bind(method="topk").invoke(QUESTION, context=CONTEXT)
+    assert msg.response_metadata["method"] == "topk"
+    edit = msg.response_metadata["qgpm"]["edit"]
+    assert edit["mode"] == "topk" and len(edit["kept"]) == 2  # k=2 of the model, not the default 5
+    assert llm.invoke(QUESTION, context=CONTEXT).response_metadata["method"] == "qgpm"  # the model's method reads neither
+    with pytest.raises(ValueError, match="takes none"):
+        llm.invoke(QUESTION, context=CONTEXT, k=3)
+
+
 # --------------------------------------------------------------------------- bad arguments fail before loading
 
 
@@ -113,6 +126,9 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
     [
         ({"no_such": 1}, "no_such"),
         ({"method": "magic"}, "unknown method"),
+        ({"relevance": "minlm"}, r"relevance 'minlm': 'minlm' is not a relevance source"),
+        ({"k": 0}, "greater than or equal to 1"),
+        ({"method": "topk", "reranker": "nope"}, r"reranker='nope': unknown reranker 'nope'"),
         ({"model_kwargs": {"dtype": "bf17"}}, "unknown dtype"),
         ({"model_kwargs": {"dtype": "bf16", "torch_dtype": "bf16"}}, "both torch_dtype and dtype"),
         ({"model_kwargs": {"heads": [(0, 0)]}}, "model_kwargs may not hold"),
@@ -121,6 +137,7 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
         ({"generate_kwargs": {"method": "qgpm"}}, "set by qgpm itself"),
         ({"generate_kwargs": {"repetition_penaltyy": 1.2}}, r"generate_kwargs: unexpected arguments \['repetition_penaltyy'\]"),
         ({"generate_kwargs": {"typical_p": 0.9}}, "typical_p: qgpm samples with"),
+        ({"generate_kwargs": {"top_k": "a"}}, "generate_kwargs: top_k must be an int >= 0"),
         ({"generate_kwargs": {"num_beams": 4}}, "num_beams: not supported"),
         ({"vllm_url": "http://127.0.0.1:9", "generate_kwargs": {"no_repeat_ngram_size": 3}}, "not decoding settings a vLLM server takes"),
         ({"vllm_url": "http://127.0.0.1:9", "timeout": 30}, "leave timeout unset with vllm_url="),
@@ -132,6 +149,98 @@ def test_bad_arguments_raise_before_loading(kwargs, match, load_calls):
     with pytest.raises((ValidationError, ValueError, TypeError), match=match):
         QGPMChatModel(**kwargs)
     assert not load_calls
+
+
+def test_method_settings_are_taken_by_the_methods_that_read_them(load_calls):
+    llm = QGPMChatModel(method="topk", reranker="bm25", k=2)
+    assert (llm.reranker, llm.k) == ("bm25", 2)
+    assert QGPMChatModel(method="reorder", reranker="bm25").reranker == "bm25"
+    assert QGPMChatModel(method="qgpm").k == 5  # defaults are no settings to refuse
+    assert not load_calls
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        ({"max_tokens": 2.9}, TypeError, "max_tokens must be an int, got float 2.9"),
+        ({"max_new_tokens": True}, TypeError, "max_new_tokens must be an int, got bool"),
+        ({"temperature": True}, TypeError, "temperature must be a number, got bool"),
+        ({"temperature": "hot"}, TypeError, "temperature must be a number, got str"),
+        ({"stop": 5}, TypeError, r"stop must be a string or a list of strings, got int \(the stop= of this call\)"),
+        ({"method": "topk", "reranker": "bm25", "k": 2.7}, TypeError, "k must be an int, got float"),
+        ({"question": ["Where?"]}, TypeError, r"question= must be a string \(the question to answer\), got list \['Where\?'\]"),
+        ({"question": 5}, TypeError, "question= must be a string"),
+        ({"explain_k": -1}, ValueError, "explain_k must be >= 0"),
+        ({"explain_k": 2.5}, TypeError, "explain_k must be an int"),
+        ({"explain_html": "yes"}, TypeError, "explain_html must be True or False"),
+    ],
+)
+def test_bad_call_arguments_raise_before_the_model_runs(tiny_llm, kwargs, exc, match, monkeypatch):
+    engine = tiny_llm.get_engine()
+    monkeypatch.setattr(engine.model, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    with pytest.raises(exc, match=match):
+        tiny_llm.invoke(QUESTION, context=CONTEXT, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"method": "qgmp"},
+        {"method": "oracle"},  # needs evidence=
+        {"evidence": ["red door"]},  # only the oracle reads it
+        {"reranker": "bm25"},
+        {"k": 2},
+        {"method": "topk", "reranker": "nope"},
+        {"relevance": "minlm"},
+        {"qgpm_config": "fast"},
+        {"system": 5},
+        {"method": "string", "options": object()},
+    ],
+    ids=lambda kw: ",".join(f"{k}={v!r}" if isinstance(v, (str, int, list)) else f"{k}={type(v).__name__}" for k, v in kw.items()),
+)
+def test_a_plain_call_refuses_context_settings_as_a_context_call_does(tiny_llm, kwargs, monkeypatch):
+    monkeypatch.setattr(tiny_llm.get_engine().model, "forward", lambda *a, **k: pytest.fail("the model ran"))
+    with pytest.raises((TypeError, ValueError)) as with_context:
+        tiny_llm.invoke(QUESTION, context=CONTEXT, **kwargs)
+    with pytest.raises(type(with_context.value)) as plain:
+        tiny_llm.invoke("Hello there.", **kwargs)
+    assert str(plain.value) == str(with_context.value)
+
+
+def test_a_plain_call_names_the_context_settings_it_does_not_use(tiny_llm, caplog):
+    with caplog.at_level("WARNING", logger="qgpm"):
+        msg = tiny_llm.invoke("Hello there.", method="vanilla", system="You are a pirate.", answer_prefix="ARRR", max_tokens=2)
+    assert msg.response_metadata["qgpm"]["mode"] == "plain"
+    assert "found no context and answers as plain chat, so its method=, system=, answer_prefix= " in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qgpm"):
+        tiny_llm.invoke("Hello there.", max_tokens=2, system=None)  # None: not given
+        tiny_llm.invoke(QUESTION, context=CONTEXT, method="vanilla", max_tokens=2)
+    assert "so its" not in caplog.text
+
+
+def test_a_call_setting_given_as_none_is_the_models_own(tiny_llm):
+    msg = tiny_llm.invoke(QUESTION, context=CONTEXT, max_tokens=None, temperature=None, top_p=None)
+    assert 0 < msg.usage_metadata["output_tokens"] <= tiny_llm.max_tokens
+    assert tiny_llm.invoke(QUESTION, context=CONTEXT, max_tokens=2).usage_metadata["output_tokens"] <= 2
+
+
+@pytest.mark.parametrize("field", ["temperature", "max_tokens", "k", "seed"])
+def test_a_bool_is_no_number_for_the_constructor(field, load_calls):
+    with pytest.raises(TypeError, match=f"{field} must be a number, got bool True"):
+        QGPMChatModel(method="topk", **{field: True})
+
+
+def test_hosted_model_settings_are_named_as_unused(load_calls, caplog):
+    with caplog.at_level("WARNING", logger="qgpm"):
+        llm = QGPMChatModel(api_key="sk-secret-value", max_retries=7)
+    assert "does not use api_key= or max_retries=" in caplog.text
+    assert "sk-secret-value" not in caplog.text and not hasattr(llm, "api_key")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qgpm"):
+        QGPMChatModel(api_key=None)
+        QGPMChatModel()
+    assert "does not use" not in caplog.text
 
 
 def test_loaded_model_needs_its_tokenizer_and_no_model_kwargs(tokenizer):

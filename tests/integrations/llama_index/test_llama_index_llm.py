@@ -185,6 +185,16 @@ def test_custom_templates_and_fallback(stub_engine, word_tokenizer):
     assert stub_engine.calls[-1][1] == [{"role": "user", "content": "Rewrite the question: Why?"}]
 
 
+def test_prompt_text_beside_the_template_reaches_the_engine_as_system_text(stub_engine, word_tokenizer):
+    llm = QGPMLLM(engine=stub_engine, system_prompt="Be brief.")
+    pirate = "You are a pirate. Start every answer with ARRR."
+    qa = PromptTemplate(pirate + "\n" + DEFAULT_TEXT_QA_PROMPT_SEL.default_template.template)
+    llm.predict(qa, context_str="Text.", query_str="Q?")
+    kind, documents, question, kw = stub_engine.calls[-1]
+    assert (kind, documents, question) == ("answer", ["Text."], "Q?")
+    assert kw["system"] == "Be brief.\n\n" + pirate
+
+
 def test_template_variable_and_function_mappings(stub_engine, word_tokenizer):
     llm = QGPMLLM(engine=stub_engine)
     tmpl = PromptTemplate(

@@ -21,6 +21,7 @@ from llama_index.core.instrumentation.events.llm import (
     LLMPredictStartEvent,
 )
 from llama_index.core.llms import ChatMessage
+from llama_index.core.prompts import PromptTemplate
 from llama_index.core.prompts.default_prompt_selectors import DEFAULT_TEXT_QA_PROMPT_SEL
 
 from qgpm import QGPM
@@ -109,6 +110,19 @@ def test_generate_kwargs_reach_the_engine(stub_engine, word_tokenizer):
         ({"no_such": 1}, TypeError, r"unexpected arguments \['no_such'\]"),
         ({"context_windw": 100}, TypeError, "context_windw"),
         ({"method": "magic"}, ValueError, "unknown method"),
+        ({"relevance": "minlm"}, ValueError, r"relevance 'minlm': 'minlm' is not a relevance source"),
+        ({"relevance": "heads+nope"}, ValueError, r"relevance 'heads\+nope': 'nope' is not a relevance source"),
+        ({"method": "topk", "reranker": "nope"}, ValueError, "reranker='nope': unknown reranker"),
+        ({"seed": -1}, ValueError, r"seed must be in \[0, 2\*\*64\)"),
+        ({"temperature": float("inf")}, ValueError, "temperature must be a finite number"),
+        ({"temperature": True}, TypeError, "temperature must be a number"),
+        ({"max_new_tokens": 2.0}, TypeError, "max_new_tokens must be an int"),
+        ({"stop": 5}, TypeError, "stop must be a string or a list of strings"),
+        ({"generate_kwargs": {"top_k": "a"}}, TypeError, "generate_kwargs: top_k must be an int >= 0"),
+        ({"generate_kwargs": {"repetition_penalty": 0}}, ValueError, "repetition_penalty must be a number > 0"),
+        ({"context_window": 1000, "max_new_tokens": 1000}, ValueError, "max_new_tokens=1000 leaves no room for a prompt"),
+        ({"refine_instruction": "Refine it."}, ValueError, r"refine_instruction='Refine it.' has no \{existing_answer\}"),
+        ({"query_wrapper_prompt": PromptTemplate("[INST] Answer. [/INST]")}, ValueError, r"query_wrapper_prompt has no \{query_str\}"),
         ({"model_kwargs": {"dtype": "bf17"}}, ValueError, "unknown dtype"),
         ({"generate_kwargs": {"max_new_tokens": 3}}, ValueError, r"set max_new_tokens=\.\.\. instead"),
         ({"generate_kwargs": {"repetition_penaltyy": 1.2}}, TypeError, r"generate_kwargs: unexpected arguments \['repetition_penaltyy'\]"),
@@ -125,6 +139,17 @@ def test_bad_arguments_raise_before_loading(kwargs, exc, match, monkeypatch):
     monkeypatch.setattr(QGPM, "from_pretrained", no_load)
     with pytest.raises(exc, match=match):
         QGPMLLM(set_global_tokenizer=False, **kwargs)
+
+
+def test_an_answer_budget_as_large_as_the_window_is_refused_when_built(stub_engine, word_tokenizer):
+    """LlamaIndex packs prompts into context_window - max_new_tokens: a budget that leaves nothing
+    fails here, not as a negative context size inside the first query."""
+    with pytest.raises(ValueError, match=f"max_new_tokens={stub_engine.max_length} leaves no room"):
+        QGPMLLM(engine=stub_engine, max_new_tokens=stub_engine.max_length)
+    assert QGPMLLM(engine=stub_engine, max_new_tokens=stub_engine.max_length - 1).metadata.num_output == stub_engine.max_length - 1
+    mapped = PromptTemplate("[INST] {q} [/INST]", template_var_mappings={"query_str": "q"})  # LlamaIndex formats it with query_str
+    assert QGPMLLM(engine=stub_engine, query_wrapper_prompt=mapped).query_wrapper_prompt is mapped
+    assert stub_engine.calls == []
 
 
 def test_engine_with_model_settings_is_an_error(stub_engine, word_tokenizer):

@@ -80,6 +80,20 @@ def test_class_names_and_reranker_object():
     assert _ids(out) == ["n1"] and out[0].score == len(TEXTS[1])
 
 
+def test_unknown_arguments_raise_and_name_the_field_meant():
+    with pytest.raises(TypeError, match=r"QGPMTopKPostprocessor got unexpected arguments \['top_k'\] \(top_k: the number of nodes kept is top_n="):
+        QGPMTopKPostprocessor(top_k=1)
+    with pytest.raises(TypeError, match=r"QGPMReorderPostprocessor got unexpected arguments \['foo'\]; it takes callback_manager"):
+        QGPMReorderPostprocessor(foo=1)
+    with pytest.raises(TypeError, match=r"Reorder keeps every node; to keep the best ones use QGPMTopKPostprocessor\(top_n="):
+        QGPMReorderPostprocessor(top_n=2)
+    with pytest.raises(ValueError, match="unknown reranker 'nope'"):
+        QGPMTopKPostprocessor(reranker="nope")
+    kept = QGPMTopKPostprocessor(reranker="bm25", top_n=2)
+    assert QGPMTopKPostprocessor.from_dict(kept.to_dict()).top_n == 2  # LlamaIndex's own round trip still works
+    assert QGPMTopKPostprocessor.model_validate(kept.to_dict()).top_n == 2  # to_dict() holds class_name, which is no argument
+
+
 def test_postprocessors_in_a_query_engine(stub_engine, monkeypatch):
     from llama_index.core import VectorStoreIndex
     from llama_index.core.embeddings import MockEmbedding

@@ -46,20 +46,35 @@ def test_default_refine_templates_give_the_earlier_answer(template):
     assert parts.step == "refine"
 
 
-def test_a_leading_system_text_is_not_context():
+def test_a_leading_system_text_is_not_context_and_is_kept():
     text = "You answer briefly.\n\n" + DEFAULT_TEXT_QA_PROMPT.format(context_str="One text.", query_str="Why?")
-    assert read_prompt(text) == PromptParts(("One text.",), "Why?", None, "template")
+    assert read_prompt(text) == PromptParts(("One text.",), "Why?", None, "template", "You answer briefly.")
+    pirate = "You are a pirate. Start every answer with ARRR.\n" + DEFAULT_TEXT_QA_PROMPT.format(context_str="One text.", query_str="Why?")
+    assert read_prompt(pirate).system_text == "You are a pirate. Start every answer with ARRR."
+    # LlamaIndex's own default system prompt (the chat templates' first message) is template text
+    chat = messages_to_prompt(CHAT_TEXT_QA_PROMPT.format_messages(context_str="One text.", query_str="Why?"))
+    assert "expert Q&A system" in chat and read_prompt(chat).system_text is None
+
+
+def test_a_document_quoting_the_closing_tag_keeps_every_document():
+    tagged = PromptTemplate("Answer from the context.\n<context>\n{context_str}\n</context>\nQuestion: {query_str}")
+    docs = ("First text.", "Second text quotes </context> in its body.", "Third text.")
+    parts = read_prompt(tagged.format(context_str="\n\n".join(docs), query_str="Why?"))
+    assert parts == PromptParts(docs, "Why?", None, "shape:tag", "Answer from the context.")
 
 
 def test_other_templates_are_read_by_the_core_shape_reader():
     # the default's shape in other words: the context ends at the rule line that closes it
     tmpl = PromptTemplate("Notes on the context follow.\n-----\n{context_str}\n-----\nAnswer from the notes only.\nQuestion: {query_str}\nAnswer:")
     parts = read_prompt(tmpl.format(context_str="First text.\n\nSecond text.", query_str="Why?"))
-    assert parts == PromptParts(("First text.", "Second text."), "Why?", None, "shape:rule")
+    # the template's instruction and the text between the context and the question are kept for the system message
+    assert parts == PromptParts(("First text.", "Second text."), "Why?", None, "shape:rule",
+                                "Notes on the context follow.\n\nAnswer from the notes only.")
     labelled = PromptTemplate("Use the documents.\nDocuments:\n{context_str}\n\nQuestion: {query_str}")
-    assert read_prompt(labelled.format(context_str="A text.", query_str="What?")) == PromptParts(("A text.",), "What?", None, "shape:label")
+    assert read_prompt(labelled.format(context_str="A text.", query_str="What?")) == PromptParts(
+        ("A text.",), "What?", None, "shape:label", "Use the documents.")
     tagged = PromptTemplate("<context>\n{context_str}\n</context>\n<question>{query_str}</question>")
-    assert read_prompt(tagged.format(context_str="A text.", query_str="What?")).documents == ("A text.",)
+    assert read_prompt(tagged.format(context_str="A text.", query_str="What?")) == PromptParts(("A text.",), "What?", None, "shape:tag")
 
 
 @pytest.mark.parametrize(
