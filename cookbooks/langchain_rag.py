@@ -24,7 +24,7 @@ question (the human message) by itself. Side by side:
 
 Everything runs offline on CPU.
 
-Run:  python cookbooks/langchain_rag.py [--limit 2] [--k 6] [--max-tokens 32]
+Run:  python cookbooks/langchain_rag.py [--limit 2] [--k 24] [--max-tokens 32]
 """
 
 from __future__ import annotations
@@ -146,7 +146,9 @@ def main(argv: Sequence[str] | None = None, *, heads: Any = None) -> list[dict]:
     """Command-line entry point; ``heads`` (a list of (layer, head)) overrides ``--heads``."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="answer only the first N questions")
-    ap.add_argument("--k", type=int, default=6, help="paragraphs retrieved per question")
+    ap.add_argument("--k", type=int, default=24,
+                    help="paragraphs retrieved per question (default 24: about 1,400 tokens; the preset keeps the model's own "
+                         "positions for contexts up to keep_length = 1,024 tokens)")
     ap.add_argument("--top-k", type=int, default=3, help="paragraphs kept by the Top-K compressor")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--reranker", default=DEFAULT_RERANKER, help=f"qgpm.rerank spec for Top-K / Reorder (bm25, minilm, judge, ...; default {DEFAULT_RERANKER})")
