@@ -134,7 +134,7 @@ def run_command(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
-    except (ValueError, LookupError, OSError, ImportError) as exc:
+    except (ValueError, TypeError, LookupError, OSError, ImportError) as exc:  # TypeError: a value of the wrong type (k_sharp=abc)
         if os.environ.get("QGPM_TRACEBACK"):
             raise
         print(f"{prog}: error: {type(exc).__name__}: {_one_line(exc)} (QGPM_TRACEBACK=1 shows the traceback)", file=sys.stderr)

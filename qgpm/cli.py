@@ -40,7 +40,7 @@ from ._cliutil import (
     split_config_args,
 )
 from . import QGPM, __version__
-from .baselines import options_from_strings
+from .baselines import options_from_strings, resolve_options
 from .config_files import check_config_args, load_config
 from .editing import check_k
 from .explain import decision_note, sentence_rows, term_note
@@ -50,6 +50,7 @@ from .loading import parse_dtype, resolve_device, resolve_source, source_fingerp
 from .serving import VLLMServer
 from .defaults import DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
 from .methods import Stage, method_spec
+from .prompt import check_prompt_inputs
 from .rerank import check_reranker_spec
 from .sources import parse_source
 
@@ -139,7 +140,8 @@ def _print_why(method: str, result, top: int) -> None:
         ranked = f", ranked by {source}" if source else ""
         print(f"\n{method} promoted (top {len(rows)} of {len(result.relevance)} sentences{ranked}):")
         print("  z: how far the sentence's relevance to the question stands above the context's average, in standard deviations")
-        print("  score: its weight in the position plan, 1 = a full position step, lower = compressed on the fast rotary planes")
+        print("  score: its weight in the position plan, 1 = a full position step (a promoted sentence, or text before the first "
+              "promoted one, which keeps its place); lower: compressed on the fast rotary planes (remap stride) or left in place (reorder)")
         print("  depth: where the sentence sits in the context, 0 % = its start")
         print("  rank      z  score  depth  sentence")
         for r in rows:
@@ -201,6 +203,15 @@ def _ask(args: argparse.Namespace) -> int:
     unused = [m for m in options if m not in methods]
     if unused:
         raise UsageError(f"--option sets {', '.join(unused)}, which --methods {','.join(methods)} does not run")
+    for m in methods:  # llmlingua-2 needs its compressor's path
+        try:
+            resolve_options(m, options.get(m))
+        except ValueError as exc:
+            raise UsageError(f"{exc} (set it with --option {m}.FIELD=VALUE)") from None
+    try:
+        check_prompt_inputs(text, question)  # an empty --context file, before the model loads
+    except ValueError as exc:
+        raise UsageError(f"{exc}") from None
     if args.reranker is not None and not any(s.reranker for s in specs):
         raise UsageError(f"--reranker sets the reranker of topk / reorder, which --methods {','.join(methods)} does not run")
     if args.k is not None and not any(s.takes_k for s in specs):

@@ -47,6 +47,7 @@ from qgpm.config_files import check_config_args, load_config
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
 from qgpm.eval.processes import partial_state
 from qgpm.eval.report import report
+from qgpm.eval.rows import read_rows
 from qgpm.eval.runner import load_engine, run_eval
 from qgpm.eval.tune import parse_grid, tune
 from qgpm.eval.work import read_sample_ids
@@ -329,6 +330,9 @@ def main_calibrate(args) -> int:
 
 
 def main_report(args) -> int:
+    methods = sorted({r.get("method") for r in read_rows(args.out)})
+    if methods and args.baseline not in methods:
+        raise ValueError(f"--baseline {args.baseline}: no rows of that method in {args.out} (its methods: {', '.join(map(str, methods))})")
     path = report(args.out, baseline=args.baseline, plots=args.plots)
     print(f"wrote {path}")
     return 0
