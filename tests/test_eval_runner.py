@@ -371,7 +371,7 @@ def test_tune_caches_pass1_and_writes_summary(tiny_engine, tmp_path, monkeypatch
     from qgpm.eval.tune import Pass1Cache, load_config, tune
 
     grid = {"k_sharp": [1.0, 2.0], "s_low": [0.1, 0.3]}
-    base = QGPMConfig(**HARD)
+    base = QGPMConfig(**HARD, pass1_dtype="float32")  # a pass-1 field too (the tiny model is float32): the preset line must carry it
     summary = tune(tiny_engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0, 1.0], n=1, out_dir=tmp_path,
                    grid=grid, base_config=base, max_new_tokens=NEW, progress=False, command="test", oracle=True)
     assert summary["trials"] == 4  # base (k_sharp=2, s_low=0.1) + 3 others
@@ -385,6 +385,8 @@ def test_tune_caches_pass1_and_writes_summary(tiny_engine, tmp_path, monkeypatch
     assert "dev" in md and "provenance=" in md and "command: `test`" in md and "oracle acc %" in md
     best = load_config(tmp_path / "best_config.json")
     assert "tuned on the dev split" in best.provenance
+    line = md.split("```python\n", 1)[1].split("\n```", 1)[0]
+    assert eval(line, {"QGPMConfig": QGPMConfig}) == best  # the preset line builds the best config, every field of it
     rows = [json.loads(x) for x in (tmp_path / "tune_rows.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * (4 + 4 + 1) and all(r["split"] == "dev" for r in rows)
     # the oracle rows are the Oracle's answers under each trial's config (evidence labels, not heads)
@@ -461,6 +463,10 @@ def test_grid_and_config_parsing(tmp_path):
     assert g == {"k_sharp": [1, 2, 8], "t_sharp": [0, 0.5], "split_layer": [None]}
     valid, invalid = expand_grid(g, QGPMConfig())
     assert len(valid) == 4 and len(invalid) == 2  # k_sharp=8 is not < k_broad=8
+    same, _ = expand_grid(parse_grid("k_sharp=4,4.0,2"), QGPMConfig())
+    assert [c.k_sharp for c in same] == [4, 2]  # 4 and 4.0 are one config
+    with pytest.raises(ValueError, match=r"grid point \{'k_sharp': 'abc'\}"):  # a typo is an error, not a skipped point
+        expand_grid(parse_grid("k_sharp=abc"), QGPMConfig())
     with pytest.raises(ValueError, match="unknown QGPMConfig field"):
         parse_grid("k_sharpp=1")
     p = tmp_path / "c.json"
@@ -653,6 +659,7 @@ def test_cli_eval_and_report_on_a_saved_model(tiny_dir, tmp_path):
     assert man["latest"]["config"]["k_sharp"] == 1.0 and " eval --model " in man["latest"]["command"]
     (out / "report.md").unlink()
     assert main(["report", "--out", str(out)]) == 0 and (out / "report.md").is_file()
+    assert main(["report", "--out", str(out), "--baseline", "nope"]) == 2  # no such method in the rows: one line, exit 2
     # a call that falls back reuses pass 1's prefill unless --no-reuse-prefill; the manifest says which
     runs = {}
     for name, extra in (("on", []), ("off", ["--no-reuse-prefill"]), ("bf16", ["--set", "pass1_dtype=bfloat16"])):

@@ -96,9 +96,9 @@ def summary_md(summary: dict, ranked: list[dict], base: QGPMConfig) -> str:
         f"Changes from the base config: `{json.dumps(best['changes'])}`.",
         f"Sensitivity: accuracy over all trials ranged {fmt(summary['sensitivity']['acc_min'], pct=True)}–{fmt(summary['sensitivity']['acc_max'], pct=True)} %.",
         "",
-        "Preset line (qgpm/config.py):", "",
+        "Preset line (qgpm/config.py; every field that differs from `QGPMConfig()`, so it builds `best_config.json`'s config):", "",
         "```python",
-        "QGPMConfig(" + ", ".join(f"{k}={cfg[k]!r}" for k in SHAPING_FIELDS if k in cfg) + f",\n           provenance={cfg['provenance']!r})",
+        _preset_line(cfg),
         "```",
         "",
         "Evaluate it on the test split: `qgpm eval ... --config best_config.json` (this folder).",
@@ -119,3 +119,10 @@ def summary_md(summary: dict, ranked: list[dict], base: QGPMConfig) -> str:
         md.append("| " + " | ".join(cells) + " |")
     md += ["", f"Base config: `{json.dumps(summary['base_config'])}`", ""]
     return "\n".join(md)
+
+
+def _preset_line(cfg: dict) -> str:
+    """``QGPMConfig(...)`` with every field of ``cfg`` that differs from the defaults (provenance last)."""
+    default = QGPMConfig().to_dict()
+    changed = [f"{k}={v!r}" for k, v in cfg.items() if k != "provenance" and k in default and v != default[k]]
+    return "QGPMConfig(" + ", ".join(changed + [f"provenance={cfg.get('provenance')!r}"]) + ")"

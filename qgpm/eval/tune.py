@@ -30,6 +30,7 @@ import dataclasses
 import datetime as _dt
 import itertools
 import json
+import logging
 import random
 import sys
 import time
@@ -74,6 +75,8 @@ TRIALS_FILE = "trials.jsonl"
 BEST_FILE = "best_config.json"
 SUMMARY_FILE = "tune_summary.md"
 
+logger = logging.getLogger("qgpm")
+
 
 # ----------------------------------------------------------------------------- configs
 
@@ -103,19 +106,21 @@ def expand_grid(grid: dict[str, list], base: QGPMConfig) -> tuple[list[QGPMConfi
     """Every valid config of the grid (in grid order, duplicates of the base removed) and
     the combinations that violate the config's constraints (e.g. ``K_b > K_s``)."""
     names = list(grid)
-    valid, invalid = [], []
-    seen = set()
+    valid: list[QGPMConfig] = []
+    invalid: list[dict] = []
     for combo in itertools.product(*(grid[k] for k in names)):
         changes = dict(zip(names, combo))
         try:
             cfg = base.with_(**changes)
-        except (ValueError, TypeError) as exc:
+        except TypeError as exc:  # a value of the wrong type is a typo in the grid, not a point to skip
+            raise ValueError(f"grid point {changes}: {exc}") from None
+        except ValueError as exc:
             invalid.append({**changes, "reason": str(exc)})
             continue
-        key = json.dumps(_cfg_fields(cfg), sort_keys=True)
-        if key not in seen:
-            seen.add(key)
+        if cfg not in valid:  # configs compare by value: k_sharp=4 is k_sharp=4.0
             valid.append(cfg)
+    if invalid:
+        logger.warning("qgpm tune: %d grid point(s) violate the config's constraints and are skipped, e.g. %s", len(invalid), invalid[0])
     return valid, invalid
 
 
@@ -232,8 +237,7 @@ def tune(
     base = base_config or engine.config
     grid = DEFAULT_GRID if grid is None else grid
     configs, invalid = expand_grid(grid, base) if grid else ([], [])
-    base_key = json.dumps(_cfg_fields(base), sort_keys=True)
-    configs = [c for c in configs if json.dumps(_cfg_fields(c), sort_keys=True) != base_key]
+    configs = [c for c in configs if c != base]
     if trials is not None and trials - 1 < len(configs):
         configs = random.Random(search_seed).sample(configs, max(trials - 1, 0))
     configs = [base] + configs
