@@ -186,7 +186,7 @@ def plot_relevance(result: Explained, *, evidence: Sequence[str] | None = None, 
     ax.text(1.0, ax.get_ylim()[1], " question", va="top", ha="left", fontsize=9)
     ax.set_xlim(-0.02, 1.1)
     ax.set_xlabel("position in the context (0 = start, 1 = end)")
-    ax.set_ylabel("head relevance z" if use_z else "sharp-map score")
+    ax.set_ylabel("relevance z" if use_z else "sharp-map score")
     ax.set_title(f"QGPM relevance ({result.method}, {len(rows)} sentences)")
     ax.legend(loc="best", fontsize=8, frameon=False)
     fig.tight_layout()
