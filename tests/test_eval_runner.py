@@ -777,7 +777,7 @@ def test_targets_and_diagnosis_on_hand_made_rows(tmp_path):
     assert d["n_top1"] == 10 and d["qgpm_delta_top1"] == pytest.approx(40.0) and d["qgpm_delta_rest"] == pytest.approx(40.0)
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     text = report(tmp_path, plots=False).read_text()
-    assert "## Targets" in text and "## Diagnosis: head signal vs position remapping" in text
+    assert "## Targets" in text and "## Diagnosis: relevance signal vs position remapping" in text
     assert "| 0.5 | 43 (14) |" in text  # all tasks by depth: vanilla at 0.5 = 4/10 multikey + 2/4 qa
     assert json.loads((tmp_path / "stats.json").read_text())["targets"]
 

@@ -147,7 +147,8 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
     latest = manifest.get("latest") or {}
     if latest:
         md += [
-            f"- model: `{latest.get('model')}` ({latest.get('dtype')}, {latest.get('device')}); heads: `{latest.get('heads')}`",
+            f"- model: `{latest.get('model')}` ({latest.get('dtype')}, {latest.get('device')}); heads: `{latest.get('heads')}`; "
+            f"relevance source: `{(latest.get('config') or {}).get('relevance')}`",
             f"- split: **{latest.get('split')}**; n = {latest.get('n')} per (task, length, depth); depths: {latest.get('depths')}",
             f"- methods: {', '.join(latest.get('methods') or [])}; reranker (topk/reorder): {latest.get('reranker')}, k={latest.get('k')}",
             f"- QGPM config: `{json.dumps(latest.get('config'))}` ({latest.get('config_provenance')})",
@@ -258,7 +259,7 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
             diag.append([t, L, "topk", len(rs), "–", "–", _pct(_mean([float(r["evidence_kept"]) for r in rs]), 0)])
     if diag:
         md += ["## Retrieval diagnostics", "",
-               "qgpm: MRR and top-1 rate of the evidence sentence under the head relevance ranking; "
+               "qgpm: MRR and top-1 rate of the evidence sentence under QGPM's relevance ranking (the config's relevance source); "
                "topk: share of samples whose evidence survived the edit.", ""]
         md += _table(["task", "length", "method", "n", "evidence MRR", "evidence top-1 %", "evidence kept %"], diag) + [""]
 

@@ -7,12 +7,12 @@ Targets, each per task pooled over lengths and depths, paired by sample:
 - guard (single-needle NIAH, QA): QGPM never more than 1 point below vanilla;
 - QGPM within 2 points of the Oracle (or above it).
 
-Diagnosis (why a target is missed): for every task, how well the heads rank the
-evidence (top-1 rate, MRR: ``evidence_rank`` of the qgpm rows), the Oracle's own gain
-over vanilla (what the position remapping gives with perfect relevance), and QGPM's
-gain split by whether the heads put the evidence first. If the Oracle gains little,
-the limit is the remapping on this model; if the Oracle gains and QGPM does not, and
-QGPM does better when the heads rank the evidence first, the limit is the head signal.
+Diagnosis (why a target is missed): for every task, how well QGPM's relevance source (the
+heads, or a reranker) ranks the evidence (top-1 rate, MRR: ``evidence_rank`` of the qgpm
+rows), the Oracle's own gain over vanilla (what the position remapping gives with perfect
+relevance), and QGPM's gain split by whether the evidence was ranked first. If the Oracle
+gains little, the limit is the remapping on this model; if the Oracle gains and QGPM does
+not, and QGPM does better when the evidence is ranked first, the limit is the relevance signal.
 """
 
 from __future__ import annotations
@@ -147,10 +147,10 @@ def targets_markdown(rows: Sequence[dict], **kw: Any) -> list[str]:
     for c in checks:
         met = "–" if c.met is None else ("yes" if c.met else "**no**")
         md.append(f"| {c.target} | {c.task} | {c.pairs} | {fmt(c.value)} [{fmt(c.lo)}, {fmt(c.hi)}] | {c.threshold} | {met} | {c.detail} |")
-    md += ["", "## Diagnosis: head signal vs position remapping", "",
-           "evidence top-1 / top-3 / MRR: where the heads rank the evidence sentence (qgpm rows). "
-           "oracle Δ: what the remapping gives with perfect relevance. qgpm Δ | top-1: QGPM's gain on the samples "
-           "where the heads ranked the evidence first; | rest: on the others. Δlogp: mean paired gold log-prob difference (nats). "
+    md += ["", "## Diagnosis: relevance signal vs position remapping", "",
+           "evidence top-1 / top-3 / MRR: where QGPM's relevance source (the config's relevance: the heads or a reranker) ranks "
+           "the evidence sentence (qgpm rows). oracle Δ: what the remapping gives with perfect relevance. qgpm Δ | top-1: "
+           "QGPM's gain on the samples where the evidence was ranked first; | rest: on the others. Δlogp: mean paired gold log-prob difference (nats). "
            "same answer %: qgpm's answer text equals the baseline's.", "",
            "| task | n | evidence top-1 % | top-3 % | MRR | oracle Δ [CI] | oracle Δlogp | qgpm Δ [CI] | qgpm Δlogp | same answer % | qgpm Δ \\| top-1 (n) | qgpm Δ \\| rest (n) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
