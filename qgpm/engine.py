@@ -328,7 +328,7 @@ class QGPM:
         (:data:`~qgpm.defaults.PASS1_FIELDS`) need a new :meth:`prepare`.
         """
         check_replan(call, config, self.config)
-        self._check_config(config, method_spec(call.method))
+        check_config(self, config, method_spec(call.method))  # against this model, before any work
         return replan_call(self, call, config)
 
     def chat(self, messages: Sequence[dict[str, str]], **decoding: Any) -> QGPMResult:
@@ -359,10 +359,10 @@ class QGPM:
         The arguments are checked here, before anything runs; the call is prepared (pass 1
         included) when the first piece is asked for.
         """
-        opts, dec = self._checked(context, question, kwargs)
+        opts, dec, checked = self._checked(context, question, kwargs)
 
         def run(state: StreamState) -> Iterator[str]:  # a generator: nothing is prepared before the first piece is asked for
-            yield from self._stream_run(self._prepare(context, question, opts), dec, state)
+            yield from self._stream_run(self._prepare(context, question, opts, checked), dec, state)
 
         return AnswerStream(run, engine=self)
 
@@ -398,12 +398,15 @@ class QGPM:
         self._checked(context, question, kwargs)
 
     # ------------------------------------------------------------------ stages
-    def _checked(self, context: Any, question: Any, kwargs: Mapping[str, Any]) -> tuple[CallOptions, Decoding]:
+    def _checked(self, context: Any, question: Any, kwargs: Mapping[str, Any]) -> tuple[CallOptions, Decoding, tuple]:
         kw = dict(kwargs)
         opts = CallOptions.take(kw, max_new_tokens=64)
         dec = checked_decoding(self.generator, Decoding.take(kw, max_new_tokens=opts.max_new_tokens))
-        check_call(self, self._check_ready(opts.method), context, question, opts)
-        return opts, dec
+        return opts, dec, self._check_all(context, question, opts)
+
+    def _check_all(self, context: Any, question: Any, opts: CallOptions) -> tuple[MethodSpec, Any, QGPMConfig, list[str] | None]:
+        spec = self._check_ready(opts.method)
+        return (spec, *check_call(self, spec, context, question, opts))
 
     def _check_ready(self, method: Any) -> MethodSpec:
         spec = method_spec(method)
@@ -411,15 +414,10 @@ class QGPM:
             raise self._support_error
         return spec
 
-    def _check_config(self, config: Any, spec: MethodSpec) -> QGPMConfig:
-        """The call's config (``None`` = the engine's), checked against this model before pass 1."""
-        return check_config(self, self.config if config is None else config, spec)
-
-    def _prepare(self, context: str | Sequence[str], question: str, opts: CallOptions) -> PreparedCall:
-        """Everything before generation: check the inputs (:func:`~qgpm.call_checks.check_call`), edit
-        the context (topk / reorder / llmlingua-2), build the prompt, run pass 1 and build the plan."""
-        spec = self._check_ready(opts.method)
-        options, cfg, evidence = check_call(self, spec, context, question, opts)
+    def _prepare(self, context: str | Sequence[str], question: str, opts: CallOptions, checked: tuple | None = None) -> PreparedCall:
+        """Everything before generation: check the inputs (:func:`~qgpm.call_checks.check_call`; ``checked``: their result where
+        a stream checked them already), edit the context (topk / reorder / llmlingua-2), build the prompt, run pass 1 and the plan."""
+        spec, options, cfg, evidence = checked or self._check_all(context, question, opts)
         context, edit, edit_s, details = edit_context_stage(spec, context, question, reranker=opts.reranker, k=opts.k, options=options,
                                                             tokenizer=self.tokenizer)
         prompt = build_prompt(self.tokenizer, PromptSpec(context=context, question=question, instruction=opts.instruction, system=opts.system,
