@@ -252,6 +252,11 @@ class QGPMChatModel(BaseChatModel):
             check_reranker(self.reranker, owner)
         if self.k is not None:
             check_k(self.k)
+        spec, given = method_spec(self.method), self.model_fields_set
+        unread = [f for f, reads in (("reranker", spec.reranker), ("k", spec.takes_k)) if f in given and not reads]
+        if unread:  # kept for calls whose method= reads them (.bind, configurable fields); said, not silently unused
+            logger.warning("qgpm: %s set the reranker / chunk count of calls whose method is topk or reorder (a .bind(method=...)); "
+                           "method=%r reads neither, so its own calls leave them unused", ", ".join(f"{f}=" for f in unread), self.method)
         if self.options is not None and getattr(self.options, "method", None) != self.method:
             raise ValueError(
                 f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "

@@ -7,6 +7,8 @@ callbacks must see every streamed chunk (sync and async).
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
@@ -105,10 +107,14 @@ def test_an_already_loaded_model_and_tokenizer(tiny_llm, tokenizer):
     assert msg.usage_metadata["output_tokens"] > 0
 
 
-def test_reranker_and_k_settings_serve_a_calls_method(tiny_llm):
+def test_reranker_and_k_settings_serve_a_calls_method(tiny_llm, caplog):
     """reranker= / k= on the model serve calls whose method= (a .bind, configurable fields) reads
-    them; a call whose method reads neither refuses them."""
-    llm = QGPMChatModel(engine=tiny_llm.get_engine(), reranker="bm25", k=2, max_tokens=2)
+    them, with a warning that the model's own method does not; a call whose method reads neither
+    refuses them when given per call."""
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        llm = QGPMChatModel(engine=tiny_llm.get_engine(), reranker="bm25", k=2, max_tokens=2)
+    assert any("reranker=, k= set the reranker / chunk count of calls whose method is topk or reorder" in r.getMessage()
+               for r in caplog.records)
     msg = llm.bind(method="topk").invoke(QUESTION, context=CONTEXT)
     assert msg.response_metadata["method"] == "topk"
     edit = msg.response_metadata["qgpm"]["edit"]
