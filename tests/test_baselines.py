@@ -272,6 +272,36 @@ def test_ms_poe_orders_kv_groups_by_score(tokenizer):
     assert len(set(orders)) > 1  # layers order their groups differently: the score decides
 
 
+def fractional_steps(model, ids, ratio: float, forced=FORCED):
+    """What Ms-PoE with one ratio for every head means, computed by the model's own rotary:
+    the prompt and each forced decode token at position ``p / ratio`` (no qgpm code involved)."""
+    out, n = [], ids.shape[1]
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        out.append(model(input_ids=ids, position_ids=(torch.arange(n, dtype=torch.float32) / ratio)[None], cache=cache, use_cache=True).logits[0])
+        for i, t in enumerate(forced):
+            pos = torch.tensor([[(n + i) / ratio]])
+            out.append(model(input_ids=torch.tensor([[t]]), position_ids=pos, cache=cache, use_cache=True).logits[0])
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_uniform_ms_poe_equals_fractional_position_ids(family, impl, tokenizer):
+    """Ms-PoE with min_ratio = max_ratio = r on every layer is the model read at positions p / r:
+    an independent reference through transformers' rotary, prefill and cached decode steps."""
+    model = tiny_model(family, len(tokenizer), attn_implementation=impl)
+    engine = QGPM(model, tokenizer, heads=[(1, 0)])
+    ids = engine.prepare(CONTEXT, QUESTION, method="vanilla").input_ids
+    vanilla = run_steps(model, ids, None)
+    for r in (1.5, 1.8):
+        call = engine.prepare(CONTEXT, QUESTION, method="ms-poe", options=MsPoEOptions(min_ratio=r, max_ratio=r, skip_layers=0))
+        got = run_steps(model, ids, call.plan)
+        assert max_diff(got, fractional_steps(model, ids, r)) < 2e-6, (family, impl, r)
+        assert max_diff(got, vanilla) > 1e-3  # the positions did change
+        assert clean(model, impl)
+
+
 def test_sdpa_model_matches_brute_force_too(tokenizer):
     model = sharpen(tiny_model("qwen3", len(tokenizer), attn_implementation="sdpa"))
     engine = QGPM(model, tokenizer, heads=[(1, 0)])
