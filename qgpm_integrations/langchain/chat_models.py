@@ -50,17 +50,11 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from qgpm.conversation import NO_CONTEXT_REPLY, ChatRequest, check_empty_context_policy
-from qgpm.defaults import BASELINE_METHODS, DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
-from qgpm.editing import check_k
+from qgpm.defaults import DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
 from qgpm.methods import method_spec
 from qgpm.serving import VLLMServer
 
 from .._common import (
-    check_generate_kwargs,
-    check_heads,
-    check_model_args,
-    check_relevance,
-    check_reranker,
     clear_engine_cache,
     device_map_for,
     heads_key,
@@ -70,8 +64,8 @@ from .._common import (
     model_key,
     shared_engine,
 )
-from .call_args import (GENERATE_FIELDS, answer_args, build_request, check_call_kwargs, check_report_args, decoding_args,
-                        response_metadata, unused_in_plain_chat)
+from .call_args import answer_args, build_request, check_call_kwargs, check_report_args, decoding_args, response_metadata, unused_in_plain_chat
+from .model_args import check_model_fields, drop_remote_only, tracing_params
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
 
@@ -85,12 +79,8 @@ UNMARKED_WARNING = (
     "question=...) to invoke() or bind(). Logged once per model instance."
 )
 
-REMOTE_ONLY = ("api_key", "max_retries")
-"""Constructor arguments of hosted chat models: accepted for drop-in code, not used (set: a warning)."""
-
 QGPM_METHODS: tuple[str, ...] = METHODS
 """The methods a call may use (``qgpm.defaults.METHODS``)."""
-_BASELINE_METHODS = BASELINE_METHODS  # qgpm.defaults.BASELINE_METHODS: settings in options=
 
 # --------------------------------------------------------------------------- engine cache (shared: qgpm_integrations._common)
 
@@ -204,16 +194,7 @@ class QGPMChatModel(BaseChatModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_remote_only(cls, values: Any) -> Any:
-        # api_key / max_retries belong to hosted models; this one runs locally. They are accepted
-        # (LangChain's standard tests and drop-in code pass them), not stored, and named in a warning
-        # when set (the key's value is never logged).
-        if isinstance(values, dict):
-            unused = [k for k in REMOTE_ONLY if values.get(k) is not None]
-            if unused:
-                logger.warning("QGPMChatModel runs a local model and does not use %s (settings of hosted chat models); "
-                               "leave them out", " or ".join(f"{k}=" for k in unused))
-            values = {k: v for k, v in values.items() if k not in REMOTE_ONLY}
-        return values
+        return drop_remote_only(values)  # api_key / max_retries: accepted, not used, named in a warning when set
 
     @field_validator("method")
     @classmethod
@@ -230,38 +211,7 @@ class QGPMChatModel(BaseChatModel):
 
     @model_validator(mode="after")
     def _check(self) -> "QGPMChatModel":
-        owner = "QGPMChatModel"
-        if self.engine is not None:
-            given = [n for n in ("model", "tokenizer", "heads", "model_kwargs", "vllm_url") if getattr(self, n) is not None]
-            if given:
-                raise ValueError(f"pass either engine= or {'/'.join(given)}=, not both (the engine is already loaded)")
-        else:
-            self._load_kwargs = check_model_args(owner, self.model, self.tokenizer, self.model_kwargs)
-            check_heads(self.heads, owner)
-        check_generate_kwargs(self.generate_kwargs, owner, GENERATE_FIELDS, remote=self.vllm_url is not None)
-        if self.timeout is not None and self.vllm_url is not None:
-            raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such "
-                             "setting: leave timeout unset with vllm_url=")
-        if self.vllm_model is not None and self.vllm_url is None:
-            raise ValueError("vllm_model= names the model on the vllm_url= server: pass vllm_url= too")
-        if self.vllm_url is not None:
-            VLLMServer(self.vllm_url, model=self.vllm_model).close()  # a malformed address fails here, before any model work
-        check_relevance(self.relevance, self.method)
-        # values only: a call's method= (.bind, configurable_fields) may be one that reads reranker / k, and the call checks that
-        if self.reranker is not None:
-            check_reranker(self.reranker, owner)
-        if self.k is not None:
-            check_k(self.k)
-        spec, given = method_spec(self.method), self.model_fields_set
-        unread = [f for f, reads in (("reranker", spec.reranker), ("k", spec.takes_k)) if f in given and not reads]
-        if unread:  # kept for calls whose method= reads them (.bind, configurable fields); said, not silently unused
-            logger.warning("qgpm: %s set the reranker / chunk count of calls whose method is topk or reorder (a .bind(method=...)); "
-                           "method=%r reads neither, so its own calls leave them unused", ", ".join(f"{f}=" for f in unread), self.method)
-        if self.options is not None and getattr(self.options, "method", None) != self.method:
-            raise ValueError(
-                f"options={type(self.options).__name__} does not configure method={self.method!r}; options= sets the RoPE "
-                f"baselines ({', '.join(_BASELINE_METHODS)}), e.g. QGPMChatModel(method='string', options=StringOptions(...))"
-            )
+        self._load_kwargs = check_model_fields(self)
         return self
 
     @classmethod
@@ -328,24 +278,7 @@ class QGPMChatModel(BaseChatModel):
         }
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        # tracing metadata, read before the call is checked: a bad value is left out here and refused by the call
-        temperature = kwargs.get("temperature", self.temperature)
-        max_tokens = kwargs.get("max_tokens", kwargs.get("max_new_tokens", self.max_tokens))
-        params = LangSmithParams(
-            ls_provider="qgpm",
-            ls_model_name=str(kwargs["model"]) if isinstance(kwargs.get("model"), str) else self.model_name,
-            ls_model_type="chat",
-        )
-        if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
-            params["ls_temperature"] = float(temperature)
-        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
-            params["ls_max_tokens"] = max_tokens
-        stops = stop or self.stop
-        if stops and isinstance(stops, str):
-            params["ls_stop"] = [stops]
-        elif stops and isinstance(stops, (list, tuple)):
-            params["ls_stop"] = list(stops)
-        return params
+        return tracing_params(self, stop, kwargs)
 
     # ------------------------------------------------------------------ engine
     def get_engine(self, model: str | None = None) -> Any:

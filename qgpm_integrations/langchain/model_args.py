@@ -1,0 +1,112 @@
+"""A :class:`~qgpm_integrations.langchain.QGPMChatModel`'s own arguments: checked when it is
+built, and reported to LangChain's tracing.
+
+:func:`drop_remote_only` takes out the arguments of hosted chat models (accepted for drop-in
+code, named in a warning when set); :func:`check_model_fields` refuses, before any model loads,
+every constructor value the chat model could not run (loading arguments beside a shared engine,
+``generate_kwargs`` the engine would refuse, a vLLM setting without its server, an unknown
+reranker or relevance source, baseline options for another method) and returns what the model
+loads with; :func:`tracing_params` gives LangSmith's parameters of one call.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.language_models import LangSmithParams
+
+from qgpm.defaults import BASELINE_METHODS
+from qgpm.editing import check_k
+from qgpm.methods import method_spec
+from qgpm.serving import VLLMServer
+
+from .._common import check_generate_kwargs, check_heads, check_model_args, check_relevance, check_reranker
+from .call_args import GENERATE_FIELDS
+
+if TYPE_CHECKING:
+    from .chat_models import QGPMChatModel
+
+__all__ = ["REMOTE_ONLY", "check_model_fields", "drop_remote_only", "tracing_params"]
+
+logger = logging.getLogger("qgpm")
+
+OWNER = "QGPMChatModel"
+
+REMOTE_ONLY = ("api_key", "max_retries")
+"""Constructor arguments of hosted chat models: accepted for drop-in code, not used (set: a warning)."""
+
+
+def drop_remote_only(values: Any) -> Any:
+    """``values`` without :data:`REMOTE_ONLY`'s keys, with a warning naming those that were set.
+
+    The chat model runs locally: LangChain's standard tests and drop-in code pass ``api_key`` /
+    ``max_retries``, which are accepted and not stored (the key's value is never logged).
+    """
+    if not isinstance(values, dict):
+        return values
+    unused = [k for k in REMOTE_ONLY if values.get(k) is not None]
+    if unused:
+        logger.warning("QGPMChatModel runs a local model and does not use %s (settings of hosted chat models); "
+                       "leave them out", " or ".join(f"{k}=" for k in unused))
+    return {k: v for k, v in values.items() if k not in REMOTE_ONLY}
+
+
+def check_model_fields(llm: "QGPMChatModel") -> dict[str, Any]:
+    """Refuse a chat model's fields that could not run, before any model loads; return the
+    ``from_pretrained`` arguments it loads with (empty with ``engine=``)."""
+    load_kwargs: dict[str, Any] = {}
+    if llm.engine is not None:
+        given = [n for n in ("model", "tokenizer", "heads", "model_kwargs", "vllm_url") if getattr(llm, n) is not None]
+        if given:
+            raise ValueError(f"pass either engine= or {'/'.join(given)}=, not both (the engine is already loaded)")
+    else:
+        load_kwargs = check_model_args(OWNER, llm.model, llm.tokenizer, llm.model_kwargs)
+        check_heads(llm.heads, OWNER)
+    check_generate_kwargs(llm.generate_kwargs, OWNER, GENERATE_FIELDS, remote=llm.vllm_url is not None)
+    if llm.timeout is not None and llm.vllm_url is not None:
+        raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such "
+                         "setting: leave timeout unset with vllm_url=")
+    if llm.vllm_model is not None and llm.vllm_url is None:
+        raise ValueError("vllm_model= names the model on the vllm_url= server: pass vllm_url= too")
+    if llm.vllm_url is not None:
+        VLLMServer(llm.vllm_url, model=llm.vllm_model).close()  # a malformed address fails here, before any model work
+    check_relevance(llm.relevance, llm.method)
+    # values only: a call's method= (.bind, configurable_fields) may be one that reads reranker / k, and the call checks that
+    if llm.reranker is not None:
+        check_reranker(llm.reranker, OWNER)
+    if llm.k is not None:
+        check_k(llm.k)
+    spec, given = method_spec(llm.method), llm.model_fields_set
+    unread = [f for f, reads in (("reranker", spec.reranker), ("k", spec.takes_k)) if f in given and not reads]
+    if unread:  # kept for calls whose method= reads them (.bind, configurable fields); said, not silently unused
+        logger.warning("qgpm: %s set the reranker / chunk count of calls whose method is topk or reorder (a .bind(method=...)); "
+                       "method=%r reads neither, so its own calls leave them unused", ", ".join(f"{f}=" for f in unread), llm.method)
+    if llm.options is not None and getattr(llm.options, "method", None) != llm.method:
+        raise ValueError(
+            f"options={type(llm.options).__name__} does not configure method={llm.method!r}; options= sets the RoPE "
+            f"baselines ({', '.join(BASELINE_METHODS)}), e.g. QGPMChatModel(method='string', options=StringOptions(...))"
+        )
+    return load_kwargs
+
+
+def tracing_params(llm: "QGPMChatModel", stop: list[str] | None, kwargs: dict[str, Any]) -> LangSmithParams:
+    """LangSmith's parameters of one call. Read before the call is checked: a bad value is left
+    out here and refused by the call."""
+    temperature = kwargs.get("temperature", llm.temperature)
+    max_tokens = kwargs.get("max_tokens", kwargs.get("max_new_tokens", llm.max_tokens))
+    params = LangSmithParams(
+        ls_provider="qgpm",
+        ls_model_name=str(kwargs["model"]) if isinstance(kwargs.get("model"), str) else llm.model_name,
+        ls_model_type="chat",
+    )
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+        params["ls_temperature"] = float(temperature)
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+        params["ls_max_tokens"] = max_tokens
+    stops = stop or llm.stop
+    if stops and isinstance(stops, str):
+        params["ls_stop"] = [stops]
+    elif stops and isinstance(stops, (list, tuple)):
+        params["ls_stop"] = list(stops)
+    return params
