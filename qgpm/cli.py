@@ -41,6 +41,7 @@ from ._cliutil import (
 )
 from . import QGPM, __version__
 from .baselines import options_from_strings, resolve_options
+from .config import PRESETS, RECIPE, QGPMConfig
 from .config_files import check_config_args, load_config
 from .editing import check_k
 from .explain import decision_note, sentence_rows, term_note
@@ -84,13 +85,17 @@ def _read_context(spec: str) -> str:
         raise UsageError(f"--context {spec}: {exc.strerror or exc}") from None
 
 
-def _check_heads_before_loading(args: argparse.Namespace, heads) -> None:
-    """``qgpm`` needs a head set: look for one that fits the model before the weights load.
+def _check_heads_before_loading(args: argparse.Namespace, heads, config_file, overrides: Sequence[str]) -> None:
+    """Method qgpm ranking with the model's heads needs a head set: look for one that fits the
+    model before the weights load.
 
-    A GGUF's header gives its shape in well under a second (transformers' own GGUF
-    config reader parses the whole tokenizer and costs as much as the load); a folder's
-    config and tokenizer give its full fingerprint. Where neither can be read the load
-    itself reports the problem.
+    The relevance source is the one the call will use: the last ``--config relevance=``, else
+    the ``--config`` file's, else the model's own config (its preset, or :data:`~qgpm.config.RECIPE`).
+    A reranker source reads no head and needs no set. A GGUF's header gives its shape in well
+    under a second (transformers' own GGUF config reader parses the whole tokenizer and costs as
+    much as the load), not which preset it gets: it is checked unless every preset and the recipe
+    rank with a reranker. A folder's config and tokenizer give its full fingerprint. Where neither
+    can be read the load itself reports the problem.
     """
     try:
         source = resolve_source(args.model, None)
@@ -98,7 +103,13 @@ def _check_heads_before_loading(args: argparse.Namespace, heads) -> None:
         raise UsageError(str(exc)) from None
     if heads is not None:
         return
+    named = [v.split("=", 1)[1].strip() for v in overrides if v.split("=", 1)[0].strip() == "relevance"]
+    chosen = named[-1] if named else load_config(config_file).relevance if config_file is not None else None
+    if chosen is not None and not parse_source(chosen).heads:
+        return
     if source.gguf_file:
+        if chosen is None and not any(parse_source(c.relevance).heads for c in (RECIPE, *PRESETS.values())):
+            return
         shape = gguf_shape(os.path.join(source.path, source.gguf_file))
         missing = shape is not None and not has_head_set_for_shape(shape)
         what = f"{source.name} ({shape})" if shape else source.name
@@ -107,14 +118,18 @@ def _check_heads_before_loading(args: argparse.Namespace, heads) -> None:
             fp = source_fingerprint(source)
         except Exception:  # unreadable or remote config/tokenizer: the load reports it in full
             return
+        chosen = chosen or QGPMConfig.for_model(fp).relevance
+        if not parse_source(chosen).heads:
+            return
         missing = find_head_set(fp) is None
         what = fp.describe()
     if missing:
         model = args.model or DEFAULT_MODEL
         raise UsageError(
-            f"no head set is stored for {what}, and method qgpm reads relevance from one. Calibrate it once with "
-            f"`qgpm calibrate --model {model}` (stored for this model, found next time), or run with --heads calibrate "
-            "(calibrate now, not stored), --heads FILE.json or --heads 14:3,15:6; --methods vanilla,topk,reorder need no heads."
+            f"no head set is stored for {what}, and method qgpm here ranks with the model's heads (relevance="
+            f"{chosen or 'heads'}, {'as set' if named or config_file else 'the preset of this model'}). Calibrate it once with `qgpm calibrate --model {model}` (stored for this model, found next "
+            "time), or run with --heads calibrate (calibrate now, not stored), --heads FILE.json or --heads 14:3,15:6, or rank "
+            "with a reranker (--config relevance=minilm); --methods vanilla,topk,reorder need no heads."
         )
 
 
@@ -226,9 +241,8 @@ def _ask(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag}: {exc}") from None
     config_file, overrides = split_config_args(args.config)
     check_config_args(config_file, overrides)  # bad fields or values fail here, before the model loads
-    relevance = [v.split("=", 1)[1].strip() for v in overrides if v.split("=", 1)[0].strip() == "relevance"]
-    if any(s.stage is Stage.HEADS for s in specs) and (not relevance or parse_source(relevance[-1]).heads):
-        _check_heads_before_loading(args, heads)  # a reranker relevance source needs no head set
+    if any(s.stage is Stage.HEADS for s in specs):
+        _check_heads_before_loading(args, heads, config_file, overrides)  # a reranker relevance source needs no head set
     generator = None
     if args.vllm_url:
         try:

@@ -62,6 +62,7 @@ def test_ask_rejects_settings_no_method_it_runs_reads(capsys, argv, fragments):
 # ----------------------------------------------------------------------------- one CLI
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -163,6 +164,9 @@ def test_bad_input_is_one_line_exit_2_before_loading(argv, fragments, capsys, no
 
 
 def test_ask_own_gguf_without_head_set_fails_before_loading(tmp_path, monkeypatch, capsys, no_load):
+    """Ranking with the heads (--config relevance=heads) needs a stored head set: refused before
+    loading. The recipe and every preset rank with a reranker, so without that setting the check
+    lets the call go on to load the model."""
     import qgpm.heads
     from qgpm.loading import default_model_source
 
@@ -171,14 +175,26 @@ def test_ask_own_gguf_without_head_set_fails_before_loading(tmp_path, monkeypatc
     gguf.symlink_to(os.path.join(src.path, src.gguf_file))
     monkeypatch.setenv("QGPM_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(qgpm.heads, "shipped_head_dir", lambda: tmp_path / "no-shipped-sets")
-    line = _one_line_error(capsys, main(["ask", "--model", str(gguf)]), "no head set is stored for own",
-                           f"qgpm calibrate --model {gguf}", "--heads calibrate")
+    line = _one_line_error(capsys, main(["ask", "--model", str(gguf), "--config", "relevance=heads"]), "no head set is stored for own",
+                           f"qgpm calibrate --model {gguf}", "--heads calibrate", "relevance=heads, as set")
     assert "num_hidden_layers': 30" in line
+    with pytest.raises(AssertionError, match="started loading"):
+        main(["ask", "--model", str(gguf)])
 
 
 def test_ask_own_folder_without_head_set_fails_before_loading(tiny_dir, tmp_path, monkeypatch, capsys, no_load):
+    """The relevance source a call uses decides: a --config override, else the --config file's, else
+    the model's own config (the recipe here, which ranks with MiniLM and needs no head set)."""
     monkeypatch.setenv("QGPM_HOME", str(tmp_path / "home"))
-    _one_line_error(capsys, main(["ask", "--model", str(tiny_dir)]), "no head set is stored for", "qgpm calibrate --model")
+    _one_line_error(capsys, main(["ask", "--model", str(tiny_dir), "--config", "relevance=heads+bm25"]), "no head set is stored for",
+                    "qgpm calibrate --model", "relevance=heads+bm25")
+    heads_file, minilm_file = tmp_path / "heads.json", tmp_path / "minilm.json"
+    heads_file.write_text(json.dumps({"relevance": "heads"}))
+    minilm_file.write_text(json.dumps({"config": {"relevance": "minilm"}}))
+    _one_line_error(capsys, main(["ask", "--model", str(tiny_dir), "--config", str(heads_file)]), "no head set is stored for")
+    for argv in ([], ["--config", str(minilm_file)], ["--config", str(heads_file), "--config", "relevance=bm25"]):
+        with pytest.raises(AssertionError, match="started loading"):
+            main(["ask", "--model", str(tiny_dir), *argv])
 
 
 def test_runtime_errors_are_one_line_too(tmp_path, capsys):
@@ -281,11 +297,13 @@ def test_every_flag_has_help_and_shared_flags_mean_one_thing():
 
 
 def test_ask_needs_no_head_set_when_a_reranker_ranks(tiny_dir, tmp_path, capsys):
-    """A model without a stored head set: qgpm is refused before loading unless --config names a
-    reranker relevance source, which reads no head."""
+    """A model without a stored head set answers with qgpm: the recipe it gets ranks with MiniLM,
+    and a --config reranker source reads no head either; ranking with the heads is refused before
+    loading."""
     doc = tmp_path / "notes.txt"
     doc.write_text("The depot opens at six. The spare key hangs in the blue cabinet. Trucks leave at nine.")
     base = ["ask", "--model", str(tiny_dir), "--methods", "qgpm", "--device", "cpu", "--context", str(doc), "--max-new-tokens", "2"]
-    assert main([*base, "Where is the spare key?"]) == 2
+    assert main([*base, "--config", "relevance=heads", "Where is the spare key?"]) == 2
     assert "no head set" in capsys.readouterr().err
     assert main([*base, "--quiet", "--config", "relevance=bm25", "Where is the spare key?"]) == 0
+    assert main([*base, "--quiet", "Where is the spare key?"]) == 0
