@@ -47,6 +47,7 @@ from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
 from qgpm import QGPM, HeadSetMissingError  # noqa: E402
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_RERANKER  # noqa: E402
 from qgpm.serving import VLLMServer  # noqa: E402
+from qgpm.sources import parse_source  # noqa: E402
 from qgpm_integrations.llama_index import (  # noqa: E402
     QGPMLLM,
     QGPMReorderPostprocessor,
@@ -170,8 +171,8 @@ def main(argv: Sequence[str] | None = None, *, engine: QGPM | None = None) -> li
 
     if engine is None:
         generator = VLLMServer(args.vllm_url) if args.vllm_url else None  # pass 2 on the server, pass 1 here
-        engine = QGPM.from_pretrained(heads=args.heads, generator=generator)
-    if "qgpm" in methods and engine.head_set is None:
+        engine = QGPM.from_pretrained(heads=args.heads, generator=generator, reuse_prefill=generator is None)
+    if "qgpm" in methods and parse_source(engine.config.relevance).heads and engine.head_set is None:
         raise HeadSetMissingError("no stored head set for this model: pass --heads <head-set.json> or drop qgpm from --methods")
 
     t = time.perf_counter()

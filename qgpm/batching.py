@@ -14,7 +14,7 @@ import asyncio
 import functools
 import numbers
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Sequence
 
 __all__ = ["answer_many", "aanswer"]
@@ -24,8 +24,10 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
     """``engine.answer(**request)`` for every request, at most ``max_concurrency`` in flight;
     the results in the requests' order. Every request is checked before any runs (a mapping with
     ``context`` and ``question``, and ``engine.check_request`` of its arguments: a bad request
-    raises, naming its index, and nothing runs); a call that fails while running raises its
-    exception after the calls already started have finished."""
+    raises, naming its index, and nothing runs). When a call fails while running, the calls not
+    started yet are cancelled (no result is returned, so their work would be lost), the ones
+    already running finish, and the first failed request's exception is raised with the note
+    "in request i of answer_many()"."""
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, numbers.Integral) or max_concurrency < 1:
         raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
     if isinstance(requests, (str, bytes, Mapping)):
@@ -44,6 +46,14 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
             raise
     with ThreadPoolExecutor(max_workers=min(max_concurrency, len(reqs)), thread_name_prefix="qgpm-call") as pool:
         futures = [pool.submit(functools.partial(engine.answer, **r)) for r in reqs]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        failed = [i for i, f in enumerate(futures) if f.done() and not f.cancelled() and f.exception() is not None]
+        if failed:
+            for f in futures:
+                f.cancel()  # not started yet: never runs; running ones finish as the pool closes
+            exc = futures[failed[0]].exception()
+            exc.add_note(f"in request {failed[0]} of answer_many()")
+            raise exc
         return [f.result() for f in futures]
 
 

@@ -258,6 +258,7 @@ def _ask(args: argparse.Namespace) -> int:
         print(f"loading {args.model or 'the embedded ' + DEFAULT_MODEL_NAME} on {device_map} ...", file=sys.stderr)
     remote = remote_call_config(args.model, config_file, overrides) if generator is not None else None
     engine = QGPM.from_pretrained(args.model, device_map=device_map, dtype=None if dtype == "auto" else dtype, heads=heads, generator=generator,
+                                  reuse_prefill=generator is None,  # pass 1's KV states stay here: nothing to reuse on a server
                                   config=remote)
     config = remote or load_config(config_file, overrides, base=engine.config)
     quiet = args.quiet

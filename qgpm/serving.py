@@ -79,7 +79,10 @@ class ServerStreamError(ServingError):
 
 
 class ServedModelMismatchError(ServingError):
-    """The server serves another model than the engine's (another name or tokenizer)."""
+    """The server does not serve the engine's model as far as the client can tell: not the name
+    given as ``model=`` (or not exactly one model when none is given), or a tokenizer that encodes
+    a probe text differently. Checkpoints sharing a tokenizer pass the tokenizer check: name the
+    served model with ``model=`` to check the name too."""
 
 
 class RemoteGenerationUnsupported(ValueError):
@@ -109,16 +112,19 @@ class VLLMServer:
                 raise ValueError(f"{label} must be a positive number of seconds, got {value!r}")
         if model is not None and (not isinstance(model, str) or not model):
             raise ValueError(f"model must be the served model's name, got {model!r}")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
         root = base_url.rstrip("/")
         self.base_url = root[: -len("/v1")] if root.endswith("/v1") else root
         self.model = model
-        self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
+        self.timeout, self.connect_timeout, self.max_connections = float(timeout), float(connect_timeout), max_connections
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(base_url=self.base_url, headers=headers,
                                     limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
         self.max_model_len: int | None = None
         self._n_layers: int | None = None
         self._tokenizer: Any = None
+        self._in_process = "engine.use_generator(None)"  # how a call runs in process instead (set by attach)
 
     def __repr__(self) -> str:
         return f"VLLMServer({self.base_url!r}, model={self.model!r})"
@@ -147,6 +153,9 @@ class VLLMServer:
                                            "qgpm.loading.model_folder) or build the engine from the served model.")
         self.max_model_len = entry.get("max_model_len")
         self._n_layers = engine.n_layers
+        self._in_process = ("engine.use_generator(None)" if engine.layers_loaded == engine.n_layers else
+                            f"an engine built with pass1_layers_only=False: this one holds {engine.layers_loaded} of {engine.n_layers} "
+                            "layers, the ones pass 1 reads")
         self._tokenizer = engine.tokenizer
 
     def close(self) -> None:
@@ -163,16 +172,16 @@ class VLLMServer:
             return
         if spec.stage is Stage.ATTENTION:
             raise RemoteGenerationUnsupported(f"method={spec.name!r} changes positions inside attention, which a vLLM server cannot "
-                                              "apply: run it in process (engine.use_generator(None)) or pick another method")
+                                              f"apply: run it in process ({self._in_process}) or pick another method")
         if config.remap != "reorder":
             raise RemoteGenerationUnsupported(
                 f"method={spec.name!r} with remap={config.remap!r} needs per-plane rotary positions, which a vLLM server cannot apply: "
-                "set remap='reorder' with one map (split_layer=0, unmodulated_layers=0), or run in process (engine.use_generator(None))")
+                f"set remap='reorder' with one map (split_layer=0, unmodulated_layers=0), or run in process ({self._in_process})")
         if reorder_needs_masks(config, self._n_layers or 0):
             raise RemoteGenerationUnsupported(
                 f"method={spec.name!r} with remap='reorder' and split_layer={config.split_layer}, unmodulated_layers="
                 f"{config.unmodulated_layers} needs per-layer attention masks, which a vLLM server cannot apply: set split_layer=0 "
-                "and unmodulated_layers=0 (one map on every layer), or run in process (engine.use_generator(None))")
+                f"and unmodulated_layers=0 (one map on every layer), or run in process ({self._in_process})")
 
     def check_decoding(self, decoding: Decoding) -> None:
         """Raise, before any work, for decoding extras a vLLM server does not take."""
@@ -196,7 +205,7 @@ class VLLMServer:
         ids, plan = pass2_inputs(call, "cpu")
         if plan is not None:
             raise RemoteGenerationUnsupported(f"this {call.method} call's plan needs per-plane positions or masks (no slot order feeds it); "
-                                              "set remap='reorder' with one map, or run in process (engine.use_generator(None))")
+                                              f"set remap='reorder' with one map, or run in process ({self._in_process})")
         n = int(ids.shape[1])
         if self.max_model_len and n + decoding.max_new_tokens > self.max_model_len:
             raise ContextTooLongError(f"the prompt is {n} tokens and max_new_tokens is {decoding.max_new_tokens}: more than the server's "
@@ -209,7 +218,10 @@ class VLLMServer:
         }
         if decoding.seed is not None:
             body["seed"] = int(decoding.seed) - (1 << 64 if decoding.seed >= 1 << 63 else 0)  # the server takes a signed 64-bit seed
-        body.update({_PASSED_EXTRAS[k]: v for k, v in decoding.extra.items()})
+        body.update({_PASSED_EXTRAS[k]: v for k, v in decoding.extra.items() if v is not None})  # None: unset, as in process
+        # unset = no cut, as in process; left out, vLLM would take the checkpoint's generation_config (Qwen: top_k 20)
+        body.setdefault("top_k", 0)
+        body.setdefault("min_p", 0.0)
         return body
 
     def _timeouts(self) -> httpx.Timeout:
@@ -220,6 +232,10 @@ class VLLMServer:
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
             return ServerUnreachableError(f"no vLLM server answers at {self.base_url} ({exc}): start it (scripts/vllm_server.sh --port P) "
                                           "or fix base_url")
+        if isinstance(exc, httpx.PoolTimeout):
+            return ServerTimeoutError(f"every one of this VLLMServer's {self.max_connections} connections to {self.base_url} stayed busy "
+                                      f"for {self.timeout:g} s, so {what} was never sent: more calls run at once in this process than "
+                                      "max_connections; raise max_connections= on VLLMServer or run fewer calls at once")
         if isinstance(exc, httpx.TimeoutException):
             return ServerTimeoutError(f"the vLLM server at {self.base_url} sent nothing for {what} within {self.timeout:g} s: it may be "
                                       "busy with queued calls (each waits for the prefills before it), overloaded or stuck; raise "
@@ -273,6 +289,10 @@ class _ServerStream:
                     if data == "[DONE]":
                         break
                     choice = _choice(data)
+                    if choice.get("token_ids") is None and choice.get("text"):
+                        raise ServerResponseError(
+                            f"the vLLM server at {srv.base_url} sent answer text without its token ids: it needs vLLM 0.10.2 or later "
+                            "(the return_token_ids request field), and a proxy in front of it must pass the field through")
                     new = choice.get("token_ids") or []
                     if new and first is None:
                         first = time.perf_counter()
@@ -286,6 +306,9 @@ class _ServerStream:
                         break
         except httpx.HTTPError as exc:
             raise srv._fault(exc, "the answer") from exc
+        if finish not in (None, "stop", "length"):  # "abort": the server shut down or paused with the answer in flight
+            raise ServerStreamError(f"the vLLM server at {srv.base_url} ended the answer with finish_reason {finish!r} after {len(ids)} "
+                                    "tokens, before it was complete (a server shutting down or paused aborts what is in flight); retry")
         if finish is None and not self._cancelled:
             raise ServerStreamError(f"the vLLM server at {srv.base_url} ended the answer without finishing it (after {len(ids)} tokens): "
                                     "it may have stopped; check it and retry")

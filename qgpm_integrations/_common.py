@@ -199,7 +199,8 @@ def shared_engine(model: Any, heads: Any, model_kwargs: Mapping[str, Any] | None
                 from qgpm.serving import VLLMServer
 
                 generator = VLLMServer(vllm_url, model=vllm_model)
-            engine = QGPM.from_pretrained(None if key[0] == DEFAULT_MODEL else key[0], heads=heads, generator=generator, **dict(model_kwargs or {}))
+            engine = QGPM.from_pretrained(None if key[0] == DEFAULT_MODEL else key[0], heads=heads, generator=generator,
+                                          reuse_prefill=generator is None, **dict(model_kwargs or {}))  # nothing to reuse on a server
             _ENGINES[key] = engine
         return engine
 

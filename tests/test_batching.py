@@ -89,3 +89,33 @@ def test_checks_in_other_threads_read_the_models_own_attention_while_a_baseline_
         release.set()
         worker.join(30)
     assert engine.model.config._attn_implementation == "sdpa"
+
+
+def test_a_failing_call_cancels_the_requests_not_started(engine, monkeypatch):
+    """A failure while running (a server gone, say) stops the batch: the requests not started yet
+    never run (no result is returned, their work would be lost); the first failed request's
+    exception is raised, naming its index."""
+    import threading
+    import time
+
+    from qgpm.serving import ServerUnreachableError
+
+    ran, lock = [], threading.Lock()
+
+    def answer(**kw):
+        with lock:
+            ran.append(kw["question"])
+        if kw["question"] == "q1":
+            raise ServerUnreachableError("no vLLM server answers")
+        time.sleep(0.05)  # a call takes a while: the batch sees the failure before the pool drains the queue
+        return kw["question"]
+
+    monkeypatch.setattr(engine, "answer", answer)
+    monkeypatch.setattr(engine, "check_request", lambda **kw: None)
+    reqs = [dict(context="c", question=f"q{i}") for i in range(40)]
+    with pytest.raises(ServerUnreachableError) as info:
+        engine.answer_many(reqs, max_concurrency=2)
+    assert "in request 1 of answer_many()" in info.value.__notes__
+    assert len(ran) < 10, ran
+    ran.clear()
+    assert engine.answer_many(reqs[2:6], max_concurrency=2) == ["q2", "q3", "q4", "q5"]

@@ -40,3 +40,103 @@ def test_a_servers_shorter_window_is_checked_before_pass1(tokenizer):
     assert forwards == []
     engine.use_generator(None)
     assert engine.max_length == model.config.max_position_embeddings
+
+
+CONTEXT = " ".join(f"Sentence {i} is about topic {i}." for i in range(20))
+
+
+def sse(*choices) -> str:
+    return "".join(f"data: {json.dumps({'choices': [c]})}\n\n" for c in choices) + "data: [DONE]\n\n"
+
+
+def mock_engine(tokenizer, completions, *, n_layers_loaded=None, **server_kw):
+    """An engine on a tiny model whose generator is a mock vLLM server; ``completions(body)`` answers
+    /v1/completions. Returns the engine and the request bodies the server received."""
+    bodies = []
+
+    def handler(request):
+        if request.url.path == "/v1/models":
+            return httpx.Response(200, json={"data": [{"id": "m", "max_model_len": 2048}]})
+        if request.url.path == "/tokenize":
+            return httpx.Response(200, json={"tokens": tokenizer(_TOKENIZER_PROBE, add_special_tokens=False).input_ids})
+        bodies.append(json.loads(request.content))
+        return completions(bodies[-1])
+
+    server = VLLMServer("http://vllm.test:8000", **server_kw)
+    server._client = httpx.Client(base_url=server.base_url, transport=httpx.MockTransport(handler))
+    return QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=[(1, 0)], generator=server, reuse_prefill=False), bodies
+
+
+def test_answer_text_without_token_ids_is_an_error_not_an_empty_answer(tokenizer):
+    """A server (or a proxy) that drops return_token_ids sends text only: refused, naming the cause."""
+    from qgpm.serving import ServerResponseError
+
+    engine, _ = mock_engine(tokenizer, lambda b: httpx.Response(200, text=sse({"text": " The answer", "finish_reason": None},
+                                                                              {"text": " is 42.", "finish_reason": "stop"})))
+    with pytest.raises(ServerResponseError, match="without its token ids.*0.10.2"):
+        engine.answer(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=8)
+    with pytest.raises(ServerResponseError, match="without its token ids"):
+        list(engine.stream(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=8))
+
+
+def test_an_aborted_answer_raises_instead_of_passing_as_complete(tokenizer):
+    from qgpm.serving import ServerStreamError
+
+    ids = tokenizer(" The answer", add_special_tokens=False).input_ids
+    reason = {"value": "abort"}
+    engine, _ = mock_engine(tokenizer, lambda b: httpx.Response(200, text=sse({"text": "", "token_ids": ids, "finish_reason": None},
+                                                                              {"text": "", "token_ids": [], "finish_reason": reason["value"]})))
+    with pytest.raises(ServerStreamError, match="finish_reason 'abort'.*retry"):
+        engine.answer(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=8)
+    reason["value"] = "stop"
+    res = engine.answer(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=8)
+    assert res.text == "The answer" and res.finish_reason == "stop"
+
+
+def test_the_request_body_means_what_the_in_process_call_means(tokenizer):
+    """Unset top_k / min_p are sent as no cut (else vLLM takes the checkpoint's generation_config);
+    an extra given as None is unset, not a null the server rejects; a given value is sent."""
+    done = sse({"text": "", "token_ids": [42], "finish_reason": "length"})
+    engine, bodies = mock_engine(tokenizer, lambda b: httpx.Response(200, text=done))
+    engine.answer(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=1, temperature=0.7, seed=1, min_new_tokens=None)
+    assert bodies[-1]["top_k"] == 0 and bodies[-1]["min_p"] == 0.0 and "min_tokens" not in bodies[-1]
+    engine.answer(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=1, temperature=0.7, seed=1, top_k=5, min_p=0.1)
+    assert bodies[-1]["top_k"] == 5 and bodies[-1]["min_p"] == 0.1
+
+
+def test_a_busy_connection_pool_is_named_as_such(tokenizer):
+    from qgpm.serving import ServerTimeoutError
+
+    with pytest.raises(ValueError, match="max_connections must be an integer >= 1"):
+        VLLMServer("http://vllm.test:8000", max_connections=0)
+    engine, _ = mock_engine(tokenizer, lambda b: httpx.Response(200, text=""), max_connections=3)
+    err = engine.generator._fault(httpx.PoolTimeout("no free connection"), "the answer")
+    assert isinstance(err, ServerTimeoutError) and "3 connections" in str(err) and "was never sent" in str(err)
+    assert "sent nothing" in str(engine.generator._fault(httpx.ReadTimeout("slow"), "the answer"))
+
+
+def test_the_advice_to_run_in_process_fits_the_engine(tokenizer):
+    """An engine with pass 1's layers only cannot go back in process: the refusal says to build one
+    with every layer instead of pointing at use_generator(None)."""
+    from qgpm.partial import LayersNotLoadedError
+    from qgpm.serving import RemoteGenerationUnsupported
+
+    engine, _ = mock_engine(tokenizer, lambda b: httpx.Response(200, text=""))
+    with pytest.raises(RemoteGenerationUnsupported, match=r"use_generator\(None\)"):
+        engine.answer(CONTEXT, "What about topic 7?", method="string")
+    import copy
+
+    from qgpm.partial import FULL_CONFIG_ATTR
+
+    model = tiny_model("llama", len(tokenizer), num_hidden_layers=1)  # pass 1's layer of a 3-layer checkpoint
+    full = copy.deepcopy(model.config)
+    full.num_hidden_layers = 3
+    setattr(model, FULL_CONFIG_ATTR, full)
+    server = VLLMServer("http://vllm.test:8000")
+    server._client = engine.generator._client
+    partial = QGPM(model, tokenizer, heads=[(0, 0)], generator=server, reuse_prefill=False)
+    with pytest.raises(RemoteGenerationUnsupported, match="pass1_layers_only=False: this one holds 1 of 3") as info:
+        partial.answer(CONTEXT, "What about topic 7?", method="string")
+    assert "use_generator(None)" not in str(info.value)
+    with pytest.raises(LayersNotLoadedError):
+        partial.use_generator(None)
