@@ -29,6 +29,15 @@
 #   OMP_NUM_THREADS=1 .venv/bin/python -m qgpm.eval.cli eval --model smollm2 --split test --device cpu --dtype float32 \
 #     --max-new-tokens 48 --no-logprob --no-progress --lengths 8192 --depths 0.25,0.5,0.75 --tasks niah_multikey_1 --n 6 \
 #     --methods topk --out runs/test8k_tasks/topk_mk
+# Stage baselines (decided 2026-12-06, before its rows; they choose nothing): STRING and
+# Self-Extend at their defaults on all five tasks at 8K, a task at a time (multi-key, NoLiMa, QA,
+# multi-value, single needle) so that a stopped run leaves whole tasks. Ms-PoE is not run: on dev
+# at 2K it answers nothing from ratio 1.5 up (docs/results.md, "Ms-PoE on SmolLM2"). Read per task:
+# right answers, each against vanilla and against the shipped preset (wins / losses, two-sided
+# exact McNemar p), with
+#   python benchmarks/grid_table.py benchmarks/results/eval_smollm2_test_8k/rows.jsonl --length 8192 \
+#     --series vanilla=6cbe99679449,minilm=5b41b7289667,string=c80442869011,selfext=c254262db28c [--against minilm]
+#   bash scripts/test_grid_8k.sh 0 baselines & bash scripts/test_grid_8k.sh 1 baselines; wait
 set -u
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -44,6 +53,11 @@ for stage in ${@:-main topk}; do
     topk) $E --methods topk --out "$OUT/topk" > "$OUT/topk.s$i.log" 2>&1 ;;
     oracle) $E --methods oracle --out "$OUT/oracle" > "$OUT/oracle.s$i.log" 2>&1 ;;
     heads) $E --methods qgpm --set relevance=heads --out "$OUT/heads" > "$OUT/heads.s$i.log" 2>&1 ;;
-    *) echo "unknown stage $stage (main, topk, oracle, heads)" >&2; exit 2 ;;
+    baselines)
+      for task in niah_multikey_1 nolima_direct qa_1 niah_multivalue niah_single_2; do
+        ${E/--tasks niah_multivalue,niah_single_2,nolima_direct,qa_1/--tasks $task} --methods string,self-extend \
+          --out "$OUT/baselines" > "$OUT/baselines_$task.s$i.log" 2>&1
+      done ;;
+    *) echo "unknown stage $stage (main, topk, oracle, heads, baselines)" >&2; exit 2 ;;
   esac
 done
