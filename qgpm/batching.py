@@ -6,18 +6,25 @@ after another (concurrency adds nothing but order). With a remote generator
 the others are prefilled and decoded on the server, which batches them. Pass 1 itself is not
 batched: on a CPU its partial prefill is compute-bound, so several prompts in one forward cost
 what they cost one after another.
+
+The ``asyncio`` side (:func:`aanswer`, :func:`iterate_in_thread`) steps blocking streams in
+the threads of one pool of its own (:data:`ASYNC_WORKERS`), not the event loop's default
+executor, whose ``cpu_count() + 4`` threads would cap the calls in flight on a server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import numbers
-from collections.abc import Mapping
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import Any, Sequence
+from contextlib import aclosing
+from typing import Any, Callable, Sequence, TypeVar
 
-__all__ = ["answer_many", "aanswer"]
+__all__ = ["answer_many", "aanswer", "iterate_in_thread", "ASYNC_WORKERS"]
 
 
 def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concurrency: int = 8) -> list[Any]:
@@ -57,6 +64,70 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
         return [f.result() for f in futures]
 
 
+ASYNC_WORKERS = 64
+"""Threads that step blocking streams for ``asyncio`` code: as many calls can wait at once (the
+default ``VLLMServer(max_connections=64)``). Threads start as they are needed."""
+
+_T = TypeVar("_T")
+_END = object()
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=ASYNC_WORKERS, thread_name_prefix="qgpm-async")
+        return _POOL
+
+
+async def _in_thread(fn: Callable[[], _T]) -> _T:
+    """``fn()`` in a thread of the pool, with the caller's context variables (as ``asyncio.to_thread``)."""
+    ctx = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(_pool(), functools.partial(ctx.run, fn))
+
+
+async def iterate_in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:
+    """Drive a blocking ``iterator`` (a generation stream) from worker threads, one item at a time,
+    so the event loop stays free while the model works.
+
+    However the loop is left -- exhausted, ``aclose()``, cancelled -- the iterator is closed in a
+    worker thread too, once a ``next()`` still running there has returned: a generation behind
+    it is stopped and its thread joined before this generator finishes. An ``async for`` that
+    stops early does not close what it iterates: wrap the call in ``contextlib.aclosing`` so
+    the close happens then and not when the event loop finalizes the generator.
+    """
+    guard = threading.Lock()  # close() waits for an in-flight next() (a generator cannot be closed while it runs)
+
+    def step() -> Any:
+        with guard:
+            return next(iterator, _END)
+
+    def close() -> None:
+        with guard:
+            closer = getattr(iterator, "close", None)
+            if closer is not None:
+                closer()
+
+    try:
+        while True:
+            item = await _in_thread(step)
+            if item is _END:
+                break
+            yield item
+    finally:
+        await asyncio.shield(_in_thread(close))
+
+
 async def aanswer(engine: Any, context: Any, question: str, **kwargs: Any) -> Any:
-    """``engine.answer`` without blocking the event loop (in a worker thread)."""
-    return await asyncio.to_thread(functools.partial(engine.answer, context, question, **kwargs))
+    """``engine.answer`` for ``asyncio`` code, without blocking the event loop: the call runs as
+    ``engine.stream`` stepped from worker threads, and its result is the stream's (the same
+    answer). The arguments are checked at once. Cancelling the awaiting task stops the call once
+    the piece in progress arrives: in-process generation is stopped, and a vLLM server's request
+    is closed, which ends it there."""
+    stream = engine.stream(context, question, **kwargs)
+    async with aclosing(iterate_in_thread(stream)) as pieces:
+        async for _ in pieces:
+            pass
+    return stream.result

@@ -5,15 +5,15 @@ Framework-free (imports neither LangChain nor LlamaIndex).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
-from typing import Any, AsyncIterator, Iterator, Mapping, TypeVar
+from typing import Any, Mapping
+
+from qgpm.batching import iterate_in_thread  # the sync-to-async stream bridge, re-exported for the adapters
 
 __all__ = ["check_generate_kwargs", "check_heads", "check_relevance", "check_reranker", "device_map_for", "is_loaded_model", "check_model_args", "shared_engine",
            "clear_engine_cache", "heads_key", "kwargs_key", "model_key", "iterate_in_thread"]
 
-_T = TypeVar("_T")
 
 # model.generate arguments the adapters set themselves, and engine.answer arguments that
 # would be taken for something else if they came in generate_kwargs.
@@ -209,40 +209,3 @@ def clear_engine_cache() -> None:
     """Forget the engines built by the adapters (the model weights stay cached by qgpm)."""
     with _ENGINES_LOCK:
         _ENGINES.clear()
-
-
-# --------------------------------------------------------------------------- blocking streams for asyncio code
-
-_END = object()
-
-
-async def iterate_in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:
-    """Drive a blocking ``iterator`` (a generation stream) from worker threads, one item at a time,
-    so the event loop stays free while the model works.
-
-    However the loop is left -- exhausted, ``aclose()``, cancelled -- the iterator is closed in a
-    worker thread too, once a ``next()`` still running there has returned: a generation behind
-    it is stopped and its thread joined before this generator finishes. An ``async for`` that
-    stops early does not close what it iterates: wrap the call in ``contextlib.aclosing`` so
-    the close happens then and not when the event loop finalizes the generator.
-    """
-    guard = threading.Lock()  # close() waits for an in-flight next() (a generator cannot be closed while it runs)
-
-    def step() -> Any:
-        with guard:
-            return next(iterator, _END)
-
-    def close() -> None:
-        with guard:
-            closer = getattr(iterator, "close", None)
-            if closer is not None:
-                closer()
-
-    try:
-        while True:
-            item = await asyncio.to_thread(step)
-            if item is _END:
-                break
-            yield item
-    finally:
-        await asyncio.shield(asyncio.to_thread(close))

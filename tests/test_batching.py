@@ -119,3 +119,72 @@ def test_a_failing_call_cancels_the_requests_not_started(engine, monkeypatch):
     assert len(ran) < 10, ran
     ran.clear()
     assert engine.answer_many(reqs[2:6], max_concurrency=2) == ["q2", "q3", "q4", "q5"]
+
+
+def test_cancelling_aanswer_stops_the_generation(engine):
+    """A caller that gives up (a client disconnecting, asyncio.wait_for) stops the call: the
+    model's forwards stop soon after, instead of running to max_new_tokens in a thread nobody
+    waits for."""
+    import time
+
+    from qgpm.runtime import decoder_layers
+
+    forwards = []
+
+    def slow(*args):
+        forwards.append(1)
+        time.sleep(0.01)
+
+    hook = decoder_layers(engine.model)[0].register_forward_pre_hook(slow)
+    try:
+        async def give_up():
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(engine.aanswer(needle_context(3, n=20), NEEDLE_QUESTION, method="vanilla", max_new_tokens=300,
+                                                      min_new_tokens=300), 0.5)
+        asyncio.run(give_up())
+        after = len(forwards)
+        time.sleep(0.5)
+        assert len(forwards) == after and after < 150, after
+    finally:
+        hook.remove()
+    assert engine.answer(needle_context(3, n=20), NEEDLE_QUESTION, method="vanilla", max_new_tokens=2).usage.answer_tokens > 0
+
+
+def test_many_aanswer_calls_wait_at_once_beyond_the_default_executor():
+    """The asyncio bridge has its own threads: 16 calls blocked on a (remote) generation are all
+    in flight together, where the event loop's default executor gives cpu_count() + 4 threads."""
+    import threading
+    import time
+
+    from qgpm.batching import aanswer
+
+    state = {"now": 0, "most": 0}
+    lock = threading.Lock()
+
+    class Stream:
+        result = "done"
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            if getattr(self, "done", False):
+                raise StopIteration
+            with lock:
+                state["now"] += 1
+                state["most"] = max(state["most"], state["now"])
+            time.sleep(0.3)
+            with lock:
+                state["now"] -= 1
+            self.done = True
+            return "piece"
+
+    class Engine:
+        def stream(self, context, question, **kw):
+            return Stream()
+
+    async def run():
+        return await asyncio.gather(*[aanswer(Engine(), "c", "q") for _ in range(16)])
+
+    assert asyncio.run(run()) == ["done"] * 16
+    assert state["most"] == 16
