@@ -44,7 +44,7 @@ from .baselines import options_from_strings, resolve_options
 from .config import PRESETS, RECIPE, QGPMConfig
 from .config_files import check_config_args, load_config
 from .editing import check_k
-from .explain import decision_note, sentence_rows, term_note
+from .explain import clip, decision_note, no_ranking_note, sentence_rows, term_note
 from .fingerprint import gguf_shape
 from .heads import find_head_set, has_head_set_for_shape, parse_heads
 from .loading import parse_dtype, resolve_device, resolve_source, source_fingerprint
@@ -146,31 +146,36 @@ def _print_answer(method: str, result, *, width: int, expected: str | None = Non
 
 
 def _print_why(method: str, result, top: int) -> None:
-    """What a method did to the context: the sentences QGPM/Oracle promoted (rank, relevance,
-    score, depth in the context), the chunks Top-K/Reorder kept, a baseline's settings."""
+    """What a method did to the context: the sentences QGPM/Oracle ranked best (rank, relevance,
+    score, what the plan did, depth in the context); for a method without a ranking, what it
+    did instead (the chunks Top-K/Reorder kept, the compression, a baseline's settings)."""
     if result.relevance:
         rows = sorted(sentence_rows(result), key=lambda r: r["rank"])[:top]
         d = result.details
         source = d.relevance_source
         ranked = f", ranked by {source}" if source else ""
-        print(f"\n{method} promoted (top {len(rows)} of {len(result.relevance)} sentences{ranked}):")
+        print(f"\n{method} ranked (top {len(rows)} of {len(result.relevance)} sentences{ranked}; {d.promoted or 0} promoted):")
         print("  z: how far the sentence's relevance to the question stands above the context's average, in standard deviations")
-        print("  score: its weight in the position plan, 1 = a full position step (a promoted sentence, or text before the first "
-              "promoted one, which keeps its place); lower: compressed on the fast rotary planes (remap stride) or left in place (reorder)")
+        print("  score: its weight in the position plan, 1 = a full position step; lower: compressed on the fast rotary planes "
+              "(remap stride) or left in place (reorder); text before the first relevant sentence also scores 1 and stays in place")
+        print("  plan: promoted = moved next to the question (reorder, move) or kept a full step (stride); "
+              "term filter = top-ranked, left in place by the query-term filter")
         print("  depth: where the sentence sits in the context, 0 % = its start")
-        print("  rank      z  score  depth  sentence")
+        print("  rank      z  score  plan         depth  sentence")
         for r in rows:
             z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
-            print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {100 * r['depth']:4.0f} %  {r['text'][:110]}")
+            did = "promoted" if r["promoted"] else "term filter" if r["term_dropped"] else ""
+            print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {did:<11}  {100 * r['depth']:4.0f} %  {clip(r['text'], 110)}")
         note = decision_note(d, method)
         if note:
             print(f"  ({note})")
         if d.term_dropped:
             print(f"  ({term_note(d.term_dropped)})")
-    if result.edit is not None:
-        print(f"\n{method} kept chunks {result.edit.kept} of {len(result.edit.chunks)}")
-    if method_spec(method).options:
-        print(f"\n{method} settings: " + ", ".join(f"{k}={v}" for k, v in result.details.settings.items()))
+        return
+    print(f"\n{method}: {no_ranking_note(result)}")
+    settings = result.details.settings
+    if method_spec(method).options and settings:
+        print(f"{method} settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
 
 
 def _ask(args: argparse.Namespace) -> int:
@@ -296,7 +301,8 @@ def _ask(args: argparse.Namespace) -> int:
         with open(args.html, "w", encoding="utf-8") as f:
             f.write(shown.to_html())
         if not quiet:
-            print(f"\nwrote {args.html} ({shown.method}: the context shaded by relevance)")
+            what = "the context shaded by relevance" if shown.relevance else no_ranking_note(shown)
+            print(f"\nwrote {args.html} ({shown.method}: {what})")
     if args.plot:
         if not shown.relevance:
             raise UsageError(f"--plot needs a method that ranks sentences (qgpm or oracle); got {', '.join(methods)}")

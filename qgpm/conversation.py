@@ -221,7 +221,8 @@ class ChatRequest:
                 question=parts.question,
                 prompt=dict(parts.found),
                 top_sentences=[
-                    {"rank": s.rank, "text": s.text, "doc": s.doc, "z": s.z, "broad": round(s.broad, 4), "sharp": round(s.sharp, 4)}
+                    {"rank": s.rank, "text": s.text, "doc": s.doc, "z": s.z, "broad": round(s.broad, 4), "sharp": round(s.sharp, 4),
+                     "promoted": s.promoted, "term_dropped": s.term_dropped}
                     for s in result.top_sentences(top_k)
                 ] if top_k else [],
                 explanation=result.explain(top_k) if top_k else "",
@@ -229,7 +230,10 @@ class ChatRequest:
             if html:
                 info["html"] = result.to_html()
                 info["sentences"] = sentence_rows(result)
-            if result.edit is not None:
+            if result.edit is not None and hasattr(result.edit, "compressed_tokens"):  # llmlingua-2: no chunks, token counts
+                info["edit"] = {"mode": result.edit.mode, "original_tokens": result.edit.original_tokens,
+                                "compressed_tokens": result.edit.compressed_tokens}
+            elif result.edit is not None:
                 info["edit"] = {
                     "mode": getattr(result.edit, "mode", result.method),
                     "kept": list(getattr(result.edit, "kept", [])),

@@ -33,6 +33,8 @@ class Diagnostics(MutableMapping):
     decisive_relevance: bool | None = None  # one sentence stood out by decisive_margin: vanilla positions kept
     solo_relevance: bool | None = None  # the top sentence stood out by solo_margin: promoted alone
     term_dropped: int | None = None  # top-ranked sentences the query-term filter did not promote
+    promoted: int | None = None  # sentences the plan acted on (moved, or kept a full step under stride)
+    kept_reason: str | None = None  # why nothing was promoted (qgpm.plan.KEPT_REASONS); None when something was
     # where the relevance came from (qgpm)
     relevance_source: str | None = None  # a reranker source ("minilm", "heads+bm25"); None: the heads
     heads: int | None = None  # heads pass 1 read

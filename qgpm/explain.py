@@ -5,10 +5,10 @@
     result.plot().savefig("relevance.png")            # score against position in the context
 
 Both read only the result: the context as the prompt held it, the question, the answer and
-every sentence's rank, fused head relevance ``z`` and map scores (``broad`` in the lower
-layers, ``sharp`` in the upper ones; 1 = the sentence kept a full stride, lower = it was
-compressed on the fast planes). All text is escaped: nothing from the context can become
-markup or script.
+every sentence's rank, relevance ``z``, map scores (``broad`` in the lower layers, ``sharp``
+in the upper ones) and whether the plan promoted it (moved it next to the question, or kept it
+a full step under ``remap="stride"``) or the query-term filter left it in place. All text is
+escaped: nothing from the context can become markup or script.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import html
 from typing import Any, Protocol, Sequence
 
 from .diagnostics import Diagnostics
+from .methods import METHOD_SPECS, Stage
 
-__all__ = ["render_html", "plot_relevance", "sentence_rows", "decision_note", "term_note", "Explained"]
+__all__ = ["render_html", "plot_relevance", "sentence_rows", "decision_note", "term_note", "no_ranking_note", "clip", "Explained"]
 
 
 class Explained(Protocol):
@@ -32,15 +33,16 @@ class Explained(Protocol):
     question: str | None
     usage: Any
     timings: Any
+    edit: Any
 
 _CSS = """
 body{font:15px/1.55 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:980px;color:#1d232b;padding:0 1em}
 h1{font-size:1.35em;margin:.2em 0}h2{font-size:1.1em;margin:1.4em 0 .4em}
 .box{border:1px solid #d5dae1;border-radius:8px;padding:.8em 1em;margin:.6em 0;background:#fafbfc}
 .answer{background:#eef7ee;border-color:#9ccc9c}.meta{color:#5b6572;font-size:.9em}
-.ctx{white-space:pre-wrap}.s{border-radius:3px;padding:1px 0}
-.full{outline:2px solid #1f6fd1;outline-offset:1px}
-table{border-collapse:collapse;font-size:.92em;width:100%}td,th{border-bottom:1px solid #e3e7ec;padding:.3em .5em;text-align:left;vertical-align:top}
+.ctx{white-space:pre-wrap;overflow-wrap:anywhere}.s{border-radius:3px;padding:1px 0}
+.promoted{outline:2px solid #1f6fd1;outline-offset:1px}.dropped{outline:1px dashed #8a5a00;outline-offset:1px}
+table{border-collapse:collapse;font-size:.92em;width:100%}td,th{border-bottom:1px solid #e3e7ec;padding:.3em .5em;text-align:left;vertical-align:top;overflow-wrap:anywhere}
 th{background:#f1f3f6}.legend span{display:inline-block;padding:0 .5em;margin-right:.4em;border-radius:3px}
 """
 
@@ -57,25 +59,60 @@ def term_note(n: int) -> str:
             "(BM25), so they were not promoted and kept their place")
 
 
+def clip(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters, with "…" where it was cut."""
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
 def decision_note(details: Diagnostics, method: str) -> str | None:
-    """Why a call kept vanilla positions or promoted one sentence alone (the confidence rules
-    of :class:`qgpm.settings.ConfidenceRules`), for ``explain()``, ``qgpm ask`` and the page;
-    ``None`` where no rule fired."""
-    if details.flat_relevance:
+    """Why a call kept vanilla positions (``details.kept_reason``: the confidence rules of
+    :class:`qgpm.settings.ConfidenceRules`, the short-context rule, or nothing left relevant) or
+    promoted one sentence alone, for ``explain()``, ``qgpm ask`` and the page; ``None`` where the
+    call promoted sentences as its ranking and maps say."""
+    reason = details.kept_reason
+    if reason == "flat" or (reason is None and details.flat_relevance):
         return f"the relevance was flat (top z below min_top_z), so {method} kept vanilla positions"
-    if details.decisive_relevance:
+    if reason == "decisive" or (reason is None and details.decisive_relevance):
         return f"one sentence stood out (its z at least decisive_margin above the next), so {method} kept vanilla positions"
-    if details.s_low is not None and details.s_low >= 1.0:
+    if reason == "keep_length":
         return f"the context is no longer than keep_length, so {method} kept vanilla positions"
+    if reason == "s_low":
+        return f"s_low is 1 (no sentence is compressed or moved), so {method} kept vanilla positions"
+    if reason == "nothing_promoted":
+        return (f"no sentence was left to promote (after the z window, the solo rule and the query-term filter), so {method} "
+                "kept vanilla positions")
     if details.solo_relevance:
         return f"the top sentence stood out (its z at least solo_margin above the next), so {method} promoted it alone"
     return None
 
 
+def no_ranking_note(result: Explained) -> str:
+    """What a call without a sentence ranking did to the context, for ``explain()``, ``qgpm ask``
+    and the page."""
+    d, edit = result.details, result.edit
+    if d.empty_context:
+        return "no context was given: the fixed reply, the model did not run"
+    if result.method == "plain":
+        return "plain chat: no context, standard positions"
+    spec = METHOD_SPECS.get(result.method)
+    stage = spec.stage if spec is not None else None
+    if stage is Stage.EDIT and edit is not None:
+        how = "kept the best chunks" if edit.mode == "topk" else "sorted every chunk, the best next to the question"
+        return f"the reranker {how}: chunks {list(edit.kept)} of {len(edit.chunks)} are in the prompt, standard positions"
+    if stage is Stage.COMPRESS and edit is not None:
+        return f"the context was compressed from {edit.original_tokens} to {edit.compressed_tokens} tokens, standard positions"
+    if stage is Stage.ATTENTION:
+        if d.settings.get("remapped") is False:
+            return "standard positions: the prompt is too short for the method to change any distance"
+        return "query-agnostic positions inside attention (the same for every question)"
+    return "no relevance ranking, standard positions"
+
+
 def sentence_rows(result: Explained) -> list[dict[str, Any]]:
     """One dict per context sentence: text, char span, depth in the context (0..1), rank,
-    z, broad/sharp scores, whether it kept a full stride in the upper layers, and the
-    0..1 intensity used for shading (1 = top-ranked)."""
+    z, broad/sharp scores, whether the plan promoted it, whether the query-term filter left it
+    in place, and the 0..1 intensity used for shading (by z; for the Oracle, 1 for the
+    sentences holding evidence, which it promotes, and 0 for the rest)."""
     rel = sorted(result.relevance, key=lambda s: s.start)
     n = len(rel)
     total = max(len(result.context or ""), 1)
@@ -85,11 +122,13 @@ def sentence_rows(result: Explained) -> list[dict[str, Any]]:
     for s in rel:
         if s.z is not None and zs and hi > lo and abs(s.z) != float("inf"):
             level = (s.z - lo) / (hi - lo)
-        else:  # Oracle (no z) or a single sentence: shade by rank
+        elif s.z is None:  # the Oracle: evidence or not, no ranking among the rest
+            level = 1.0 if s.promoted else 0.0
+        else:  # a single sentence, or every z alike
             level = 1.0 - s.rank / max(n - 1, 1)
         out.append({
             "index": s.index, "text": s.text, "start": s.start, "end": s.end, "depth": s.start / total,
-            "rank": s.rank, "z": s.z, "broad": s.broad, "sharp": s.sharp, "full_stride": s.sharp >= 1.0 - 1e-9,
+            "rank": s.rank, "z": s.z, "broad": s.broad, "sharp": s.sharp, "promoted": s.promoted, "term_dropped": s.term_dropped,
             "level": max(0.0, min(1.0, level)),
         })
     return out
@@ -98,10 +137,11 @@ def sentence_rows(result: Explained) -> list[dict[str, Any]]:
 def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why this answer") -> str:
     """A self-contained HTML page (inline CSS, no script, no network) for ``result``.
 
-    The context is shown with each sentence shaded by its relevance (fused head z for
-    qgpm, rank for oracle) and outlined when it kept a full stride in the upper layers;
-    then the question, the answer, and a table of the ``top`` best-ranked sentences with
-    rank, z, broad/sharp scores and depth in the context.
+    The context is shown with each sentence shaded by its relevance (z for qgpm; the
+    evidence for oracle), outlined when the plan promoted it and dashed when the query-term
+    filter left it in place; then the question, the answer, and a table of the ``top``
+    best-ranked sentences with rank, z, broad/sharp scores, what the plan did and depth in
+    the context. A method without a ranking gets a line saying what it did instead.
     """
     esc = html.escape
     rows = sentence_rows(result)
@@ -112,7 +152,7 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         if r["start"] > pos:
             parts.append(esc(ctx[pos:r["start"]]))
         tip = f"rank {r['rank'] + 1}" + (f", z {r['z']:+.2f}" if r["z"] is not None else "") + f", broad {r['broad']:.2f}, sharp {r['sharp']:.2f}"
-        cls = "s full" if r["full_stride"] else "s"
+        cls = "s promoted" if r["promoted"] else "s dropped" if r["term_dropped"] else "s"
         parts.append(f'<span class="{cls}" style="background:{_shade(r["level"])}" title="{esc(tip)}">{esc(ctx[r["start"]:r["end"]])}</span>')
         pos = max(pos, r["end"])
     parts.append(esc(ctx[pos:]))
@@ -120,9 +160,12 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
     def _z(v: float | None) -> str:
         return "" if v is None else f"{v:+.2f}"
 
+    def _did(r: dict[str, Any]) -> str:
+        return "promoted" if r["promoted"] else "left by the term filter" if r["term_dropped"] else ""
+
     table = "".join(
         f"<tr><td>{r['rank'] + 1}</td><td>{_z(r['z'])}</td><td>{r['broad']:.2f}</td>"
-        f"<td>{r['sharp']:.2f}</td><td>{100 * r['depth']:.0f} %</td><td>{esc(r['text'])}</td></tr>"
+        f"<td>{r['sharp']:.2f}</td><td>{_did(r)}</td><td>{100 * r['depth']:.0f} %</td><td>{esc(r['text'])}</td></tr>"
         for r in best
     )
     d = result.details
@@ -130,7 +173,9 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
             f"{result.timings.total_s:.2f} s"]
     if d.relevance_source:
         meta.append(f"ranked by {esc(d.relevance_source)}")
-    if d.anchor_length is not None:
+    if d.pass2:
+        meta.append(f"pass 2: {esc(d.pass2)}")
+    if d.anchor_length is not None and d.pass2 == "positions":  # per-plane positions: the gate decided which planes moved
         meta.append(f"frequency gate at wavelength {d.anchor_length:.0f} tokens")
     note = decision_note(d, result.method) if rows else None
     if note:
@@ -139,7 +184,7 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         meta.append(esc(term_note(d.term_dropped)))
     if d.prefill_reused:
         meta.append(f"{d.prefill_reused} prompt tokens' prefill taken from pass 1 (reuse_prefill)")
-    no_rank = "" if rows else '<p class="meta">This method has no relevance ranking (standard positions).</p>'
+    no_rank = "" if rows else f'<p class="meta">{esc(no_ranking_note(result))}.</p>'
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
@@ -148,9 +193,10 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         f"<h2>Question</h2><div class=\"box\">{esc(result.question or '')}</div>"
         f"<h2>Answer</h2><div class=\"box answer\">{esc(result.text)}</div>"
         f"<h2>Top sentences</h2>{no_rank}"
-        + (f"<table><tr><th>rank</th><th>z</th><th>broad</th><th>sharp</th><th>depth</th><th>sentence</th></tr>{table}</table>" if rows else "")
+        + (f"<table><tr><th>rank</th><th>z</th><th>broad</th><th>sharp</th><th>plan</th><th>depth</th><th>sentence</th></tr>{table}</table>" if rows else "")
         + "<h2>Context</h2><p class=\"legend meta\"><span style=\"background:" + _shade(1.0) + "\">most relevant</span>"
-        "<span style=\"background:" + _shade(0.0) + "\">least relevant</span><span class=\"full\">kept a full stride (upper layers)</span></p>"
+        "<span style=\"background:" + _shade(0.0) + "\">least relevant</span><span class=\"promoted\">promoted (moved next to the question; "
+        "under remap stride, kept a full step)</span><span class=\"dropped\">top-ranked, left in place by the term filter</span></p>"
         f"<div class=\"box ctx\">{''.join(parts)}</div></body></html>\n"
     )
 
@@ -159,9 +205,9 @@ def plot_relevance(result: Explained, *, evidence: Sequence[str] | None = None, 
     """Sentence relevance against position in the context (matplotlib ``Figure``).
 
     x: depth of each sentence in the context (0 = start, 1 = end, where the question
-    follows); y: fused head z (qgpm) or map score (oracle). Sentences that kept a full
-    stride are drawn filled; sentences containing an ``evidence`` string are marked with
-    a star; the question is the dashed line at depth 1.
+    follows); y: relevance z (qgpm) or map score (oracle). Sentences the plan promoted
+    are drawn filled; sentences containing an ``evidence`` string are marked with a star;
+    the question is the dashed line at depth 1.
     """
     from matplotlib.figure import Figure  # no pyplot: the caller's backend is left as it is
 
@@ -173,11 +219,11 @@ def plot_relevance(result: Explained, *, evidence: Sequence[str] | None = None, 
     xs = [r["depth"] for r in rows]
     fig = ax.figure if ax is not None else Figure(figsize=(9, 3.4))
     ax = ax or fig.add_subplot(111)
-    full = [i for i, r in enumerate(rows) if r["full_stride"]]
-    rest = [i for i, r in enumerate(rows) if not r["full_stride"]]
+    full = [i for i, r in enumerate(rows) if r["promoted"]]
+    rest = [i for i, r in enumerate(rows) if not r["promoted"]]
     ax.plot(xs, ys, color="#9aa5b1", lw=0.8, zorder=1)
-    ax.scatter([xs[i] for i in rest], [ys[i] for i in rest], s=14, facecolors="white", edgecolors="#5b6572", label="compressed", zorder=2)
-    ax.scatter([xs[i] for i in full], [ys[i] for i in full], s=22, color="#1f6fd1", label="full stride", zorder=3)
+    ax.scatter([xs[i] for i in rest], [ys[i] for i in rest], s=14, facecolors="white", edgecolors="#5b6572", label="not promoted", zorder=2)
+    ax.scatter([xs[i] for i in full], [ys[i] for i in full], s=22, color="#1f6fd1", label="promoted", zorder=3)
     if evidence:
         ev = [i for i, r in enumerate(rows) if any(e.strip() and (e.strip() in r["text"] or r["text"].strip() in e) for e in evidence)]
         if ev:

@@ -14,9 +14,9 @@ import torch
 from .config import QGPMConfig
 from .positions import boundary_plane, cumulative_positions, ends_placement, frequency_gate, move_permutation, moved_positions, protect_fast_planes, strides, with_leads
 from .rope import PositionPlan, RotaryInfo
-from .shaping import dense_ranks, move_order, term_filter, protected_prefix_end, rank_sentences, rank_shape, sentence_scores, token_scores, within_z_window
+from .shaping import dense_ranks, move_order, term_filter, protected_prefix_end, rank_sentences, rank_shape, relevant_mask, sentence_scores, token_scores, within_z_window
 
-__all__ = ["PlanOutcome", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
+__all__ = ["PlanOutcome", "KEPT_REASONS", "promoted_units", "kept_reason", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
 
 
 REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (Gemma 3's sliding-window and global layers) "
@@ -40,6 +40,40 @@ class PlanOutcome:
     s_low: float = 0.0  # the low score this call used (effective_s_low); 1.0 = vanilla positions
     solo: bool = False  # the top sentence alone is relevant (z margin >= config.solo_margin)
     term_dropped: tuple[int, ...] = ()  # units the query-term filter (config.term_ratio) dropped from the top K of a map some layer uses
+    promoted: tuple[int, ...] = ()  # units the plan acts on in a map some layer uses: moved (move, reorder) or kept a full step (stride)
+    kept_reason: str | None = None  # why nothing was promoted (vanilla positions): one of KEPT_REASONS; None when a unit was
+
+
+KEPT_REASONS = ("flat", "decisive", "keep_length", "s_low", "nothing_promoted")
+"""Why a plan promotes nothing and keeps vanilla positions (``PlanOutcome.kept_reason``): the
+confidence rule (``min_top_z``), the dominance rule (``decisive_margin``), the short-context
+rule (``keep_length``), ``s_low`` 1 as configured, or no unit left relevant after the z window,
+the solo rule and the query-term filter."""
+
+
+def promoted_units(ranks: torch.Tensor, unit_scores: torch.Tensor, s_low: float, config: QGPMConfig) -> list[int]:
+    """The units one map acts on: those ``remap="move"`` / ``"reorder"`` moves next to the
+    question (:func:`~qgpm.shaping.move_order`), or under ``"stride"`` the relevant ones that
+    keep a full position step while others are compressed; none when every unit scores alike."""
+    if config.remap in ("move", "reorder"):
+        return sorted(move_order(ranks, unit_scores, s_low, config.moved_order))
+    rel = relevant_mask(unit_scores, s_low)
+    if s_low >= 1 or bool(rel.all()):
+        return []
+    return rel.nonzero().reshape(-1).tolist()
+
+
+def kept_reason(planned: "PlanOutcome", config: QGPMConfig) -> str | None:
+    """Why ``planned`` promotes nothing (one of :data:`KEPT_REASONS`), ``None`` when it promotes a unit."""
+    if planned.promoted:
+        return None
+    if planned.flat:
+        return "flat"
+    if planned.decisive:
+        return "decisive"
+    if planned.s_low >= 1:
+        return "s_low" if config.s_low >= 1 else "keep_length"
+    return "nothing_promoted"
 
 
 def split_layer(n_layers: int, config: QGPMConfig) -> int:
@@ -189,7 +223,7 @@ def build_plan(
     window = within_z_window(unit_relevance, config.z_window)  # the Oracle's 0/1 labels: every evidence unit ties with the top
     if solo:  # the top sentence stands out from the second: it alone is relevant
         window = window * (ranks == 0).to(torch.float64)
-    use_terms = config.term_ratio is not None and not (dense or vanilla)
+    use_terms = config.term_ratio is not None and not (dense or vanilla or s_low >= 1)  # s_low 1: every score 1, nothing to filter
     if use_terms and (unit_lexical is None or unit_lexical.numel() != n_units):
         raise ValueError("config.term_ratio needs unit_lexical: one lexical score per unit (the engine computes BM25 scores for the question)")
     dropped: list[list[int]] = []  # per map: the top-K units the query-term filter dropped
@@ -248,8 +282,12 @@ def build_plan(
     plan = PositionPlan(positions=positions, layer_map=layer_map, rotary=rotary, capacity=capacity,
                         table_rotary=tuple(table_rotary) if rotary.layered else (),
                         orders=tuple(orders) if any(bool((o != torch.arange(o.numel())).any()) for o in orders) else ())
-    return PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low, solo=solo,
-                     term_dropped=tuple(sorted({u for m in {m % 2 for m in layer_map if m is not None} for u in dropped[m]})))
+    used = {m % 2 for m in layer_map if m is not None}  # the maps some layer reads
+    out = PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low, solo=solo,
+                      term_dropped=tuple(sorted({u for m in used for u in dropped[m]})),
+                      promoted=tuple(sorted({u for m in used for u in promoted_units(ranks, unit_scores[m], s_low, config)})))
+    out.kept_reason = kept_reason(out, config)
+    return out
 
 
 def oracle_units(token_sentence: torch.Tensor, evidence_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

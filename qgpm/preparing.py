@@ -206,12 +206,14 @@ def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, 
         planned = build_plan(units, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, dense=True, capacity=capacity)
     if note:
         warn_vanilla_kept(planned, cfg)
-    details: dict[str, Any] = dict(boundary_plane=planned.boundary_plane, anchor_length=planned.anchor_length, s_low=planned.s_low)
+    details: dict[str, Any] = dict(boundary_plane=planned.boundary_plane, anchor_length=planned.anchor_length, s_low=planned.s_low,
+                                   kept_reason=planned.kept_reason)
     if units is None:
         details.update(flat_relevance=planned.flat, decisive_relevance=planned.decisive, solo_relevance=planned.solo)
         if cfg.term_ratio is not None:  # how many top-K sentences the query-term filter dropped
             details["term_dropped"] = len(planned.term_dropped)
     relevance = sentence_relevance(prompt, planned, z if units is None else None, units)
+    details["promoted"] = sum(s.promoted for s in relevance)
     return planned, relevance, details
 
 
@@ -306,11 +308,14 @@ def sentence_relevance(prompt: Prompt, planned: PlanOutcome, z: torch.Tensor | N
         ranks = [0] * len(order)
         for r, i in enumerate(order):
             ranks[i] = r
+    promoted, dropped = set(planned.promoted), set(planned.term_dropped)
     out = []
     for s in prompt.sentences:
         mask = ts == s.index
         b = float(broad_t[mask].max()) if mask.any() else 1.0
         sh = float(sharp_t[mask].max()) if mask.any() else 1.0
         zi = None if z is None else float(z[s.index])
-        out.append(SentenceRelevance(s.index, s.text, s.start, s.end, s.doc, ranks[s.index], b, sh, zi))
+        units = {s.index} if token_unit is None else set(token_unit[mask].tolist()) - {-1}
+        out.append(SentenceRelevance(s.index, s.text, s.start, s.end, s.doc, ranks[s.index], b, sh, zi,
+                                     promoted=bool(units & promoted), term_dropped=bool(units & dropped)))
     return out

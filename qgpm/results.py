@@ -18,7 +18,7 @@ import torch
 from .methods import METHOD_SPECS, Stage
 from .config import QGPMConfig
 from .diagnostics import Diagnostics
-from .explain import decision_note, plot_relevance, render_html, term_note
+from .explain import clip, decision_note, no_ranking_note, plot_relevance, render_html, term_note
 from .prompt import Prompt
 
 __all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
@@ -31,7 +31,11 @@ class SentenceRelevance:
     ``start``/``end`` are char offsets into the context string (documents joined by the
     separator); ``z`` is the fused head relevance (None for Oracle); ``rank`` 0 = most
     relevant; ``broad``/``sharp`` are the sentence's scores in the two maps (1 = unit
-    stride, ``s_low`` = most compressed on fast planes).
+    stride, ``s_low`` = most compressed on fast planes; text before the first relevant
+    sentence also scores 1, kept in place). ``promoted``: the plan acted on the sentence as
+    relevant (moved next to the question under ``remap="reorder"`` / ``"move"``, kept a full
+    step while others were compressed under ``"stride"``); ``term_dropped``: it was among the
+    top ranked but the query-term filter (``term_ratio``) left it in place.
     """
 
     index: int
@@ -43,6 +47,8 @@ class SentenceRelevance:
     broad: float
     sharp: float
     z: float | None = None
+    promoted: bool = False
+    term_dropped: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict (for JSON)."""
@@ -122,16 +128,15 @@ class QGPMResult:
     def explain(self, k: int = 5) -> str:
         """A short human-readable account of the ranking."""
         if not self.relevance:
-            spec = METHOD_SPECS.get(self.method)
-            how = "query-agnostic positions" if spec is not None and spec.stage is Stage.ATTENTION else "standard positions"
-            return f"method={self.method}: no relevance ranking ({how})"
+            return f"method={self.method}: {no_ranking_note(self)}"
         source = self.details.relevance_source
         ranked = f", ranked by {source}" if source else (", ranked by the model's heads" if self.method in METHOD_SPECS and METHOD_SPECS[self.method].stage is Stage.HEADS else "")
         top = self.top_sentences(k)
         lines = [f"method={self.method}: top {len(top)} of {len(self.relevance)} sentences{ranked}"]
         for s in top:
             z = "" if s.z is None else f" z={s.z:+.2f}"
-            lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}  {s.text[:120]}")
+            did = " promoted" if s.promoted else " (term filter: left in place)" if s.term_dropped else ""
+            lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}{did}  {clip(s.text, 120)}")
         notes = [decision_note(self.details, self.method), term_note(self.details.term_dropped) if self.details.term_dropped else None]
         lines += [f"  ({n})" for n in notes if n]
         return "\n".join(lines)

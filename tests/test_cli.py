@@ -23,15 +23,15 @@ def test_ask_default_answers_bundled_question_and_shows_ranking(smollm, capsys):
     out = capsys.readouterr().out.splitlines()
     q = questions[default_example()]
     assert any(q["question"] in l for l in out)
-    answers = {l.split()[0]: l.split(None, 1)[1] for l in out if l.startswith(("vanilla ", "qgpm ")) and " promoted (" not in l}
+    answers = {l.split()[0]: l.split(None, 1)[1] for l in out if l.startswith(("vanilla ", "qgpm ")) and " ranked (" not in l}
     assert set(answers) == {"vanilla", "qgpm"} and all(a.strip() for a in answers.values())
     # the requirement: the default bundled question is one the embedded model answers with QGPM
     assert q["answer"] in answers["qgpm"], answers["qgpm"]
     # what QGPM adds and this job must show is the ranking: the evidence sentence among the top shown
-    i = next(k for k, l in enumerate(out) if l.startswith("  rank      z  score  depth"))
+    i = next(k for k, l in enumerate(out) if l.startswith("  rank      z  score  plan"))
     ranked = out[i + 1:i + 4]
     assert [r.split()[0] for r in ranked] == ["#1", "#2", "#3"]
-    assert any(q["evidence"][:60] in r for r in ranked)
+    assert any(q["evidence"][:60] in r and " promoted " in r for r in ranked)  # the evidence, moved next to the question
     # the output explains itself: what each method is, which answer holds the expected one, what z and score mean
     assert any(l.startswith("  vanilla: the model as it is") for l in out) and any(l.startswith("  qgpm: ") for l in out)
     assert sum("<- has the expected answer" in l or "<- not the expected answer" in l for l in out) == 2
@@ -218,8 +218,8 @@ def test_ask_settings_reach_the_engine(tiny_dir, tmp_path, answers, capsys):
     assert (by_method["topk"]["reranker"], by_method["topk"]["k"]) == ("bm25", 1)
     assert by_method["oracle"]["evidence"] == ["The red door opens at noon."]
     out = capsys.readouterr().out
-    assert "\noracle  " in out and "\ntopk    " in out and "topk kept chunks" in out
-    assert "oracle promoted (top 3 of 3 sentences" in out
+    assert "\noracle  " in out and "\ntopk    " in out and "topk: the reranker kept the best chunks: chunks [0] of 1 are in the prompt" in out
+    assert "oracle ranked (top 3 of 3 sentences" in out
 
 
 def _tiny_ask(tiny_dir, tmp_path, *extra):
@@ -233,21 +233,24 @@ def test_ask_compares_vanilla_and_qgpm_by_default_and_shows_the_promoted_sentenc
     assert main(_tiny_ask(tiny_dir, tmp_path, "--top", "2")) == 0
     assert [c["method"] for c in answers] == ["vanilla", "qgpm"]
     out = capsys.readouterr().out.splitlines()
-    heads = [l for l in out if l.startswith(("vanilla ", "qgpm ")) and " promoted (" not in l]
+    heads = [l for l in out if l.startswith(("vanilla ", "qgpm ")) and " ranked (" not in l]
     assert [h.split()[0] for h in heads] == ["vanilla", "qgpm"]
     timing = [l for l in out if "prompt tokens" in l and "first token" in l]
     # the recipe ranks with MiniLM (no pass 1): its ranking time is named, vanilla has none
     assert len(timing) == 2 and "(ranking " in timing[1] and "(ranking " not in timing[0] and "(pass 1 " not in timing[1]
-    i = next(k for k, l in enumerate(out) if l.startswith("qgpm promoted (top 2 of 3 sentences"))
-    assert [l.split(":")[0].strip() for l in out[i + 1:i + 4]] == ["z", "score", "depth"]  # each column said in words
-    assert out[i + 4].split() == ["rank", "z", "score", "depth", "sentence"]
-    rows = out[i + 5:i + 7]
+    i = next(k for k, l in enumerate(out) if l.startswith("qgpm ranked (top 2 of 3 sentences"))
+    assert [l.split(":")[0].strip() for l in out[i + 1:i + 5]] == ["z", "score", "plan", "depth"]  # each column said in words
+    assert out[i + 5].split() == ["rank", "z", "score", "plan", "depth", "sentence"]
+    rows = out[i + 6:i + 8]
     assert [r.split()[0] for r in rows] == ["#1", "#2"]
-    for r in rows:  # rank, z, score in [0, 1], depth in %, sentence text
-        _, z, score, depth, pct, *text = r.split()
+    for r in rows:  # rank, z, score in [0, 1], (plan), depth in %, sentence text
+        _, z, score, *rest = r.split()
+        if rest[0] in ("promoted", "term"):
+            rest = rest[2:] if rest[0] == "term" else rest[1:]
+        depth, pct, *text = rest
         assert z[0] in "+-" and 0 <= float(score) <= 1 and pct == "%" and 0 <= int(depth) < 100
         assert " ".join(text) in "The bakery opens at seven. The red door opens at noon. The museum is closed on Mondays."
-    assert not any(l.startswith("vanilla promoted") for l in out)  # vanilla ranks nothing
+    assert not any(l.startswith("vanilla ranked") for l in out)  # vanilla ranks nothing
 
 
 def test_ask_quiet_prints_only_the_answer(tiny_dir, tmp_path, answers, capsys):

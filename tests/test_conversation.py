@@ -156,7 +156,8 @@ def test_report_of_an_answer_over_context():
     req = chat_request(MARKED)
     info = req.report(result, top_k=1)
     assert (info["mode"], info["method"], info["source"], info["documents"]) == ("context", "qgpm", "prompt", 2)
-    assert info["top_sentences"] == [{"rank": 0, "text": DOCS[1], "doc": 1, "z": 1.0, "broad": 0.5, "sharp": 0.25}]
+    assert info["top_sentences"] == [{"rank": 0, "text": DOCS[1], "doc": 1, "z": 1.0, "broad": 0.5, "sharp": 0.25, "promoted": False,
+                                      "term_dropped": False}]
     assert info["details"] == {"flat_relevance": False} and "html" not in info and "edit" not in info
     assert req.report(result, top_k=0)["top_sentences"] == [] and req.report(result, top_k=0)["explanation"] == ""
     page = req.report(result, html=True)

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from qgpm import QGPM, QGPMConfig
 
@@ -34,11 +35,11 @@ def test_html_is_escaped_self_contained_and_complete(engine):
     assert html.escape(QUESTION) in page and html.escape(res.text) in page
     assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//", page)  # no network resources
     assert "default-src 'none'" in page
-    # every sentence is on the page, in a shaded span; those that kept a full stride are outlined
-    spans = re.findall(r'<span class="(s full|s)"', page)
+    # every sentence is on the page, in a shaded span; those the plan promoted are outlined
+    spans = re.findall(r'<span class="(s promoted|s dropped|s)"', page)
     assert len(spans) == len(res.relevance)
-    assert spans.count("s full") == sum(1 for s in res.relevance if s.sharp >= 1.0 - 1e-9) > 0
-    assert "s" in spans  # and some were compressed
+    assert spans.count("s promoted") == sum(s.promoted for s in res.relevance) == res.details.promoted > 0
+    assert "s" in spans  # and some were not
     # the top table lists the best-ranked sentence first
     top = res.top_sentences(1)[0]
     first_row = page.split("<th>sentence</th></tr>")[1].split("</tr>")[0]
@@ -48,7 +49,7 @@ def test_html_is_escaped_self_contained_and_complete(engine):
 def test_html_for_a_method_without_ranking(engine):
     res = engine.answer(CONTEXT, QUESTION, method="vanilla", max_new_tokens=3)
     page = res.to_html()
-    assert "no relevance ranking" in page and "<table>" not in page
+    assert "no relevance ranking, standard positions" in page and "<table>" not in page
 
 
 def test_relevance_plot_marks_evidence_and_question(engine, tmp_path):
@@ -56,7 +57,7 @@ def test_relevance_plot_marks_evidence_and_question(engine, tmp_path):
     fig = res.plot(evidence=["The tide gauge was calibrated by Ottilie Brandvold."])
     ax = fig.axes[0]
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert "evidence" in labels and "full stride" in labels
+    assert "evidence" in labels and "promoted" in labels
     assert any(abs(l.get_xdata()[0] - 1.0) < 1e-9 for l in ax.get_lines() if len(l.get_xdata()) == 2)  # the question line
     out = tmp_path / "rel.png"
     fig.savefig(out)
@@ -116,3 +117,70 @@ def test_explain_says_why_positions_were_kept_and_counts_what_it_shows(engine):
     assert "kept vanilla positions" in flat.to_html()
     moved = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig(min_top_z=None, decisive_margin=None, keep_length=0))
     assert "kept vanilla positions" not in moved.explain(3) and len(moved.explain(3).splitlines()) == 4
+
+
+def test_the_page_marks_the_sentences_the_plan_moved_under_reorder(engine):
+    """Under remap="reorder" (the recipe's placement) a promoted sentence is one the plan moved
+    next to the question: exactly the units of its slot order that come after the context's
+    other sentences. The text before the first relevant sentence scores 1 but stays in place
+    and is not marked."""
+    cfg = QGPMConfig.paper().with_(remap="reorder", split_layer=0, min_top_z=None, decisive_margin=None, keep_length=0)
+    call = engine.prepare(CONTEXT, QUESTION, config=cfg)
+    promoted = sorted(s.index for s in call.relevance if s.promoted)
+    assert promoted and call.details.promoted == len(promoted) and call.details.kept_reason is None
+    # the moved sentences' tokens take the last context slots, in the plan's slot order
+    order = call.plan.orders[0]
+    ts = call.prompt.token_sentence
+    ctx = (ts >= 0).nonzero().reshape(-1)
+    slots = order[ctx]
+    last = ctx[slots.argsort()][-int(sum((ts == i).sum() for i in promoted)):]
+    assert sorted(set(ts[last].tolist())) == promoted
+    in_place = [s for s in call.relevance if s.sharp == 1.0 and not s.promoted]
+    assert in_place  # the protected prefix: score 1, not moved
+    res = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=cfg)
+    assert sorted(s.index for s in res.relevance if s.promoted) == promoted
+    assert res.to_html().count('class="s promoted"') == len(promoted)
+    assert min(res.relevance, key=lambda s: s.rank).promoted
+
+
+def test_a_call_that_promotes_nothing_says_so_and_why(engine):
+    """The notes follow the plan, not the rule flags: the solo rule with the query-term filter
+    dropping the top sentence promotes nothing; a short context is not term-filtered."""
+    from qgpm.diagnostics import Diagnostics
+    from qgpm.explain import decision_note
+    from qgpm.plan import KEPT_REASONS, build_plan
+    from qgpm.rope import RotaryInfo
+
+    inv = 1.0 / (1e4 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+    units = torch.arange(5).repeat_interleave(4)
+    cfg = QGPMConfig(remap="reorder", split_layer=0, solo_margin=1.0, term_ratio=0.6, keep_length=0)
+    z, lexical = torch.tensor([3.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64), torch.tensor([0.0, 5.0, 5.0, 5.0, 5.0], dtype=torch.float64)
+    solo = build_plan(units, z, config=cfg, rotary=RotaryInfo(inv, 1.0, "default", 16), n_layers=4, unit_lexical=lexical)
+    assert solo.solo and solo.term_dropped == (0,) and solo.promoted == () and solo.kept_reason == "nothing_promoted"
+    kept = build_plan(units, z, config=cfg, rotary=RotaryInfo(inv, 1.0, "default", 16), n_layers=4, unit_lexical=torch.ones(5, dtype=torch.float64))
+    assert kept.promoted == (0,) and kept.kept_reason is None  # the filter keeps it: promoted alone
+    note = decision_note(Diagnostics(solo_relevance=True, kept_reason="nothing_promoted"), "qgpm")
+    assert "no sentence was left to promote" in note and "promoted it alone" not in note
+    assert "promoted it alone" in decision_note(Diagnostics(solo_relevance=True), "qgpm")
+    short = engine.answer("The gate opens at six. The tide gauge was calibrated by Ottilie Brandvold.", QUESTION, max_new_tokens=2,
+                          config=QGPMConfig(keep_length=1024, term_ratio=0.6))
+    assert short.details.kept_reason == "keep_length" and short.details.term_dropped == 0 and short.details.promoted == 0
+    assert "term_ratio:" not in short.explain(3) and not any(s.promoted or s.term_dropped for s in short.relevance)
+    floor = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig(keep_length=0, s_low=1.0, min_top_z=None,
+                                                                                   decisive_margin=None))
+    assert floor.details.kept_reason == "s_low" and "s_low is 1" in floor.explain(3) and "keep_length" not in floor.explain(3)
+    assert set(KEPT_REASONS) == {"flat", "decisive", "keep_length", "s_low", "nothing_promoted"}
+
+
+def test_methods_without_a_ranking_say_what_they_did(engine):
+    from qgpm import StringOptions
+    from qgpm.explain import clip
+
+    topk = engine.answer(CONTEXT, QUESTION, method="topk", reranker="bm25", k=1, max_new_tokens=2)
+    assert f"chunks {topk.edit.kept} of {len(topk.edit.chunks)} are in the prompt" in topk.explain()
+    assert html.escape(f"chunks {topk.edit.kept} of {len(topk.edit.chunks)}") in topk.to_html()
+    poe = engine.answer(CONTEXT, QUESTION, method="ms-poe", max_new_tokens=2)
+    assert "query-agnostic positions inside attention" in poe.explain() and "query-agnostic" in poe.to_html()
+    short = engine.answer("The gate opens at six.", QUESTION, method="string", options=StringOptions(shift=None), max_new_tokens=2)
+    assert short.details.settings.get("remapped") is False and "standard positions: the prompt is too short" in short.explain()
+    assert clip("x" * 200, 120).endswith("…") and len(clip("x" * 200, 120)) == 120 and clip("short", 120) == "short"

@@ -179,7 +179,7 @@ class QGPMChatModel(BaseChatModel):
         default=False,
         description="Also put the explanation page (QGPMResult.to_html(): the context shaded by relevance, the question "
         "and the answer; self-contained, all text escaped) and every sentence's row (qgpm.explain.sentence_rows: "
-        "rank, z, broad/sharp, depth, full stride) in response_metadata['qgpm']['html'] / ['sentences'].",
+        "rank, z, broad/sharp, depth, promoted, term_dropped) in response_metadata['qgpm']['html'] / ['sentences'].",
     )
     streaming: bool = False
     on_empty_context: Literal["reply", "raise"] = Field(

@@ -292,4 +292,4 @@ def test_explain_html_puts_the_explanation_view_in_the_metadata(llm, prompt_valu
     assert QUESTION.replace("?", "") in info["html"] and EVIDENCE in info["html"]
     rows = info["sentences"]
     assert [r["text"] for r in sorted(rows, key=lambda r: r["rank"])[:5]] == [s["text"] for s in info["top_sentences"]]
-    assert all(0 <= r["depth"] < 1 and isinstance(r["full_stride"], bool) for r in rows)
+    assert all(0 <= r["depth"] < 1 and isinstance(r["promoted"], bool) for r in rows)
