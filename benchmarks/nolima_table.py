@@ -10,6 +10,11 @@ depths, and wins / losses against a base method with the exact McNemar p.
 
 A sample is one (content, depth); ``index`` is the needle content. A method whose answer is
 the same at every depth of a content answers that content, not five samples.
+
+Each content index draws its (needle template, character name) on its own seed, so contents
+repeat: ``--by-question`` says how many distinct needles and questions the contents hold, and
+gives each method's right answers per question (a template asks one question) with the
+sign-flip p of the wins / losses against the base clustered by question.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from qgpm.eval.stats import mcnemar_exact
+from qgpm.eval.stats import content_sign_flip, mcnemar_exact
+from qgpm.samples.nolima import NEEDLES, needle_combos
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grid_table import load_rows, parse_range, parse_series, wins_losses  # noqa: E402  (the sibling table: the same rows and pairs)
@@ -39,6 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--base", default=None, help="label the others are paired against (default: the first)")
     ap.add_argument("--contents", default=None, help="only these needle contents, e.g. 0-5")
+    ap.add_argument("--by-question", action="store_true", help="also group the contents by the needle's question (template)")
     args = ap.parse_args(argv)
     series = parse_series(args.series)
     rows = load(args.rows, series, args.length)
@@ -70,7 +77,35 @@ def main(argv=None) -> int:
         gold = next(rows[labels[0]][(c, d)]["gold"][0] for d in DEPTHS if (c, d) in common)
         cells = [str(sum(bool(rows[m][(c, d)]["correct"]) for d in DEPTHS if (c, d) in common)) for m in labels]
         print(f"| {c} | {gold} | " + " | ".join(cells) + " |")
+    if args.by_question:
+        by_question(rows, labels, base, common)
     return 0
+
+
+def by_question(rows: dict, labels: list[str], base: str, common: set) -> None:
+    """How many distinct needles and questions the contents hold, and right answers per question."""
+    seed_of = {c: rows[base][(c, d)]["seed"] for c, d in common}
+    combo = {c: needle_combos(s)[0] for c, s in seed_of.items()}  # the harness makes one sample per seed: entry 0
+    contents = sorted(combo)
+    questions = sorted({t for t, _ in combo.values()})
+    print(f"\n{len(contents)} contents hold {len(set(combo.values()))} distinct needles (template, name) and {len(questions)} "
+          "distinct questions (templates)\n")
+    print("| template | contents | question | " + " | ".join(labels) + " |")
+    print("|---:|---|---|" + "---:|" * len(labels))
+    for t in questions:
+        cs = [c for c in contents if combo[c][0] == t]
+        keys = [k for k in common if k[0] in cs]
+        cells = [f"{sum(bool(rows[m][k]['correct']) for k in keys)}/{len(keys)}" for m in labels]
+        print(f"| {t} | {', '.join(map(str, cs))} | {NEEDLES[t].direct} | " + " | ".join(cells) + " |")
+    keys = sorted(common)
+    for m in labels:
+        if m == base:
+            continue
+        diffs = [float(bool(rows[m][k]["correct"])) - float(bool(rows[base][k]["correct"])) for k in keys]
+        ahead = sum(1 for t in questions if sum(d for d, k in zip(diffs, keys) if combo[k[0]][0] == t) > 0)
+        behind = sum(1 for t in questions if sum(d for d, k in zip(diffs, keys) if combo[k[0]][0] == t) < 0)
+        p = content_sign_flip(diffs, [combo[k[0]][0] for k in keys])
+        print(f"\n{m} against {base}: ahead on {ahead} questions, behind on {behind}; sign-flip p clustered by question {p:.2g}")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from qgpm.samples.base import (
 )
 from qgpm.prompt import PromptSpec, count_prompt_tokens
 
-__all__ = ["NOLIMA_TASKS", "NoLiMaNeedle", "NEEDLES", "CHARACTER_NAMES", "NOLIMA_DEPTHS", "generate_nolima"]
+__all__ = ["NOLIMA_TASKS", "NoLiMaNeedle", "NEEDLES", "CHARACTER_NAMES", "NOLIMA_DEPTHS", "generate_nolima", "needle_combos"]
 
 NOLIMA_TASKS: dict[str, str] = {"nolima_direct": "direct", "nolima_assoc": "assoc"}
 NOLIMA_MAX_NEW_TOKENS = 64
@@ -183,6 +183,17 @@ def _blocked(conflicts: Sequence[str], name: str) -> re.Pattern:
     return re.compile(rf"\b{re.escape(name)}\b|(?i:\b(?:{terms})\b)")
 
 
+def needle_combos(seed: int) -> list[tuple[int, str]]:
+    """The (needle template, character name) pairs of ``seed``'s split, in the order the samples
+    of ``seed`` take them (sample ``i`` takes entry ``i mod len``). The eval harness makes one
+    sample per seed, so each content index draws its pair on its own: two contents can hold the
+    same needle and question (a draw with replacement)."""
+    split = split_of_seed(seed)
+    combos = [(t, nm) for t in split_pool(range(len(NEEDLES)), split) for nm in split_pool(CHARACTER_NAMES, split)]
+    sample_rng("nolima", seed, "combos").shuffle(combos)
+    return combos
+
+
 def generate_nolima(
     task: str,
     *,
@@ -199,10 +210,7 @@ def generate_nolima(
     max_new = NOLIMA_MAX_NEW_TOKENS if max_new_tokens is None else int(max_new_tokens)
     hay_name, source = resources.get_haystack(haystack if haystack is not None else "essays")
     paragraphs = resources.haystack_sentences(hay_name, source)
-    templates = split_pool(range(len(NEEDLES)), split)
-    names = split_pool(CHARACTER_NAMES, split)
-    combos = [(t, nm) for t in templates for nm in names]
-    sample_rng("nolima", seed, "combos").shuffle(combos)
+    combos = needle_combos(seed)
     out = []
     for depth in (list(depths) if depths is not None else [None]):
         if depth is not None and not 0.0 <= depth <= 1.0:
