@@ -47,3 +47,27 @@ def test_no_shared_sample_in_the_range_is_an_error(tmp_path):
     mod = benchmark_module("against_reorder")
     with pytest.raises(SystemExit):
         mod.main(["--rows", _write(tmp_path, [_row(0, "qqq", True), _row(0, "rrr", True)]), "--qgpm", "qqq", "--reorder", "rrr", "--indices", "5-9"])
+
+
+def test_nolima_table_groups_repeated_needles_by_question(tmp_path, capsys):
+    """Two contents whose seeds draw the same question are one question in --by-question."""
+    from qgpm.samples.base import split_seed
+    from qgpm.samples.nolima import needle_combos
+
+    mod = benchmark_module("nolima_table")
+    seeds = [split_seed("test", i) for i in range(24)]
+    template = {i: needle_combos(s)[0][0] for i, s in enumerate(seeds)}
+    a, b = next((i, j) for i in range(24) for j in range(i + 1, 24) if template[i] == template[j])
+    c = next(i for i in range(24) if template[i] != template[a])
+    rows = []
+    for i, right_q, right_r in ((a, True, False), (b, True, False), (c, False, True)):
+        for d in (0.0, 0.5):
+            for h, ok in (("qqq", right_q), ("rrr", right_r)):
+                rows.append({"task": "nolima_direct", "length": 4096, "depth": d, "seed": seeds[i], "index": i, "config_hash": h,
+                             "method": "x", "answer": "Priya" if ok else "nobody", "correct": ok, "gold": ["Priya"]})
+    assert mod.main([_write(tmp_path, rows), "--series", "reorder=rrr,qgpm=qqq", "--by-question"]) == 0
+    out = capsys.readouterr().out
+    assert "3 contents hold" in out and "and 2 distinct questions (templates)" in out
+    line = next(l for l in out.splitlines() if l.startswith(f"| {template[a]} | "))
+    assert line.startswith(f"| {template[a]} | {min(a, b)}, {max(a, b)} |") and line.endswith("| 0/4 | 4/4 |")  # reorder, qgpm
+    assert "qgpm against reorder: ahead on 1 questions, behind on 1" in out

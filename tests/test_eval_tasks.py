@@ -337,3 +337,15 @@ def test_alternative_haystacks_and_overrides(tok):
         generate("kv_retrieval", n=1, length=1024, tokenizer=tok, seed=TEST_SEED, depths=[1.5])
     with pytest.raises(ValueError):
         generate("nope", n=1, length=1024, tokenizer=tok, seed=TEST_SEED)
+
+
+def test_needle_combos_is_the_draw_the_samples_take(tok):
+    """needle_combos(seed)[i] is the (template, name) of sample i: the name is the gold and the
+    needle is the template's, so a table can group rows by question without the haystack."""
+    from qgpm.samples.nolima import NEEDLES, needle_combos
+
+    for seed in (TEST_SEED, TEST_SEED + 7):
+        got = generate("nolima_direct", n=2, length=1024, tokenizer=tok, seed=seed)
+        for i, s in enumerate(got):
+            t, name = needle_combos(seed)[i]
+            assert s.answers == [name] and s.meta["template_id"] == t and NEEDLES[t].needle.format(name=name) in s.context
