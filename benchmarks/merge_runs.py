@@ -4,7 +4,7 @@
         --note "scripts/test_grid_nolima12.sh, shards I = 0, 1"
 
 Rows are added and deduplicated by their key (task, length, depth, seed, method, config
-hash; a row already there is kept unless the new one replaces an error row). Each run
+hash; a row already there is kept, and said so, unless the new one replaces an error row). Each run
 folder's manifest entries and fingerprints go into the target manifest, the command of each
 entry suffixed with ``(note)`` so the committed record says how the run was started; an entry
 merged before (the same finish time and command: a resumed run folder merged again) is kept
@@ -55,7 +55,12 @@ def merge(into: Path, runs: list[Path], note: str | None) -> int:
         added += read_rows(run)
     added = dedupe_rows(added)  # a run folder holds its rows twice: rows.jsonl and the rank files
     keys = {(r["task"], r["length"], r.get("depth"), r["seed"], r["method"], r["config_hash"]) for r in before}
-    rows = dedupe_rows(before + added)
+    ok_before = {(r["task"], r["length"], r.get("depth"), r["seed"], r["method"], r["config_hash"]) for r in before if not r.get("error")}
+    # the committed rows come last, so they win (dedupe_rows: later beats earlier), except an error row a new answer replaces
+    rows = dedupe_rows(added + before)
+    clash = sum((r["task"], r["length"], r.get("depth"), r["seed"], r["method"], r["config_hash"]) in ok_before for r in added)
+    if clash:
+        print(f"{into}: {clash} merged rows have a committed answer under the same key; the committed ones are kept")
     (into / ROWS_FILE).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     for run in runs:
         man = read_manifest(run)

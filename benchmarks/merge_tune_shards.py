@@ -36,12 +36,14 @@ def main() -> None:
         rows += [json.loads(line) for line in (d / "tune_rows.jsonl").read_text().splitlines() if line.strip()]
     sample = lambda r: (r["task"], r["length"], r["depth"], r["seed"])
     samples = {sample(r) for r in rows if r["method"] != "vanilla" and r["config_hash"] in trials}
-    seen, keep = set(), []
+    best: dict[tuple, dict] = {}  # one row per key: the first answer, or a later answer over an error row (a retry)
     for r in rows:
         key = sample(r) + (r["method"], r["config_hash"])
-        if sample(r) in samples and (r["method"] == "vanilla" or r["config_hash"] in trials) and key not in seen:
-            seen.add(key)
-            keep.append(r)
+        if sample(r) in samples and (r["method"] == "vanilla" or r["config_hash"] in trials):
+            old = best.get(key)
+            if old is None or (old.get("error") and not r.get("error")):
+                best[key] = r
+    keep = list(best.values())
     keep.sort(key=lambda r: (r["task"], r["depth"], r["seed"], r["method"] != "vanilla", r["config_hash"]))
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -825,3 +825,42 @@ def test_an_unreadable_manifest_stops_the_run_instead_of_being_overwritten(tmp_p
     (tmp_path / "manifest.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="holds a JSON list"):
         read_manifest(tmp_path)
+
+
+def test_no_resume_on_a_manual_shard_answers_its_samples_again(tiny_engine, tmp_path, monkeypatch):
+    """--no-resume --shard 0/2 after both shards were merged: shard 0's samples run again
+    (their merged rows do not count as done); shard 1's rows are left alone."""
+    out = tmp_path / "run"
+    _run(tiny_engine, out, methods=["vanilla"], depths=[0.0, 0.5, 1.0], shard=(0, 2), write_report=False)
+    _run(tiny_engine, out, methods=["vanilla"], depths=[0.0, 0.5, 1.0], shard=(1, 2))
+    answered = []
+    real = runner_mod.answer_sample
+
+    def spy(engine, sample, method, **kw):
+        answered.append(sample.depth)
+        return real(engine, sample, method, **kw)
+
+    monkeypatch.setattr(runner_mod, "answer_sample", spy)
+    _run(tiny_engine, out, methods=["vanilla"], depths=[0.0, 0.5, 1.0], shard=(0, 2), resume=False)
+    assert sorted(answered) == [0.0, 1.0]
+    assert [r["depth"] for r in _rows(out)] == [0.0, 0.5, 1.0]
+
+
+def test_a_torn_last_line_does_not_swallow_the_next_row(tiny_engine, tmp_path):
+    """A run killed mid-write leaves half a row; the resumed run's first row starts on a new line."""
+    from qgpm.eval.rows import rank_file
+
+    out = tmp_path / "run"
+    _run(tiny_engine, out, methods=["vanilla"], depths=[0.0, 0.5, 1.0], shard=(0, 1), write_report=False)
+    path = rank_file(out, 0)
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text(lines[0] + lines[1][:40])  # row 0 whole, row 1 torn, row 2 never written
+    (out / "rows.jsonl").unlink(missing_ok=True)  # killed before the rows were merged
+    _run(tiny_engine, out, methods=["vanilla"], depths=[0.0, 0.5, 1.0], shard=(0, 1), write_report=False)
+    valid = []
+    for line in path.read_text().splitlines():
+        try:
+            valid.append(json.loads(line)["depth"])
+        except ValueError:
+            pass  # the torn line, on its own
+    assert sorted(valid) == [0.0, 0.5, 1.0]

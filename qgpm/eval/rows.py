@@ -30,6 +30,7 @@ __all__ = [
     "METHOD_ORDER",
     "norm_depth",
     "row_key",
+    "end_torn_line",
     "rank_file",
     "rank_files",
     "append_row",
@@ -67,8 +68,21 @@ def rank_files(out_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(Path(out_dir).glob("rows.rank*.jsonl"))
 
 
+def end_torn_line(path: Path) -> None:
+    """End ``path`` with a newline if a killed run left a torn last line, so that rows appended
+    next start on lines of their own (the torn line is skipped when read)."""
+    if path.is_file() and path.stat().st_size:
+        with open(path, "rb") as fh:
+            fh.seek(-1, os.SEEK_END)
+            torn = fh.read(1) != b"\n"
+        if torn:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write("\n")
+
+
 def append_row(fh: IO[str], row: dict) -> None:
-    """Write ``row`` as one JSON line and flush it (a killed run loses at most that line)."""
+    """Write ``row`` as one JSON line and flush it (a killed run loses at most that line;
+    :func:`end_torn_line` before appending again)."""
     fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     fh.flush()
 

@@ -66,7 +66,7 @@ from qgpm.engine import METHODS
 from qgpm.eval.answering import answer_sample
 from qgpm.eval.hashes import check_options, config_dict, config_hash, engine_dtype, method_fingerprint, reranker_name
 from qgpm.eval.processes import Processes, split_processes
-from qgpm.eval.rows import ROWS_FILE, append_row, merge_rows, norm_depth, rank_file, rank_files, read_manifest, read_rows, row_key, update_manifest
+from qgpm.eval.rows import ROWS_FILE, append_row, end_torn_line, merge_rows, norm_depth, rank_file, rank_files, read_manifest, read_rows, row_key, update_manifest
 from qgpm.eval.work import DEFAULT_DEPTHS, WorkItem, prefetched_samples, select_items, work_items
 from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
@@ -185,10 +185,12 @@ def _prepare_out(out: Path, procs: Processes, shard: tuple[int, int] | None, res
     procs.barrier()
 
 
-def _pending(items: Sequence[WorkItem], methods: Sequence[str], hashes: dict[str, str], out: Path) -> list[tuple[WorkItem, list[str]]]:
+def _pending(items: Sequence[WorkItem], methods: Sequence[str], hashes: dict[str, str], out: Path, resume: bool = True
+             ) -> list[tuple[WorkItem, list[str]]]:
     """``(item, methods still to run)`` for the items with a method whose row is not in ``out``
-    yet (rows that recorded an error are run again)."""
-    done = {row_key(r) for r in read_rows(out) if not r.get("error")}
+    yet (rows that recorded an error are run again); without ``resume`` every item of this
+    process (a manual shard's own, even where rows of it were merged into ``rows.jsonl``)."""
+    done = {row_key(r) for r in read_rows(out) if not r.get("error")} if resume else set()
     pending = []
     for it in items:
         todo = [m for m in methods if (it.task, it.length, norm_depth(it.depth), it.seed, m, hashes[m]) not in done]
@@ -221,6 +223,7 @@ def _run_pending(engine, pending: Sequence[tuple[WorkItem, list[str]]], out: Pat
     tokenizer = copy.deepcopy(engine.tokenizer) if prefetch else engine.tokenizer  # the worker's own copy
     errors = 0
     try:
+        end_torn_line(rank_file(out, procs.rank))  # a run killed mid-write: the next row starts on a line of its own
         with open(rank_file(out, procs.rank), "a", encoding="utf-8") as fh, \
                 contextlib.closing(prefetched_samples(pending, tokenizer, haystack, max_new_tokens, prefetch)) as samples:
             for item, todo, sample in samples:
@@ -302,7 +305,7 @@ def run_eval(
            for m in methods}
     hashes = {m: config_hash(fps[m]) for m in methods}
     items = select_items(work_items(tasks, lengths, depths, n, split), only)
-    pending = _pending(items[procs.rank::procs.world], methods, hashes, out)
+    pending = _pending(items[procs.rank::procs.world], methods, hashes, out, resume)
     n_calls = sum(len(ms) for _, ms in pending)
     started = time.time()
     if procs.rank == 0:

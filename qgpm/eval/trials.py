@@ -43,10 +43,11 @@ def trial_summary(rows: list[dict], base_rows: dict[tuple, dict]) -> dict:
             lp_diff.append(r["logprob_gold"] - v["logprob_gold"])
     groups = {g: {"acc": mean([a for a, _ in xs]), "vanilla": mean([v for _, v in xs]), "n": len(xs)} for g, xs in sorted(per_group.items())}
     deltas = [g["acc"] - g["vanilla"] for g in groups.values()]
+    pairs = [p for xs in per_group.values() for p in xs]  # the samples both answered (an error row pairs with nothing)
     return {
         "n": len(good), "errors": len(rows) - len(good), "acc": acc, "mean_score": mean([r["score"] for r in good]),
         "mean_logprob": mean(lps), "logprob_vs_vanilla": mean(lp_diff),
-        "delta_vs_vanilla": (acc - mean([float(base_rows[k]["correct"]) for k in base_rows])) if acc is not None and base_rows else None,
+        "delta_vs_vanilla": (mean([a for a, _ in pairs]) - mean([v for _, v in pairs])) if pairs else None,
         "worst_group_delta": min(deltas) if deltas else None, "b": b, "c": c, "mcnemar_p": mcnemar_exact(b, c),
         "evidence_mrr": mean([1 / (r["evidence_rank"] + 1) for r in good if r.get("evidence_rank") is not None]),
         "groups": groups,
