@@ -864,3 +864,23 @@ def test_a_torn_last_line_does_not_swallow_the_next_row(tiny_engine, tmp_path):
         except ValueError:
             pass  # the torn line, on its own
     assert sorted(valid) == [0.0, 0.5, 1.0]
+
+
+def test_each_series_is_paired_with_the_baseline_run_as_it_was():
+    """Two vanilla configs (with and without a stop string): a series made without the stop is
+    paired with the vanilla made without it, whatever order the configs come in."""
+    from qgpm.eval.stats import group_paired
+
+    rows = []
+    for i in range(4):
+        base = dict(task="niah_multikey_1", length=1024, depth=0.5, seed=i, index=i, split="test")
+        rows.append(dict(base, method="vanilla", config_hash="aaa", correct=False, score=0.0))  # with the stop: all wrong
+        rows.append(dict(base, method="vanilla", config_hash="bbb", correct=True, score=1.0))  # without: all right
+        rows.append(dict(base, method="qgpm", config_hash="qqq", correct=True, score=1.0))
+    fp = {"model": "m", "dtype": "float32", "max_new_tokens": 48, "haystack": None}
+    configs = {"aaa": dict(fp, method="vanilla", stop=["\n\n"]), "bbb": dict(fp, method="vanilla"), "qqq": dict(fp, method="qgpm", config={})}
+    got = group_paired(rows, ("task", "length"), configs=configs)
+    (key, p), = got.items()
+    assert key[-1] == "qgpm" and (p.b, p.c, p.base_acc) == (0, 0, 1.0)
+    blind = group_paired(rows, ("task", "length"))  # without the fingerprints: the first vanilla config, as before
+    assert next(iter(blind.values())).b == 4

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from qgpm.eval.rows import METHOD_ORDER, dedupe_rows, read_manifest, read_rows
-from qgpm.eval.stats import group_accuracy, group_paired, series_labels, summarize
+from qgpm.eval.stats import base_for, group_accuracy, group_paired, series_labels, summarize
 from qgpm.eval.targets import check_targets, diagnose, targets_markdown
 from qgpm.samples.tasks import TASKS
 
@@ -126,16 +126,17 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
     if not rows:
         raise FileNotFoundError(f"no rows in {out} (expected {out / 'rows.jsonl'})")
     manifest = read_manifest(out)
+    configs = manifest.get("configs") or {}
     labels = series_labels(rows)
     order = _series_order(labels.values())
-    summary = summarize(rows, baseline=baseline, n_boot=n_boot, seed=seed)
+    summary = summarize(rows, baseline=baseline, n_boot=n_boot, seed=seed, configs=configs)
     (out / STATS_FILE).write_text(json.dumps(summary, indent=1, default=str) + "\n")
 
     kw = dict(labels=labels)
     acc = group_accuracy(rows, ("task", "length"), **kw)
     acc_all = group_accuracy(rows, ("*", "length"), **kw)
     acc_d = group_accuracy(rows, ("task", "length", "depth"), **kw)
-    pk = dict(baseline=baseline, labels=labels, n_boot=n_boot, seed=seed)
+    pk = dict(baseline=baseline, labels=labels, n_boot=n_boot, seed=seed, configs=configs)
     par = group_paired(rows, ("task", "length"), **pk)
     par_all = group_paired(rows, ("*", "length"), **pk)
     par_d = group_paired(rows, ("task", "length", "depth"), **pk)
@@ -155,7 +156,10 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
             f"- command: `{latest.get('command')}`",
             f"- versions: {latest.get('versions')}; processes: {latest.get('processes')}; last run wall time {latest.get('wall_s')} s",
         ]
-        configs = manifest.get("configs") or {}
+        base_labels = [lab for lab in order if lab == baseline or lab.startswith(baseline + "@")]
+        if len(base_labels) > 1:  # each series is paired with the baseline config run as it was
+            md.append("- paired with: " + "; ".join(f"{lab} against {base_for(lab, base_labels, labels, configs)}"
+                                                    for lab in order if lab not in base_labels))
         if any(lab != lab.split("@")[0] for lab in order):
             md.append("- series with several configs (method@hash): " + "; ".join(
                 f"`{h[:6]}` = {json.dumps(configs.get(h, {}).get('config') or configs.get(h, {}))}" for (m, h), lab in labels.items() if "@" in lab))

@@ -30,7 +30,7 @@ import hashlib
 import math
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,6 +40,7 @@ __all__ = [
     "paired_bootstrap_diff",
     "content_sign_flip",
     "mcnemar_exact",
+    "base_for",
     "Accuracy",
     "Paired",
     "accuracy",
@@ -275,13 +276,28 @@ def group_accuracy(rows: Sequence[dict], by: Sequence[str], *, labels: dict | No
     return {k: accuracy(v, confidence) for k, v in groups.items()}
 
 
+def base_for(label: str, base_labels: Sequence[str], labels: dict, configs: Mapping[str, dict] | None) -> str:
+    """The baseline series ``label`` is paired with: with one baseline config, that one; with
+    several, the one whose fingerprint (``configs``: config hash -> the manifest's fingerprint)
+    agrees with the series' own on every field the baseline configs have but ``method`` (stop,
+    max_new_tokens, model, dtype, haystack, generator, ...); else the first."""
+    if len(base_labels) == 1 or not configs:
+        return base_labels[0]
+    hash_of = {lab: h for (_, h), lab in labels.items()}
+    keys = {k for b in base_labels for k in configs.get(hash_of[b], {})} - {"method"}
+    own = configs.get(hash_of.get(label, ""), {})
+    matches = [b for b in base_labels if all(own.get(k) == configs.get(hash_of[b], {}).get(k) for k in keys)]
+    return matches[0] if len(matches) == 1 else base_labels[0]
+
+
 def group_paired(
     rows: Sequence[dict], by: Sequence[str], *, baseline: str = "vanilla", labels: dict | None = None,
-    n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0,
+    n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0, configs: Mapping[str, dict] | None = None,
 ) -> dict[tuple, Paired]:
     """Paired comparison of every series against ``baseline`` per ``by`` group.
 
-    Keys are ``(*values_of_by, label)``; the baseline series itself is left out. The
+    Keys are ``(*values_of_by, label)``; the baseline series itself is left out. With several
+    baseline configs each series is paired with the one run as it was (:func:`base_for`). The
     bootstrap seed is derived from ``seed`` and the group key, so a group's interval does
     not depend on which other groups exist.
     """
@@ -295,19 +311,21 @@ def group_paired(
         base_labels = [lab for lab in series if lab == baseline or lab.startswith(baseline + "@")]
         if not base_labels:
             continue
-        base = series[base_labels[0]]
         for lab, rs in series.items():
             if lab in base_labels:
                 continue
+            base = series[base_for(lab, base_labels, labels, configs)]
             out[key + (lab,)] = paired(rs, base, n_boot=n_boot, confidence=confidence, seed=f"{seed}|{key}|{lab}")
     return out
 
 
-def summarize(rows: Sequence[dict], *, baseline: str = "vanilla", n_boot: int = 10_000, confidence: float = 0.95, seed: int = 0) -> dict[str, Any]:
-    """Everything the report shows, as plain dicts (also written to ``stats.json``)."""
+def summarize(rows: Sequence[dict], *, baseline: str = "vanilla", n_boot: int = 10_000, confidence: float = 0.95, seed: int = 0,
+              configs: Mapping[str, dict] | None = None) -> dict[str, Any]:
+    """Everything the report shows, as plain dicts (also written to ``stats.json``); ``configs``:
+    the manifest's fingerprints, which pair each series with its own baseline config."""
     labels = series_labels(rows)
     kw = dict(labels=labels, confidence=confidence)
-    pk = dict(baseline=baseline, labels=labels, n_boot=n_boot, confidence=confidence, seed=seed)
+    pk = dict(baseline=baseline, labels=labels, n_boot=n_boot, confidence=confidence, seed=seed, configs=configs)
 
     def flat(d: dict, names: Sequence[str]) -> list[dict]:
         return [dict(zip(names, k), **v.to_dict()) for k, v in d.items()]
