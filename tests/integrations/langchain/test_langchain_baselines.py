@@ -32,7 +32,7 @@ def test_baseline_methods_and_their_options_reach_the_engine(tiny_engine):
     info = msg.response_metadata["qgpm"]
     assert msg.response_metadata["method"] == "string" and info["mode"] == "context"
     assert info["details"] == {"shift": 30, "local_window": 4, "logit_scale": 1.0}
-    assert info["explanation"].startswith("method=string: no relevance ranking (query-agnostic")
+    assert info["explanation"].startswith("method=string: query-agnostic positions inside attention")
     assert llm._identifying_params["options"]["local_window"] == 4
     # another baseline per call, with its own options; the model's STRING options stay with STRING
     msg = llm.invoke([HumanMessage(QUESTION)], context=CONTEXT, method="self-extend", options=SelfExtendOptions(group_size=2, window=16))
