@@ -884,3 +884,36 @@ def test_each_series_is_paired_with_the_baseline_run_as_it_was():
     assert key[-1] == "qgpm" and (p.b, p.c, p.base_acc) == (0, 0, 1.0)
     blind = group_paired(rows, ("task", "length"))  # without the fingerprints: the first vanilla config, as before
     assert next(iter(blind.values())).b == 4
+
+
+def test_rows_of_one_question_are_one_content():
+    """NoLiMa seeds that draw the same question cluster as one content in the sign-flip test;
+    rows without a question_id cluster by seed, as before."""
+    from qgpm.eval.stats import content_of, paired
+
+    def rows(method, ok, qid=True):
+        out = []
+        for seed in range(4):
+            for depth in (0.0, 1.0):
+                r = dict(task="nolima_direct", length=4096, depth=depth, seed=seed, index=seed, method=method, config_hash=method,
+                         correct=ok)
+                if qid:
+                    r["question_id"] = seed % 2  # seeds 0 and 2 ask one question, 1 and 3 another
+                out.append(r)
+        return out
+
+    by_question = paired(rows("qgpm", True), rows("vanilla", False))
+    by_seed = paired(rows("qgpm", True, qid=False), rows("vanilla", False, qid=False))
+    assert (by_question.contents, by_seed.contents) == (2, 4)
+    assert by_question.content_p == pytest.approx(2 / 4) and by_seed.content_p == pytest.approx(2 / 16)
+    assert content_of({"task": "qa_1", "seed": 7}) == ("qa_1", 7)
+
+
+def test_nolima_rows_name_their_question(tiny_engine, tmp_path):
+    out = _run(tiny_engine, tmp_path / "run", tasks=["nolima_direct", "niah_multikey_1"], methods=["vanilla"], depths=[0.5])
+    rows = _rows(out)
+    from qgpm.samples.nolima import needle_combos
+
+    nolima = [r for r in rows if r["task"] == "nolima_direct"]
+    assert nolima and all(r["question_id"] == needle_combos(r["seed"])[0][0] for r in nolima)
+    assert all("question_id" not in r for r in rows if r["task"] != "nolima_direct")

@@ -237,6 +237,8 @@ def _run_pending(engine, pending: Sequence[tuple[WorkItem, list[str]]], out: Pat
                     "needle_depth": (sample.meta.get("needle_depths") or [None])[0],
                     "max_new_tokens": sample.max_new_tokens,
                 }
+                if sample.meta.get("template_id") is not None:  # NoLiMa: the needle's template, which sets the question
+                    base["question_id"] = sample.meta["template_id"]
                 for m in todo:
                     row = _answer_row(engine, sample, item, m, base, hashes[m], procs.rank, on_error, answer_kw)
                     errors += "error" in row

@@ -17,7 +17,9 @@ are *paired*: a pair is one sample (task, length, depth, seed) answered by both.
   sign-flipped (under "no difference" each content's sum is symmetric about 0): the exact
   two-sided p over all ``2**k`` flips for ``k <= 16`` contents, else a seeded Monte Carlo
   estimate (:func:`content_sign_flip`). With ``k`` contents the smallest possible p is
-  ``2 / 2**k`` (6 contents: 0.031).
+  ``2 / 2**k`` (6 contents: 0.031). Where two seeds draw the same question (NoLiMa contents
+  draw their needle template per seed, with replacement) a row's ``question_id`` names it,
+  and the rows of one question form one content.
 
 Rows are the dicts the runner writes (``task``, ``length``, ``depth``, ``seed``,
 ``method``, ``config_hash``, ``correct``, ``score``, ``logprob_gold``, ``error``).
@@ -41,6 +43,7 @@ __all__ = [
     "content_sign_flip",
     "mcnemar_exact",
     "base_for",
+    "content_of",
     "Accuracy",
     "Paired",
     "accuracy",
@@ -188,7 +191,7 @@ class Paired:
     c: int  # baseline right, method wrong
     p: float
     logprob_diff: float | None = None
-    contents: int = 0  # distinct needle contents (seeds) among the pairs
+    contents: int = 0  # distinct needle contents among the pairs (seeds, or questions where rows name them)
     content_p: float = 1.0  # sign-flip p over the contents' summed differences
 
     def to_dict(self) -> dict[str, Any]:
@@ -221,6 +224,15 @@ def pair_key(r: dict) -> tuple:
     return (r["task"], int(r["length"]), None if d is None else round(float(d), 6), int(r["seed"]))
 
 
+def content_of(row: dict) -> tuple:
+    """The content a row's outcome clusters by: its question where the row names one
+    (``question_id``: NoLiMa's needle template), else its seed (the same needles, keys and
+    questions at every depth and length)."""
+    if row.get("question_id") is not None:
+        return (row["task"], "question", row["question_id"])
+    return (row["task"], int(row["seed"]))
+
+
 def paired(rows: Sequence[dict], base_rows: Sequence[dict], *, n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0) -> Paired:
     """Pair ``rows`` with ``base_rows`` by sample and compare (see module docs)."""
     base = {pair_key(r): r for r in _ok(base_rows)}
@@ -232,7 +244,7 @@ def paired(rows: Sequence[dict], base_rows: Sequence[dict], *, n_boot: int = 10_
     c = sum(1 for r, q in pairs if q["correct"] and not r["correct"])
     lp = [r["logprob_gold"] - q["logprob_gold"] for r, q in pairs if r.get("logprob_gold") is not None and q.get("logprob_gold") is not None]
     n = len(pairs)
-    contents = [(r["task"], int(r["seed"])) for r, _ in pairs]
+    contents = [content_of(r) for r, _ in pairs]
     return Paired(
         n=n, acc=float(np.mean(a)) if n else math.nan, base_acc=float(np.mean(v)) if n else math.nan,
         diff=diff, lo=lo, hi=hi, b=b, c=c, p=mcnemar_exact(b, c),
