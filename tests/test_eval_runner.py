@@ -866,7 +866,7 @@ def test_a_torn_last_line_does_not_swallow_the_next_row(tiny_engine, tmp_path):
     assert sorted(valid) == [0.0, 0.5, 1.0]
 
 
-def test_each_series_is_paired_with_the_baseline_run_as_it_was():
+def test_each_series_is_paired_with_the_baseline_run_as_it_was(caplog):
     """Two vanilla configs (with and without a stop string): a series made without the stop is
     paired with the vanilla made without it, whatever order the configs come in."""
     from qgpm.eval.stats import group_paired
@@ -882,8 +882,10 @@ def test_each_series_is_paired_with_the_baseline_run_as_it_was():
     got = group_paired(rows, ("task", "length"), configs=configs)
     (key, p), = got.items()
     assert key[-1] == "qgpm" and (p.b, p.c, p.base_acc) == (0, 0, 1.0)
-    blind = group_paired(rows, ("task", "length"))  # without the fingerprints: the first vanilla config, as before
+    with caplog.at_level("WARNING", logger="qgpm"):
+        blind = group_paired(rows, ("task", "length"))  # without the fingerprints: the first vanilla config, said
     assert next(iter(blind.values())).b == 4
+    assert any("qgpm is paired with vanilla@aaa" in r.getMessage() and "no fingerprints given" in r.getMessage() for r in caplog.records)
 
 
 def test_rows_of_one_question_are_one_content():

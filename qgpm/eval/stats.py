@@ -29,6 +29,7 @@ Rows with an ``error`` are left out of every statistic and counted separately.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import warnings
 from dataclasses import asdict, dataclass
@@ -288,18 +289,32 @@ def group_accuracy(rows: Sequence[dict], by: Sequence[str], *, labels: dict | No
     return {k: accuracy(v, confidence) for k, v in groups.items()}
 
 
+logger = logging.getLogger("qgpm")
+_WARNED_BASE: set[tuple] = set()  # (series, baseline configs) said once per process
+
+
 def base_for(label: str, base_labels: Sequence[str], labels: dict, configs: Mapping[str, dict] | None) -> str:
     """The baseline series ``label`` is paired with: with one baseline config, that one; with
     several, the one whose fingerprint (``configs``: config hash -> the manifest's fingerprint)
     agrees with the series' own on every field the baseline configs have but ``method`` (stop,
-    max_new_tokens, model, dtype, haystack, generator, ...); else the first."""
-    if len(base_labels) == 1 or not configs:
+    max_new_tokens, model, dtype, haystack, generator, ...); else the first, with a warning
+    (logger ``qgpm``, once per series) naming the choice."""
+    if len(base_labels) == 1:
         return base_labels[0]
-    hash_of = {lab: h for (_, h), lab in labels.items()}
-    keys = {k for b in base_labels for k in configs.get(hash_of[b], {})} - {"method"}
-    own = configs.get(hash_of.get(label, ""), {})
-    matches = [b for b in base_labels if all(own.get(k) == configs.get(hash_of[b], {}).get(k) for k in keys)]
-    return matches[0] if len(matches) == 1 else base_labels[0]
+    matches: list[str] = []
+    if configs:
+        hash_of = {lab: h for (_, h), lab in labels.items()}
+        keys = {k for b in base_labels for k in configs.get(hash_of[b], {})} - {"method"}
+        own = configs.get(hash_of.get(label, ""), {})
+        matches = [b for b in base_labels if all(own.get(k) == configs.get(hash_of[b], {}).get(k) for k in keys)]
+    if len(matches) == 1:
+        return matches[0]
+    if (label, tuple(base_labels)) not in _WARNED_BASE:
+        _WARNED_BASE.add((label, tuple(base_labels)))
+        why = "no fingerprints given" if not configs else f"{len(matches)} of their fingerprints match its own"
+        logger.warning("qgpm: %s is paired with %s, the first of the baseline configs %s (%s); pass one of those labels "
+                       "as --baseline to choose", label, base_labels[0], ", ".join(base_labels), why)
+    return base_labels[0]
 
 
 def group_paired(
