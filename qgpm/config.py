@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .defaults import DEFAULT_MODEL_NAME
+from .field_checks import check_types
 from .settings import (
     CALIBRATED,
     MIN_SENTENCE_CHARS,
@@ -23,7 +24,6 @@ from .settings import (
     ShapingSettings,
     StrideRemap,
     check_groups,
-    check_types,
     flat_fields,
     group_of,
     remap_of,

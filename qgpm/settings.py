@@ -31,6 +31,7 @@ import numbers
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
+from .field_checks import check_types, z_margin
 from .sources import parse_source
 
 __all__ = [
@@ -47,7 +48,6 @@ __all__ = [
     "CALIBRATED",
     "MIN_SENTENCE_CHARS",
     "fields_of",
-    "check_types",
     "check_groups",
     "group_of",
     "remap_of",
@@ -65,68 +65,6 @@ AnchorBasis = Literal["context", "relevant"]
 LocalLayers = Literal["vanilla", "modulated"]
 Placement = Literal["question", "ends"]
 MovedOrder = Literal["rank", "text"]
-
-
-# ----------------------------------------------------------------------------- field checks
-
-
-def _number(owner: str, name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner}.{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{owner}.{name} must be a finite number, got {value}")
-
-
-def _integer(owner: str, name: str, value: Any, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        kind = "an int or None" if optional else "an int"
-        raise TypeError(f"{owner}.{name} must be {kind}, got {type(value).__name__} {value!r}")
-
-
-def _optional_number(owner: str, name: str, value: Any) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-        raise TypeError(f"{owner}.{name} must be a number or None, got {type(value).__name__} {value!r}")
-
-
-def _flag(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{owner}.{name} must be a bool, got {type(value).__name__} {value!r}")
-
-
-_TYPE_CHECKS = {
-    "float": _number,
-    "float | None": _optional_number,
-    "int": _integer,
-    "int | None": lambda owner, name, value: _integer(owner, name, value, optional=True),
-    "bool": _flag,
-}
-"""The check of a field by its annotation; fields with other annotations (choices,
-``min_top_z``) are checked by their group's value rules."""
-
-
-def check_types(obj: Any) -> None:
-    """Check each ``float``, ``float | None``, ``int``, ``int | None`` and ``bool`` field of the
-    dataclass ``obj`` (a group or a :class:`qgpm.QGPMConfig`) against its annotation;
-    ``TypeError`` (or ``ValueError`` for a non-finite number) names the field as
-    ``<class>.<field>``."""
-    owner = type(obj).__name__
-    for name, check in _typed_fields(type(obj)):
-        check(owner, name, getattr(obj, name))
-
-
-@functools.cache
-def _typed_fields(cls: type) -> tuple[tuple[str, Any], ...]:
-    """``(field, check)`` for each field of the dataclass ``cls`` that :data:`_TYPE_CHECKS`
-    covers (annotations as written: both modules postpone their evaluation)."""
-    return tuple((f.name, _TYPE_CHECKS[f.type]) for f in fields(cls) if f.type in _TYPE_CHECKS)
-
-
-def _z_margin(name: str, value: float | None) -> None:
-    """A field that is a positive, finite z difference or ``None`` (off)."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive, finite z difference or None (off), got {value}")
 
 
 # ----------------------------------------------------------------------------- the groups
@@ -265,7 +203,7 @@ class ConfidenceRules:
                 z is not None and (isinstance(z, bool) or not isinstance(z, numbers.Real) or not math.isfinite(z))):
             raise ValueError(f"min_top_z must be a finite z-score, {CALIBRATED!r} (the head set's threshold) or None, got {z!r}")
         for name in ("decisive_margin", "z_window", "solo_margin"):
-            _z_margin(name, getattr(self, name))
+            z_margin(name, getattr(self, name))
         if self.term_ratio is not None and not (math.isfinite(self.term_ratio) and 0 < self.term_ratio <= 1):
             raise ValueError(f"term_ratio must be in (0, 1] (a share of the best candidate's BM25 score) or None (off), got {self.term_ratio}")
 
