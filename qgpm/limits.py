@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from .prompt import PromptSpec, count_prompt_tokens, normalize_spec
 from .tokens import count_tokens_bounded, max_token_chars
 
-__all__ = ["ContextTooLongError", "check_input_size", "check_fits"]
+__all__ = ["ContextTooLongError", "check_input_size", "check_fits", "prompt_overhead"]
 
 
 class ContextTooLongError(ValueError):
@@ -75,3 +76,16 @@ def check_fits(window: int, num_tokens: int, max_new_tokens: int, *, context_tok
             f"{num_tokens + max_new_tokens} > the model window of {window} tokens. "
             f"Shorten {shorten}, or lower max_new_tokens."
         )
+
+
+def prompt_overhead(tokenizer: Any, *, instruction: str | None = None, system: str | None = None,
+                    answer_prefix: str | None = None) -> int:
+    """Tokens QGPM's own prompt takes around a call's context and question: the instruction, the
+    system message, the answer prefix and the chat template's (or the plain-text format's) markers.
+
+    A caller that packs retrieved text into the window itself (LlamaIndex's prompt helper) must
+    leave this much room, since the call's prompt is QGPM's and not the one it measured. Counted
+    on a one-character context and question, so it errs by a token or two on the safe side.
+    """
+    spec = normalize_spec(PromptSpec(context="x", question="x", instruction=instruction, system=system, answer_prefix=answer_prefix))
+    return count_prompt_tokens(tokenizer, spec)

@@ -17,7 +17,8 @@
 from ._prompt import messages_to_prompt, split_context
 from ._tracing import QGPMTrace
 from .embeddings import bundled_embeddings
-from .llm import DEFAULT_REFINE_INSTRUCTION, QGPMLLM, set_tokenizer
+from ._tokens import set_tokenizer
+from .llm import DEFAULT_REFINE_INSTRUCTION, QGPMLLM
 from .postprocessors import QGPMReorderPostprocessor, QGPMTopKPostprocessor
 from .synthesizer import QGPMSynthesizer
 

@@ -13,12 +13,13 @@ decoding ones.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from qgpm.baselines import resolve_options
 from qgpm.call_checks import check_edit_args
 from qgpm.decoding import Decoding
 from qgpm.defaults import DEFAULT_METHOD
+from qgpm.loading import model_config, resolve_source
 from qgpm.methods import MethodSpec, method_spec
 
 from .._common import check_generate_kwargs, check_heads, check_model_args, check_relevance, check_reranker
@@ -27,7 +28,8 @@ from ._prompt import messages_to_prompt
 if TYPE_CHECKING:
     from .llm import QGPMLLM
 
-__all__ = ["CALL_KEYS", "CALL_ARGS", "GENERATE_FIELDS", "INIT_ARGS", "check_init_args", "check_window", "decoding_args"]
+__all__ = ["CALL_KEYS", "CALL_ARGS", "GENERATE_FIELDS", "INIT_ARGS", "check_init_args", "check_context_window", "config_window",
+           "check_window", "check_no_query_wrapper", "decoding_args"]
 
 OWNER = "QGPMLLM"
 
@@ -112,26 +114,52 @@ def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: A
 
 def _check_prompts(kwargs: Mapping[str, Any]) -> None:
     """Refuse a prompt setting that would lose the text it is given for: a ``refine_instruction``
-    without ``{existing_answer}`` (the earlier answer would not reach refine steps), a
-    ``query_wrapper_prompt`` without ``{query_str}`` (LlamaIndex would send the wrapper alone)."""
+    without ``{existing_answer}`` (the earlier answer would not reach refine steps), and any
+    ``query_wrapper_prompt`` (:func:`check_no_query_wrapper`)."""
     refine = kwargs.get("refine_instruction")
     if isinstance(refine, str) and "{existing_answer}" not in refine:
         raise ValueError(f"{OWNER}: refine_instruction={refine!r} has no {{existing_answer}}: refine steps put the answer so far "
                          "there, so without it every refine step answers from its own chunk alone. Add {existing_answer}")
-    wrapper = kwargs.get("query_wrapper_prompt")
-    if wrapper is not None and not _wraps_query(wrapper):
-        raise ValueError(f"{OWNER}: query_wrapper_prompt has no {{query_str}}: LlamaIndex puts the whole prompt there, so "
-                         "without it only the wrapper's own text would reach the model. Add {query_str}")
+    check_no_query_wrapper(kwargs.get("query_wrapper_prompt"))
 
 
-def _wraps_query(wrapper: Any) -> bool:
-    """Whether ``wrapper`` formatted with ``query_str`` puts that text in its output (its
-    ``template_var_mappings`` included); a wrapper that cannot be formatted so is left to LlamaIndex."""
-    mark = "\ue000qgpm-query\ue001"
+def check_no_query_wrapper(wrapper: Any) -> None:
+    """Refuse a ``query_wrapper_prompt``: QGPM writes each prompt with the model's chat template (or
+    its plain-text format for a model without one), so a wrapper's text around LlamaIndex's prompt
+    would be read as part of the question, and nothing else would put it before the model."""
+    if wrapper is not None:
+        raise ValueError(f"{OWNER} takes no query_wrapper_prompt: each prompt is written with the model's own chat template "
+                         "(QGPM's plain-text format for a model without one), so a wrapper's text would end up inside the "
+                         "question. Leave it unset; to change what the model is told use system_prompt, instruction or "
+                         "answer_prefix")
+
+
+def check_context_window(context_window: Optional[int], window: int, overhead: int) -> None:
+    """Refuse a ``context_window`` larger than what LlamaIndex may pack into a model ``window`` when
+    QGPM's own prompt takes ``overhead`` tokens of it (0: before the tokenizer is loaded)."""
+    if context_window is None or not window or context_window <= window - overhead:
+        return
+    if not overhead:
+        raise ValueError(f"{OWNER}: context_window={context_window} is larger than the model window ({window} tokens); "
+                         "pass a smaller one, or leave it unset for the window less QGPM's own prompt")
+    raise ValueError(f"{OWNER}: context_window={context_window} leaves no room for QGPM's own prompt: the model window is "
+                     f"{window} tokens and QGPM's prompt takes {overhead} of them around the context and the question "
+                     f"(instruction, system_prompt, chat template), so LlamaIndex may pack at most {window - overhead}; "
+                     f"pass context_window <= {window - overhead}, or leave it unset")
+
+
+def config_window(model_name: Optional[str]) -> int:
+    """The window in the config of the model ``model_name`` names, read without its weights, so a
+    ``context_window`` beyond it is refused before they load; 0 for a GGUF file (its config is in
+    the file) or a config that does not load (the model load then says why)."""
+    source = resolve_source(model_name)
+    if source.gguf_file:
+        return 0
     try:
-        return mark in wrapper.format(query_str=mark)
-    except (KeyError, IndexError, ValueError, TypeError, AttributeError):
-        return True
+        config = model_config(source)
+    except (OSError, ValueError):
+        return 0
+    return int(getattr(config, "max_position_embeddings", 0) or 0)
 
 
 def check_window(max_new_tokens: Any, window: Any) -> None:
@@ -151,6 +179,12 @@ def decoding_args(llm: "QGPMLLM", kwargs: dict[str, Any]) -> dict[str, Any]:
                         "(the method and its settings are the LLM's own fields)")
     gen = {k: kwargs.get(k, getattr(llm, k)) for k in CALL_KEYS}
     if "max_tokens" in kwargs:
-        gen["max_new_tokens"] = kwargs["max_tokens"]
+        if "max_new_tokens" in kwargs:
+            raise TypeError(f"{OWNER}: pass the answer budget as max_new_tokens or as max_tokens, not both")
+        budget = kwargs["max_tokens"]
+        if isinstance(budget, bool) or not isinstance(budget, int):
+            raise TypeError(f"{OWNER}: max_tokens (the answer budget, as max_new_tokens) must be an int, got "
+                            f"{type(budget).__name__} {budget!r}")
+        gen["max_new_tokens"] = budget
     gen.update(llm.generate_kwargs)
     return gen

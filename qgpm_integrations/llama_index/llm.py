@@ -12,7 +12,8 @@
 Like LlamaIndex's ``HuggingFaceLLM``, the class writes ``complete``, ``stream_complete`` and
 ``metadata``; chat comes from ``CustomLLM``, which joins the messages into one prompt with
 ``messages_to_prompt`` (default: :func:`messages_to_prompt`) and completes it. ``acomplete``
-and ``astream_complete`` run the model in worker threads, so the event loop stays free.
+and ``astream_complete`` run the model in worker threads, so the event loop stays free, and
+cancelling either stops generation.
 
 What a completion does with its prompt
 --------------------------------------
@@ -44,11 +45,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Generator, Iterator, Optional, TypeVar
+from typing import Any, Generator, Iterator, Optional
 
-import llama_index.core
-from llama_index.core import Settings
 from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseAsyncGen, CompletionResponseGen, LLMMetadata
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.llms.callbacks import llm_completion_callback
@@ -59,63 +59,24 @@ from qgpm.defaults import DEFAULT_K, DEFAULT_METHOD, DEFAULT_RERANKER, METHODS
 from qgpm.methods import Stage, method_spec
 from qgpm.serving import VLLMServer
 from qgpm.sources import parse_source
-from qgpm.tokens import encode_plain
 
 from .._common import is_loaded_model, iterate_in_thread, shared_engine
 from . import _tracing
 from ._prompt import PromptParts, read_prompt
+from ._responses import acompletions, completion, completions
+from ._tokens import plain_ids, qgpm_prompt_overhead, set_tokenizer
 from ._tracing import QGPMTrace
-from .call_args import check_init_args, check_window, decoding_args
+from .call_args import check_context_window, check_init_args, check_no_query_wrapper, check_window, config_window, decoding_args
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION", "set_tokenizer"]
-
-T = TypeVar("T")
+__all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION"]
 
 DEFAULT_REFINE_INSTRUCTION = (
     "Answer the question using the text below. An earlier answer, found in other parts of "
     "the text, was: {existing_answer}\nKeep the earlier answer unless the text below gives a better one."
 )
 """Instruction of a refine step; ``{existing_answer}`` is replaced by the answer so far."""
-
-def _plain_ids(tok: Any, text: str) -> list[int]:
-    """Token ids of ``text`` as plain text, as QGPM tokenizes retrieved text (special-token strings are text)."""
-    if hasattr(tok, "backend_tokenizer"):
-        return encode_plain(tok, text)
-    return tok(text, add_special_tokens=False, verbose=False)["input_ids"]  # a non-HF tokenizer (test stand-ins)
-
-
-def _engine_of(obj: Any) -> Any:
-    """The engine of a :class:`QGPMLLM`, of anything holding one in ``llm`` (a synthesizer), or ``obj`` itself."""
-    if isinstance(obj, QGPMLLM):
-        return obj.engine
-    if isinstance(getattr(obj, "llm", None), QGPMLLM):
-        return obj.llm.engine
-    return obj
-
-
-def set_tokenizer(engine_or_llm: Any, *, force: bool = False) -> bool:
-    """Make LlamaIndex count tokens with the model's own tokenizer.
-
-    ``engine_or_llm``: a :class:`qgpm.QGPM`, a :class:`QGPMLLM` or a
-    :class:`~qgpm_integrations.llama_index.QGPMSynthesizer`. Sets the global tokenizer
-    behind ``Settings.tokenizer`` (text splitters and the prompt helpers that pack chunks
-    into the window use it), so no tiktoken encoding is loaded or downloaded. Without
-    ``force`` a tokenizer already chosen is kept. Returns whether it was set.
-    """
-    tok = getattr(_engine_of(engine_or_llm), "tokenizer", None)
-    if tok is None:
-        raise TypeError(f"set_tokenizer takes a qgpm.QGPM engine, a QGPMLLM or a QGPMSynthesizer; got {type(engine_or_llm).__name__}")
-    if llama_index.core.global_tokenizer is not None and not force:
-        return False
-
-    def encode(text: str) -> list[int]:
-        return _plain_ids(tok, text)
-
-    Settings.tokenizer = encode
-    return True
-
 
 @dataclass
 class LLMCall:
@@ -153,8 +114,9 @@ class QGPMLLM(CustomLLM):
             ``top_k``, ...); settings with a field of their own go in that field.
         heads: ``None`` (the stored head set), ``"calibrate"``, a head-set JSON path or
             ``[(layer, head), ...]``.
-        context_window: Window reported to LlamaIndex (default: the model's own window;
-            larger values are rejected).
+        context_window: Window reported to LlamaIndex, which packs retrieved text into it
+            (default: the model's window less the tokens QGPM's own prompt takes around the
+            context and question, :meth:`prompt_overhead`; larger values are rejected).
         is_chat_model: What ``metadata.is_chat_model`` reports (synthesizers then send
             LlamaIndex's chat templates, which ``messages_to_prompt`` joins into one prompt).
         method: ``qgpm`` | ``vanilla`` | ``oracle`` | ``topk`` | ``reorder`` | ``string`` |
@@ -163,7 +125,9 @@ class QGPMLLM(CustomLLM):
             ``SelfExtendOptions``, ``LLMLingua2Options``); ``None`` = the method's defaults.
         max_new_tokens: Answer budget (also ``metadata.num_output``).
         temperature, top_p, seed, stop: Decoding (greedy when ``temperature == 0``).
-        system_prompt: System message of every call (LlamaIndex's ``LLM`` field).
+        system_prompt: System message of unformatted ``complete`` calls and of the prompts
+            ``predict`` formats (LlamaIndex's ``LLM`` field); ``chat`` sends the messages as
+            given, as ``HuggingFaceLLM`` does.
         instruction: Instruction of QGPM's prompt on first steps (``None`` = QGPM's default).
         refine_instruction: Instruction of refine steps, with ``{existing_answer}``.
         answer_prefix: Text that starts the answer (after the assistant header).
@@ -189,7 +153,8 @@ class QGPMLLM(CustomLLM):
     model_name: Optional[str] = Field(default=None, description="HF id, folder or .gguf path the model was loaded from.")
     model_kwargs: dict[str, Any] = Field(default_factory=dict, description="AutoModelForCausalLM.from_pretrained arguments.")
     generate_kwargs: dict[str, Any] = Field(default_factory=dict, description="Further model.generate arguments.")
-    context_window: Optional[int] = Field(default=None, gt=0, description="Window reported to LlamaIndex (default: the model's).")
+    context_window: Optional[int] = Field(
+        default=None, gt=0, description="Window reported to LlamaIndex (default: the model's, less the tokens of QGPM's own prompt).")
     is_chat_model: bool = Field(default=False, description="What metadata.is_chat_model reports.")
     method: str = Field(default=DEFAULT_METHOD, description=" | ".join(METHODS))
     options: Any = Field(default=None, description="Baseline settings (qgpm.StringOptions / MsPoEOptions / SelfExtendOptions / LLMLingua2Options).")
@@ -216,6 +181,7 @@ class QGPMLLM(CustomLLM):
     _lock: Any = PrivateAttr(default=None)
     _last: Optional[QGPMResult] = PrivateAttr(default=None)
     _warned_plain: bool = PrivateAttr(default=False)
+    _overheads: dict = PrivateAttr(default_factory=dict)
 
     def __init__(
         self,
@@ -230,23 +196,26 @@ class QGPMLLM(CustomLLM):
     ) -> None:
         spec, model, load_kwargs = check_init_args(type(self).model_fields, kwargs, engine, model, tokenizer, heads, device_map)
         super().__init__(**kwargs)
+        if engine is None and not is_loaded_model(model) and self.context_window is not None:
+            check_context_window(self.context_window, config_window(self.model_name), 0)  # before the weights load
         if engine is None:
             if is_loaded_model(model):
                 generator = VLLMServer(self.vllm_url, model=self.vllm_model) if self.vllm_url is not None else None
                 engine = QGPM(model, tokenizer, heads=heads, generator=generator)
             else:
                 engine = shared_engine(self.model_name, heads, load_kwargs, self.vllm_url, self.vllm_model)
+        self._engine = engine
         window = engine.max_length
-        if self.context_window is not None and window and self.context_window > window:
-            raise ValueError(f"context_window={self.context_window} is larger than the model window ({window} tokens)")
-        check_window(self.max_new_tokens, self.context_window or window)
+        check_context_window(self.context_window, window, self.prompt_overhead())
+        check_window(self.max_new_tokens, self.metadata.context_window)
         if spec.stage is Stage.HEADS and parse_source(self.relevance or engine.config.relevance).heads:
             engine.heads  # raise HeadSetMissingError now rather than at the first query
-        self._engine = engine
         self._lock = threading.Lock()
         _tracing.install()
-        if set_global_tokenizer:
-            set_tokenizer(engine)
+        if set_global_tokenizer and not set_tokenizer(engine):
+            logger.warning("QGPMLLM(set_global_tokenizer=True): LlamaIndex already has a global tokenizer (its tiktoken default "
+                           "once a splitter or an index has asked for one), so it keeps counting tokens with that one; call "
+                           "set_tokenizer(llm, force=True) to count with the model's tokenizer")
 
     @classmethod
     def from_model_id(cls, model_id: str, **kwargs: Any) -> "QGPMLLM":
@@ -264,9 +233,12 @@ class QGPMLLM(CustomLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        """What LlamaIndex packs prompts by: the model's window, the answer budget, the model's name."""
+        """What LlamaIndex packs prompts by: the window (``context_window``, never more than the model's
+        window less :meth:`prompt_overhead`), the answer budget, the model's name."""
+        window = self._engine.max_length
+        room = max(window - self.prompt_overhead(), 1) if window else 0
         return LLMMetadata(
-            context_window=self.context_window or self._engine.max_length,
+            context_window=min(self.context_window, room) if self.context_window and room else self.context_window or room,
             num_output=self.max_new_tokens,
             is_chat_model=self.is_chat_model,
             model_name=self.model_name or self._engine.name,
@@ -278,13 +250,28 @@ class QGPMLLM(CustomLLM):
         with self._lock:
             return self._last
 
+    def prompt_overhead(self) -> int:
+        """Tokens QGPM's own prompt takes around a call's context and question, first or refine
+        step (instruction, ``system_prompt``, ``answer_prefix``, the chat template's markers).
+
+        LlamaIndex measures the prompt it formats; QGPM answers with its own (:mod:`qgpm.prompt`),
+        so :attr:`metadata` leaves this much of the model's window out of ``context_window``.
+        """
+        key = (self.instruction, self.refine_instruction, self.system_prompt, self.answer_prefix)
+        if key not in self._overheads:
+            tok = self._engine.tokenizer
+            parts = {"system": self.system_prompt, "answer_prefix": self.answer_prefix}
+            refine = self.refine_instruction.replace("{existing_answer}", "")
+            self._overheads[key] = max(qgpm_prompt_overhead(tok, instruction=self.instruction, **parts), qgpm_prompt_overhead(tok, instruction=refine, **parts))
+        return self._overheads[key]
+
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` under the model's tokenizer (special-token strings count as text, as QGPM sends them)."""
         return len(self.token_ids(text))
 
     def token_ids(self, text: str) -> list[int]:
         """Token ids of ``text`` under the model's tokenizer, as plain text (a tokenizer for LlamaIndex's helpers)."""
-        return _plain_ids(self._engine.tokenizer, text)
+        return plain_ids(self._engine.tokenizer, text)
 
     # ------------------------------------------------------------------ one call
     def _prompt_call(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> LLMCall:
@@ -295,6 +282,7 @@ class QGPMLLM(CustomLLM):
         a leading ``system_prompt`` (LlamaIndex puts it before templated prompts) becomes the
         system message again.
         """
+        check_no_query_wrapper(self.query_wrapper_prompt)  # a field LlamaIndex lets one set after construction
         system: Optional[str] = None
         if not formatted:
             prompt, system = self.completion_to_prompt(prompt), self.system_prompt
@@ -303,6 +291,7 @@ class QGPMLLM(CustomLLM):
         parts = None if self.output_parser is not None else read_prompt(prompt)
         if parts is not None:
             return self._answer_call(parts, system, kwargs)
+        decoding = decoding_args(self, kwargs)  # a call that fails here warns of nothing
         if not self._warned_plain:
             self._warned_plain = True
             why = ("an output_parser is set" if self.output_parser is not None
@@ -310,7 +299,7 @@ class QGPMLLM(CustomLLM):
             logger.warning("QGPMLLM answers a prompt as plain chat without QGPM (%s; result.method == 'plain'). To answer over "
                            "nodes with QGPM, use QGPMSynthesizer or the default templates. Logged once per LLM instance.", why)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        return LLMCall(None, (messages,), decoding_args(self, kwargs), self._join_trace(), {"step": "plain"})
+        return LLMCall(None, (messages,), decoding, self._join_trace(), {"step": "plain"})
 
     def _answer_call(self, parts: PromptParts, system: Optional[str], kwargs: dict[str, Any]) -> LLMCall:
         """The ``engine.answer`` call for ``parts``, with this LLM's method and prompt settings."""
@@ -390,54 +379,28 @@ class QGPMLLM(CustomLLM):
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """Answer ``prompt`` (see the module docs); keyword arguments: ``max_new_tokens`` /
         ``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed`` (any other raises ``TypeError``)."""
-        return _completion(self._run(self._prompt_call(prompt, formatted, kwargs)))
+        return completion(self._run(self._prompt_call(prompt, formatted, kwargs)))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         """:meth:`complete`, streamed; the last response is an empty delta carrying usage and the result."""
-        return _completions(self._pieces(self._prompt_call(prompt, formatted, kwargs)))
+        return completions(self._pieces(self._prompt_call(prompt, formatted, kwargs)))
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        """:meth:`complete` with the model in a worker thread."""
+        """:meth:`complete` with the model in worker threads (the call runs as a stream, the same
+        answer): cancelling the awaiting task stops generation, as for :meth:`astream_complete`."""
         call = self._prompt_call(prompt, formatted, kwargs)
-        return _completion(await asyncio.to_thread(self._run, call))
+        result: Optional[QGPMResult] = None
+        async with aclosing(iterate_in_thread(await asyncio.to_thread(self._pieces, call))) as pieces:
+            async for _piece, finished in pieces:
+                result = finished or result
+        if result is None:  # the stream ended without its result: it was closed from outside
+            raise RuntimeError("QGPMLLM.acomplete: the call's stream ended without a result")
+        return completion(result)
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         """:meth:`stream_complete` with the model in worker threads."""
         call = self._prompt_call(prompt, formatted, kwargs)
-        return _acompletions(iterate_in_thread(await asyncio.to_thread(self._pieces, call)))
-
-
-# --------------------------------------------------------------------------- responses
-
-
-def _result_fields(result: Optional[QGPMResult]) -> dict[str, Any]:
-    """What a finished call's response carries besides its text: usage and the result."""
-    if result is None:
-        return {}
-    usage = {"prompt_tokens": result.usage.prompt_tokens, "completion_tokens": result.usage.answer_tokens,
-             "total_tokens": result.usage.total_tokens}
-    return {"raw": {"usage": usage, "result": result},
-            "additional_kwargs": {"method": result.method, "finish_reason": result.finish_reason}}
-
-
-def _completion(result: QGPMResult) -> CompletionResponse:
-    return CompletionResponse(text=result.text, **_result_fields(result))
-
-
-def _completions(pieces: Iterator[tuple[str, Optional[QGPMResult]]]) -> CompletionResponseGen:
-    text = ""
-    for piece, result in pieces:
-        text += piece
-        yield CompletionResponse(text=text, delta=piece, **_result_fields(result))
-
-
-async def _acompletions(pieces: AsyncGenerator[tuple[str, Optional[QGPMResult]], None]) -> CompletionResponseAsyncGen:
-    text = ""
-    async for piece, result in pieces:
-        text += piece
-        yield CompletionResponse(text=text, delta=piece, **_result_fields(result))
-
-
+        return acompletions(iterate_in_thread(await asyncio.to_thread(self._pieces, call)))

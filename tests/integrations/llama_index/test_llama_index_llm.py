@@ -316,11 +316,13 @@ def test_relevance_source_reaches_the_engine_config(stub_engine, word_tokenizer)
         QGPMLLM(engine=stub_engine, method="vanilla", relevance="minilm")
 
 
-def test_metadata_and_tokenizer(stub_engine, monkeypatch):
+def test_metadata_and_tokenizer(stub_engine, monkeypatch, caplog):
     monkeypatch.setattr(llama_index.core, "global_tokenizer", None)
     llm = QGPMLLM(engine=stub_engine, max_new_tokens=33)
     md = llm.metadata
-    assert (md.context_window, md.num_output, md.model_name, md.is_chat_model) == (4096, 33, "stub-model", False)
+    # the window LlamaIndex packs into leaves room for QGPM's own prompt around the context and question
+    assert 10 < llm.prompt_overhead() < 100
+    assert (md.context_window, md.num_output, md.model_name, md.is_chat_model) == (4096 - llm.prompt_overhead(), 33, "stub-model", False)
     assert llama_index.core.global_tokenizer is None  # building the LLM changed no LlamaIndex setting
     assert llm.count_tokens("a b") == 2
     # set_tokenizer makes the model's tokenizer count LlamaIndex's tokens (no tiktoken)
@@ -330,8 +332,10 @@ def test_metadata_and_tokenizer(stub_engine, monkeypatch):
     mine = lambda s: list(s)  # noqa: E731
     llama_index.core.Settings.tokenizer = mine
     assert set_tokenizer(stub_engine) is False and llama_index.core.global_tokenizer is mine
-    QGPMLLM(engine=stub_engine, set_global_tokenizer=True)
+    with caplog.at_level("WARNING", logger="qgpm"):
+        QGPMLLM(engine=stub_engine, set_global_tokenizer=True)
     assert llama_index.core.global_tokenizer is mine
+    assert "already has a global tokenizer" in caplog.text and "force=True" in caplog.text  # kept, and said so
     assert set_tokenizer(llm, force=True) is True and llama_index.core.global_tokenizer is not mine
     with pytest.raises(TypeError, match="set_tokenizer takes"):
         set_tokenizer(object())
@@ -481,3 +485,82 @@ def test_a_reranker_source_needs_no_head_set(stub_engine, word_tokenizer, monkey
         QGPMLLM(engine=stub_engine)  # relevance from the heads: the missing set is named at construction
     QGPMLLM(engine=stub_engine, relevance="minilm").predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?"), context_str="Text.")
     assert stub_engine.calls[-1][3]["config"].relevance == "minilm"
+
+
+class _SlowStream:
+    """A stream of 100 pieces, 20 ms apart, that records how far it was read and whether it was closed."""
+
+    def __init__(self, result):
+        self._final, self.read, self.closed, self.result = result, 0, False, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.closed or self.read == 100:
+            self.result = None if self.closed else self._final
+            raise StopIteration
+        import time
+
+        time.sleep(0.02)
+        self.read += 1
+        return "x"
+
+    def close(self):
+        self.closed = True
+
+
+def test_cancelling_acomplete_stops_the_call(stub_engine, word_tokenizer):
+    """acomplete runs the call as a stream stepped from worker threads: cancelling the awaiting task
+    closes the stream (which stops the engine's generation), and the cancelled call's result is
+    never recorded."""
+    streams = []
+
+    def slow_chat_stream(messages, **kw):
+        streams.append(_SlowStream(stub_engine.chat(messages, **kw)))
+        return streams[-1]
+
+    stub_engine.stream_chat = slow_chat_stream
+    llm = QGPMLLM(engine=stub_engine)
+
+    async def go():
+        task = asyncio.create_task(llm.acomplete("hello"))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        read = streams[0].read
+        await asyncio.sleep(0.3)
+        return read
+
+    read = asyncio.run(go())
+    assert streams[0].closed and 0 < read < 100 and streams[0].read == read  # stopped, not read on in the background
+    assert llm.last_result is None
+    assert asyncio.run(llm.acomplete("hello")).text == "plain reply"  # a whole call ends with its result
+
+
+def test_a_call_that_fails_its_checks_leaves_the_plain_chat_warning_for_the_next(llm, caplog):
+    with caplog.at_level("WARNING", logger="qgpm"), pytest.raises(TypeError, match="unexpected call arguments"):
+        llm.complete("Tell me a joke", foo=1)
+    assert "as plain chat" not in caplog.text
+    with caplog.at_level("WARNING", logger="qgpm"):
+        llm.complete("Tell me a joke")
+    assert "as plain chat" in caplog.text
+
+
+def test_max_tokens_is_the_answer_budget_and_not_a_second_one(llm, stub_engine):
+    llm.complete("hello", max_tokens=7)
+    assert stub_engine.calls[-1][3]["max_new_tokens"] == 7
+    with pytest.raises(TypeError, match="max_new_tokens or as max_tokens, not both"):
+        llm.complete("hello", max_new_tokens=5, max_tokens=50)
+    with pytest.raises(TypeError, match="max_tokens .* must be an int, got NoneType None"):
+        llm.complete("hello", max_tokens=None)
+
+
+def test_a_query_wrapper_set_after_construction_is_refused_at_the_call(llm, stub_engine):
+    """QGPM writes the prompt with the model's chat template: a wrapper's text would land in the question."""
+    llm.query_wrapper_prompt = PromptTemplate("[INST] {query_str} [/INST]")
+    qa = DEFAULT_TEXT_QA_PROMPT_SEL.default_template.format(context_str=ALPHA, query_str=QUESTION)
+    with pytest.raises(ValueError, match="takes no query_wrapper_prompt"):
+        llm.complete(qa, formatted=True)
+    assert stub_engine.calls == []

@@ -55,7 +55,7 @@ def test_model_name_model_kwargs_and_device_map_reach_the_engine(tiny_dir, load_
     assert path == str(tiny_dir) and kwargs["dtype"] == torch.bfloat16 and kwargs["device_map"] == "cpu"
     assert llm.engine.model.dtype == torch.bfloat16 and llm.engine.device.type == "cpu"
     md = llm.metadata
-    assert (md.context_window, md.num_output, md.model_name, md.is_chat_model) == (2048, 9, str(tiny_dir), False)
+    assert (md.context_window, md.num_output, md.model_name, md.is_chat_model) == (2048 - llm.prompt_overhead(), 9, str(tiny_dir), False)
     assert llm.model_kwargs == {"torch_dtype": "bfloat16", "device_map": "cpu"}
 
 
@@ -76,18 +76,47 @@ def test_llms_naming_one_model_share_one_engine_and_leave_settings_alone(tiny_di
     clear_engine_cache()
 
 
-def test_context_window_and_is_chat_model_are_honoured(tiny_dir):
+def test_context_window_and_is_chat_model_are_honoured(tiny_dir, load_calls):
+    with pytest.raises(ValueError, match=r"context_window=1000000 is larger than the model window \(2048 tokens\)"):
+        QGPMLLM(model_name=str(tiny_dir), heads=[(1, 0)], context_window=10**6, set_global_tokenizer=False)
+    assert load_calls == []  # read from the config, before the weights load
     llm = QGPMLLM.from_model_id(str(tiny_dir), heads=[(1, 0)], context_window=1000, is_chat_model=True, set_global_tokenizer=False)
     assert (llm.metadata.context_window, llm.metadata.is_chat_model) == (1000, True)
-    with pytest.raises(ValueError, match="larger than the model window"):
-        QGPMLLM(model_name=str(tiny_dir), heads=[(1, 0)], context_window=10**6, set_global_tokenizer=False)
+    room = 2048 - llm.prompt_overhead()
+    assert QGPMLLM(model_name=str(tiny_dir), heads=[(1, 0)], context_window=room, set_global_tokenizer=False).metadata.context_window == room
+    with pytest.raises(ValueError, match=f"context_window={room + 1} leaves no room for QGPM's own prompt.*at most {room}"):
+        QGPMLLM(model_name=str(tiny_dir), heads=[(1, 0)], context_window=room + 1, set_global_tokenizer=False)
+
+
+def test_the_window_llama_index_packs_leaves_room_for_qgpms_prompt(tokenizer, monkeypatch):
+    """LlamaIndex packs retrieved text into metadata.context_window by the prompt it formats; QGPM
+    answers with its own prompt (instruction, system message, chat template), so the window it
+    reports is the model's less that prompt, and every response mode fits a full window."""
+    from llama_index.core import get_response_synthesizer
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from qgpm_integrations.llama_index import set_tokenizer
+
+    monkeypatch.setattr(llama_index.core, "global_tokenizer", None)
+    model = tiny_model("llama", len(tokenizer), seed=3, max_position_embeddings=1024)
+    llm = QGPMLLM(engine=QGPM(model, tokenizer, heads=[(1, 0)]), method="vanilla", max_new_tokens=4,
+                  system_prompt="Answer in one word.")
+    assert llm.metadata.context_window == 1024 - llm.prompt_overhead() and llm.prompt_overhead() > 20
+    set_tokenizer(llm)
+    words = "alpha beta gamma delta river stone cloud paper window garden".split()
+    nodes = [NodeWithScore(node=TextNode(text=" ".join(words[(i + j) % 10] for j in range(60)) + "."), score=1.0) for i in range(24)]
+    for mode in ("simple_summarize", "tree_summarize", "compact"):
+        response = get_response_synthesizer(llm=llm, response_mode=mode).synthesize("What is gamma?", nodes)
+        prompts = [r.usage.prompt_tokens for r in response.metadata["qgpm"]]
+        assert max(prompts) + 4 <= 1024, (mode, prompts)
+        assert mode != "simple_summarize" or max(prompts) > 900, prompts  # the window was packed nearly full
 
 
 def test_an_already_loaded_model_and_tokenizer(tokenizer, word_tokenizer):
     model = tiny_model("llama", len(tokenizer), seed=2, max_position_embeddings=2048)
     llm = QGPMLLM(model=model, tokenizer=tokenizer, heads=[(1, 0)], max_new_tokens=4)
     assert llm.engine.model is model and llm.engine.tokenizer is tokenizer
-    assert llm.metadata.context_window == 2048 and llm.metadata.model_name == llm.engine.name
+    assert llm.metadata.context_window == 2048 - llm.prompt_overhead() and llm.metadata.model_name == llm.engine.name
     qa = DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="When does the red door open?")
     assert isinstance(llm.predict(qa, context_str="The red door opens at noon. The blue door is locked."), str)
     assert llm.last_result.method == "qgpm"
@@ -122,7 +151,7 @@ def test_generate_kwargs_reach_the_engine(stub_engine, word_tokenizer):
         ({"generate_kwargs": {"repetition_penalty": 0}}, ValueError, "repetition_penalty must be a number > 0"),
         ({"context_window": 1000, "max_new_tokens": 1000}, ValueError, "max_new_tokens=1000 leaves no room for a prompt"),
         ({"refine_instruction": "Refine it."}, ValueError, r"refine_instruction='Refine it.' has no \{existing_answer\}"),
-        ({"query_wrapper_prompt": PromptTemplate("[INST] Answer. [/INST]")}, ValueError, r"query_wrapper_prompt has no \{query_str\}"),
+        ({"query_wrapper_prompt": PromptTemplate("[INST] {query_str} [/INST]")}, ValueError, "takes no query_wrapper_prompt: each prompt is written with the model's own chat template"),
         ({"model_kwargs": {"dtype": "bf17"}}, ValueError, "unknown dtype"),
         ({"generate_kwargs": {"max_new_tokens": 3}}, ValueError, r"set max_new_tokens=\.\.\. instead"),
         ({"generate_kwargs": {"repetition_penaltyy": 1.2}}, TypeError, r"generate_kwargs: unexpected arguments \['repetition_penaltyy'\]"),
@@ -146,9 +175,10 @@ def test_an_answer_budget_as_large_as_the_window_is_refused_when_built(stub_engi
     fails here, not as a negative context size inside the first query."""
     with pytest.raises(ValueError, match=f"max_new_tokens={stub_engine.max_length} leaves no room"):
         QGPMLLM(engine=stub_engine, max_new_tokens=stub_engine.max_length)
-    assert QGPMLLM(engine=stub_engine, max_new_tokens=stub_engine.max_length - 1).metadata.num_output == stub_engine.max_length - 1
-    mapped = PromptTemplate("[INST] {q} [/INST]", template_var_mappings={"query_str": "q"})  # LlamaIndex formats it with query_str
-    assert QGPMLLM(engine=stub_engine, query_wrapper_prompt=mapped).query_wrapper_prompt is mapped
+    room = QGPMLLM(engine=stub_engine).metadata.context_window  # the model's window less QGPM's own prompt
+    with pytest.raises(ValueError, match=f"max_new_tokens={room} leaves no room"):
+        QGPMLLM(engine=stub_engine, max_new_tokens=room)
+    assert QGPMLLM(engine=stub_engine, max_new_tokens=room - 1).metadata.num_output == room - 1
     assert stub_engine.calls == []
 
 
