@@ -171,9 +171,9 @@ class QGPM:
 
         A stored set (``None``), a :class:`HeadSet` or a head-set file made for another
         model (another fingerprint key) raises :class:`~qgpm.heads.HeadSetMismatchError`;
-        a list of ``(layer, head)`` is taken as given.
+        a list of ``(layer, head)`` is taken as given. A set that fails its checks leaves the
+        engine's head set (or the reason it has none) as it was.
         """
-        self._head_error = None
         if isinstance(heads, str) and heads == "calibrate":
             from .calibrate import calibrate_heads  # the calibration search and its samples (qgpm[eval]) load only here
             from .samples import calibration_samples, check_data_packages  # qgpm[eval] (wonderwords), as above
@@ -188,7 +188,7 @@ class QGPM:
                 return
         if self._support_error is None:
             check_heads_fit(hs.heads, self.model)
-        self.head_set = hs
+        self.head_set, self._head_error = hs, None
 
     @property
     def heads(self) -> list[tuple[int, int]]:
@@ -441,8 +441,9 @@ class QGPM:
 
     def _stream_run(self, call: PreparedCall, decoding: Decoding, state: StreamState) -> Iterator[str]:
         pieces = self.generator.stream(call, decoding)
+        state.cancel_with(pieces.cancel)
 
         def done(out: Generated) -> None:
             state.result = build_result(call, out, decoding)
 
-        return stream_text(pieces, decoding, done)
+        return stream_text(pieces, decoding, done, closed=lambda: state.closed)

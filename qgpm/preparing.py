@@ -10,6 +10,7 @@ another config with the same plan code as the first preparation (:func:`plan_cal
 from __future__ import annotations
 
 import logging
+import re
 import time
 import weakref
 from collections.abc import Mapping
@@ -58,6 +59,11 @@ class ModelView(Protocol):
     def heads(self) -> list[tuple[int, int]]: ...
 
 
+_ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+"""A message role: the chat template writes it outside the protected message text, so it may hold
+nothing that could tokenize as a control token or break the turn (no '<', '|', newline, ...)."""
+
+
 def plain_chat_call(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, window: int, max_new_tokens: int) -> PreparedCall:
     """A plain chat call (``method="plain"``: standard RoPE, no context marked) over
     ``[{"role": ..., "content": ...}]``: the model's chat template where it has one, special-token
@@ -71,9 +77,10 @@ def plain_chat_call(tokenizer: Any, messages: Sequence[Mapping[str, str]], *, wi
             raise PromptError(f"message {i} must be a dict with 'role' and 'content', got {type(m).__name__}")
         if not isinstance(m["content"], str):
             raise PromptError(f"message {i} content must be a string, got {type(m['content']).__name__}")
-        if not isinstance(m["role"], str) or not m["role"].strip():
-            raise PromptError(f"message {i} role must be a non-empty string such as 'user', 'assistant' or 'system' (the chat "
-                              f"template's roles), got {m['role']!r}")
+        if not isinstance(m["role"], str) or not _ROLE.fullmatch(m["role"]):
+            raise PromptError(f"message {i} role must be a role name such as 'user', 'assistant' or 'system' (the chat "
+                              f"template's roles: a letter, then letters, digits, '_', '-' or '.', at most 64), got {m['role']!r}; "
+                              "the template writes the role as its own text, so anything else could open a turn of its own")
         msgs.append(dict(role=m["role"], content=m["content"]))
     if not msgs or not any(has_visible_text(m["content"]) for m in msgs):
         raise PromptError("messages are empty: pass at least one message with text")

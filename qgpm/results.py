@@ -187,10 +187,25 @@ class PreparedCall:
 class StreamState:
     """What an :class:`AnswerStream` shares with the generator behind it (no reference back to the stream)."""
 
-    __slots__ = ("result",)
+    __slots__ = ("result", "closed", "_cancel")
 
     def __init__(self) -> None:
         self.result: QGPMResult | None = None
+        self.closed = False  # set by AnswerStream.close(), from any thread
+        self._cancel: Callable[[], None] | None = None
+
+    def cancel_with(self, cancel: Callable[[], None]) -> None:
+        """Register how to stop the generation now running (its ``cancel``); a stream already
+        closed stops it at once."""
+        self._cancel = cancel
+        if self.closed:
+            cancel()
+
+    def close(self) -> None:
+        """Mark the stream closed and stop its generation at the next decoding step."""
+        self.closed = True
+        if self._cancel is not None:
+            self._cancel()
 
 
 class AnswerStream:
@@ -225,8 +240,18 @@ class AnswerStream:
         return next(self._gen)
 
     def close(self) -> None:
-        """Stop generation now (waits at most one decoding step) and leave the model unpatched."""
-        self._gen.close()
+        """Stop generation now (waits at most one decoding step) and leave the model unpatched.
+
+        From another thread than the one reading the stream (a server's cancel handler), generation
+        stops at its next decoding step and the reader's next ``next()`` ends the stream, with
+        ``result`` ``None``; the reader's thread then removes the hooks.
+        """
+        self._state.close()
+        try:
+            self._gen.close()
+        except ValueError as exc:  # the reader is inside next() in its own thread: the state's flag ends it there
+            if "already executing" not in str(exc):
+                raise
 
     def __enter__(self) -> "AnswerStream":
         return self

@@ -16,10 +16,12 @@ from .generation import Generated, PieceStream
 __all__ = ["stream_text"]
 
 
-def stream_text(pieces: PieceStream, decoding: Decoding, done: Callable[[Generated], None]) -> Iterator[str]:
+def stream_text(pieces: PieceStream, decoding: Decoding, done: Callable[[Generated], None], *,
+                closed: Callable[[], bool] = lambda: False) -> Iterator[str]:
     """Yield the visible answer pieces of ``pieces``; when it ends, call ``done(generated)``. The
     pieces add up to the finished answer (:func:`~qgpm.decoding.finish_text`). Closing this
-    generator cancels ``pieces``."""
+    generator cancels ``pieces``; so does ``closed()`` turning true (a close from another
+    thread), after which nothing more is yielded and ``done`` is not called."""
     stop = decoding.stop
     emitted = ""
     full = ""
@@ -27,6 +29,8 @@ def stream_text(pieces: PieceStream, decoding: Decoding, done: Callable[[Generat
     it = iter(pieces)
     try:
         for piece in it:
+            if closed():
+                return
             full += piece
             visible, stopped = cut_at_stop(full, stop)
             if stopped:
@@ -37,6 +41,8 @@ def stream_text(pieces: PieceStream, decoding: Decoding, done: Callable[[Generat
             if len(visible) > len(emitted) and visible.startswith(emitted):
                 yield visible[len(emitted) :]
                 emitted = visible
+        if closed():
+            return
         generated = pieces.generated
         if generated is None:
             raise RuntimeError("the generator's stream ended without its result")

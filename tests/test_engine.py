@@ -541,6 +541,44 @@ def test_stream_is_a_context_manager(tiny):
     assert _lock_free(tiny.model)
 
 
+def test_close_from_another_thread_stops_a_stream_being_read(tiny):
+    """A server's cancel handler closes a stream while its reader waits inside next() in another
+    thread: generation stops at its next step, the reader's stream ends with no result, and the
+    reader's thread leaves the model unpatched and free."""
+    import threading
+    import time
+
+    from transformers import StoppingCriteriaList
+
+    counter = StepCounter()
+    stream = tiny.stream(needle_context(), QUESTION, method="qgpm", max_new_tokens=500,
+                         stopping_criteria=StoppingCriteriaList([counter]))
+    first, pieces, errors = threading.Event(), [], []
+
+    def read():
+        try:
+            for piece in stream:
+                pieces.append(piece)
+                first.set()
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+        first.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert first.wait(60)
+    time.sleep(0.05)  # the reader is back inside next(), waiting for the next piece
+    stream.close()
+    reader.join(60)
+    assert not reader.is_alive() and errors == []
+    assert stream.result is None
+    assert counter.steps < 400, f"generation ran {counter.steps} steps after close()"
+    assert no_hooks(tiny.model) and _lock_free(tiny.model)
+    full = tiny.answer(needle_context(), QUESTION, method="qgpm", max_new_tokens=6)
+    with tiny.stream(needle_context(), QUESTION, method="qgpm", max_new_tokens=6) as again:
+        assert "".join(again) == full.text  # the next stream on the engine is whole
+
+
 # ----------------------------------------------------------------------------- seeded sampling
 def test_seeded_sampling_is_reproducible_under_concurrent_calls(tiny):
     """seed= draws from a generator local to the call: other threads (sampling, or using

@@ -113,6 +113,21 @@ def test_stored_sets_are_found_by_fingerprint_not_by_name(tokenizer, home):
     assert stored_head_set_path(a.fingerprint) == path and stored_head_set_path("final") == path
 
 
+def test_a_head_set_that_fails_its_checks_leaves_the_engine_as_it_was(tokenizer, home):
+    """set_heads with heads the model does not have raises and changes nothing: an engine without
+    a head set still says why (the stored set it looked for), one with a set keeps it."""
+    bare = _engine(tokenizer, num_hidden_layers=4, heads=None)
+    with pytest.raises(ValueError):
+        bare.set_heads([(9, 0)])
+    assert bare.head_set is None
+    with pytest.raises(HeadSetMissingError, match="no head set is stored for model final \\[key"):
+        bare.heads
+    kept = _engine(tokenizer, num_hidden_layers=4, heads=[(1, 0)])
+    with pytest.raises(ValueError):
+        kept.set_heads([(1, 0), (9, 0)])
+    assert kept.heads == [(1, 0)]
+
+
 def test_other_weights_warn_and_exact_weights_win(tokenizer, home, caplog):
     base = _engine(tokenizer, seed=0, heads=None)
     HeadSet("base", [(1, 0)], fingerprint=base.fingerprint.to_dict()).save(home / head_set_file_name(base.fingerprint))
