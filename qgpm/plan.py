@@ -16,7 +16,7 @@ from .positions import boundary_plane, cumulative_positions, ends_placement, fre
 from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, move_order, term_filter, protected_prefix_end, rank_sentences, rank_shape, relevant_mask, sentence_scores, token_scores, within_z_window
 
-__all__ = ["PlanOutcome", "KEPT_REASONS", "promoted_units", "kept_reason", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
+__all__ = ["PlanOutcome", "KEPT_REASONS", "promoted_units", "kept_reason", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_tied", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
 
 
 REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (Gemma 3's sliding-window and global layers) "
@@ -35,7 +35,8 @@ class PlanOutcome:
     boundary_plane: float  # m* (Eq. 3); on a model with several rotary kinds, that of the first modulated kind
     anchor_length: float
     plan: PositionPlan
-    flat: bool = False  # relevance too flat (top z below config.min_top_z): every score 1, vanilla positions
+    flat: bool = False  # relevance too flat (top z below config.min_top_z, or tied): every score 1, vanilla positions
+    tied: bool = False  # flat because no sentence ranks above another (every finite z the same)
     decisive: bool = False  # one sentence stands out (z margin >= config.decisive_margin): every score 1, vanilla positions
     s_low: float = 0.0  # the low score this call used (effective_s_low); 1.0 = vanilla positions
     solo: bool = False  # the top sentence alone is relevant (z margin >= config.solo_margin)
@@ -105,11 +106,23 @@ def check_local_layers(config: QGPMConfig, rotary: RotaryInfo) -> None:
 def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
     """Confidence rule: the head signal is too flat to act on when the top sentence's fused
     z-score (Eq. 5; standard deviations above the mean sentence) is below
-    ``config.min_top_z``. ``None`` (default) never falls back."""
-    if config.min_top_z is None or z.numel() == 0:
+    ``config.min_top_z``. Whatever ``min_top_z`` (``None`` included), a signal that ranks no
+    sentence above another is flat: no finite score, or every finite score the same (a
+    lexical source that found none of the question's words in any sentence), where a plan
+    would otherwise promote the first sentences in text order."""
+    if z.numel() == 0:
         return False
+    if is_tied(z):
+        return True
     finite = z[torch.isfinite(z)]
-    return finite.numel() == 0 or float(finite.max()) < config.min_top_z
+    return config.min_top_z is not None and float(finite.max()) < config.min_top_z
+
+
+def is_tied(z: torch.Tensor) -> bool:
+    """No sentence ranks above another: ``z`` holds sentences but no finite score, or every
+    finite score is the same."""
+    finite = z[torch.isfinite(z)]
+    return z.numel() > 0 and (finite.numel() == 0 or bool((finite == finite[0]).all()))
 
 
 def top_gap(z: torch.Tensor) -> float | None:
@@ -283,7 +296,7 @@ def build_plan(
                         table_rotary=tuple(table_rotary) if rotary.layered else (),
                         orders=tuple(orders) if any(bool((o != torch.arange(o.numel())).any()) for o in orders) else ())
     used = {m % 2 for m in layer_map if m is not None}  # the maps some layer reads
-    out = PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, decisive=decisive, s_low=s_low, solo=solo,
+    out = PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, tied=flat and is_tied(unit_relevance), decisive=decisive, s_low=s_low, solo=solo,
                       term_dropped=tuple(sorted({u for m in used for u in dropped[m]})),
                       promoted=tuple(sorted({u for m in used for u in promoted_units(ranks, unit_scores[m], s_low, config)})))
     out.kept_reason = kept_reason(out, config)

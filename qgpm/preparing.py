@@ -243,7 +243,13 @@ def warn_vanilla_kept(planned: PlanOutcome, config: QGPMConfig) -> None:
     """Log the three rules that make a call keep vanilla positions: the confidence rule
     (``config.min_top_z``), the dominance rule (``config.decisive_margin``) and the
     short-context rule (``config.keep_length``)."""
-    if planned.flat:
+    if planned.flat and planned.tied:
+        logger.warning(
+            "qgpm: the relevance ranks no sentence above another (every sentence scores the same: e.g. a lexical source "
+            "that found none of the question's words in the context), so this call keeps vanilla positions; "
+            "result.details['flat_relevance'] is True. Rank with relevance='minilm' or 'heads' for a signal."
+        )
+    elif planned.flat:
         logger.warning(
             "qgpm: the relevance is flat (top sentence z below min_top_z=%s), so this call keeps vanilla "
             "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None) to always modulate.",

@@ -383,6 +383,24 @@ def test_flat_relevance_fallback_is_logged_and_vanilla(tiny, caplog):
     assert normal.details["flat_relevance"] is False and not any("flat" in r.getMessage() for r in caplog.records)
 
 
+def test_bm25_with_no_question_word_in_the_context_keeps_vanilla_positions_and_says_so(tiny, caplog):
+    """BM25 scores every sentence 0 when the question shares no word with the context: that
+    ranks nothing, so the call keeps vanilla positions (and says why) instead of moving the
+    first sentences of the context."""
+    import logging
+
+    ctx = "Alice lives in Paris. Bob works at the bank. The sky is blue today. Carol plays the violin. Dave owns a red car."
+    cfg = tiny.config.with_(relevance="bm25", keep_length=0, min_top_z=None)
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        res = tiny.answer(ctx, "What is it?", method="qgpm", config=cfg, max_new_tokens=4)
+    assert res.details.flat_relevance is True and res.details.kept_reason == "flat" and res.details.promoted == 0
+    assert not any(s.promoted for s in res.relevance)
+    assert any("ranks no sentence above another" in r.getMessage() for r in caplog.records)
+    assert res.text == tiny.answer(ctx, "What is it?", method="vanilla", max_new_tokens=4).text
+    moved = tiny.answer(ctx, "Which instrument does Carol play?", method="qgpm", config=cfg, max_new_tokens=4)
+    assert moved.details.flat_relevance is False and moved.details.promoted >= 1
+
+
 def test_solo_margin_promotes_the_top_sentence_alone_and_says_so(tiny):
     """solo_margin: a call whose top z stands out by the margin moves one sentence (whatever
     K), reports it in details and in the HTML view; below the margin the K best move; the

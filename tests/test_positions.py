@@ -261,6 +261,27 @@ def test_min_top_z_falls_back_to_vanilla_positions_on_flat_relevance():
         QGPMConfig(min_top_z=float("nan"))
 
 
+@pytest.mark.parametrize("min_top_z", [None, 2.5])
+@pytest.mark.parametrize("remap", ["stride", "reorder"])
+def test_a_signal_that_ranks_no_sentence_keeps_vanilla_positions(min_top_z, remap):
+    """Every sentence scoring the same (a lexical source that found none of the question's words)
+    ranks nothing: the plan keeps vanilla positions, whatever min_top_z, instead of promoting the
+    first sentences in text order."""
+    inv = plain_inv_freq(32, 1e4)
+    rot = RotaryInfo(inv, 1.0, "default", 32)
+    ts = torch.tensor([-1] + [i // 5 for i in range(50)] + [-1])
+    cfg = QGPMConfig(s_low=0.2, anchor_ratio=1.0, min_top_z=min_top_z, remap=remap, split_layer=0 if remap == "reorder" else None)
+    ar = torch.arange(ts.numel(), dtype=torch.float64)
+    for z in (torch.zeros(10, dtype=torch.float64), torch.full((10,), float("-inf"), dtype=torch.float64)):
+        out = build_plan(ts, z, config=cfg, rotary=rot, n_layers=2)
+        assert out.flat and out.tied and out.promoted == () and out.kept_reason == "flat"
+        assert all(torch.equal(p[m], ar) for p in out.plan.positions for m in range(p.shape[0]))
+    one_up = torch.zeros(10, dtype=torch.float64)
+    one_up[4] = 3.0
+    out = build_plan(ts, one_up, config=cfg, rotary=rot, n_layers=2)
+    assert not out.flat and not out.tied and 4 in out.promoted
+
+
 def test_decisive_margin_keeps_vanilla_positions_when_one_sentence_stands_out():
     inv = plain_inv_freq(32, 1e4)
     rot = RotaryInfo(inv, 1.0, "default", 32)
