@@ -234,6 +234,8 @@ def build_plan(
     s_low = 1.0 if vanilla else effective_s_low(int((token_unit >= 0).sum()), config)
     unit_scores = []
     window = within_z_window(unit_relevance, config.z_window)  # the Oracle's 0/1 labels: every evidence unit ties with the top
+    if not dense:  # a sentence without a score (no token of its own) is never relevant: moving it moves nothing
+        window = window * torch.isfinite(unit_relevance).to(torch.float64)
     if solo:  # the top sentence stands out from the second: it alone is relevant
         window = window * (ranks == 0).to(torch.float64)
     use_terms = config.term_ratio is not None and not (dense or vanilla or s_low >= 1)  # s_low 1: every score 1, nothing to filter

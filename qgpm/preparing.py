@@ -207,6 +207,7 @@ def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, 
     its ``details`` entries. ``note``: log the fallback rules that fired (:func:`warn_vanilla_kept`)."""
     cfg = confidence_config(eng, cfg)
     if units is None:
+        z = _without_tokenless(prompt, z)
         planned = build_plan(prompt.token_sentence, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, capacity=capacity,
                         unit_lexical=_unit_lexical(prompt, cfg))
     else:
@@ -222,6 +223,17 @@ def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, 
     relevance = sentence_relevance(prompt, planned, z if units is None else None, units)
     details["promoted"] = sum(s.promoted for s in relevance)
     return planned, relevance, details
+
+
+def _without_tokenless(prompt: Prompt, z: torch.Tensor) -> torch.Tensor:
+    """``z`` with ``-inf`` for the sentences that own no token (a few characters cut from a word
+    whose token the sentence before holds): a text reranker may rank them, but moving them moves
+    nothing, so they are never promoted (the heads give them ``-inf`` already)."""
+    ts = prompt.token_sentence
+    owned = torch.bincount(ts[ts >= 0], minlength=z.numel())[: z.numel()] > 0
+    if bool(owned.all()):
+        return z
+    return torch.where(owned.to(z.device), z, torch.full_like(z, float("-inf")))
 
 
 def replan(eng: ModelView, call: PreparedCall, config: QGPMConfig) -> PreparedCall:

@@ -14,7 +14,6 @@ system prompt or answer prefix are tokenized as plain text, never as control tok
 
 from __future__ import annotations
 
-import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -23,7 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from .chat_template import render_chat
-from .segment import Sentence, assign_tokens_to_sentences, split_documents
+from .segment import Sentence, assign_tokens_to_sentences, has_visible_text, split_documents
 from .tokens import encode_prompt
 
 __all__ = [
@@ -56,21 +55,6 @@ class PromptError(ValueError):
 
 class EmptyContextError(PromptError):
     """The context holds no text to answer from (nothing given, or nothing retrieved)."""
-
-
-# Characters that show nothing: whitespace, control characters, zero-width and other
-# invisible format characters (Unicode Cf), variation selectors and blank fillers.
-_INVISIBLE = (
-    r"\s\x00-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
-    r"\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb"
-    r"\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
-)
-_VISIBLE = re.compile(f"[^{_INVISIBLE}]")
-
-
-def has_visible_text(text: str) -> bool:
-    """Whether ``text`` holds a character that shows (not whitespace, control or zero-width)."""
-    return _VISIBLE.search(text) is not None
 
 
 def _type_name(value: Any) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -38,6 +39,7 @@ __all__ = [
     "split_sentences",
     "split_documents",
     "assign_tokens_to_sentences",
+    "has_visible_text",
     "ABBREVIATIONS",
     "RUN_ON_OPENERS",
 ]
@@ -63,9 +65,23 @@ word (``"I"`` and ``"A"`` are left out: ``"vitamin A is"``)."""
 
 _RUN_ON = re.compile(r"(?<=[a-z])[ \t]+(?=(?:" + "|".join(RUN_ON_OPENERS) + r")\b)")
 
-# Terminator (+ optional closers) followed by whitespace, or a CJK terminator.
-_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s)|[\u3002\uff01\uff1f]")
+# Terminator (+ optional closers) followed by whitespace, or a full-width terminator (CJK: 。！？．,
+# half-width ｡; Devanagari danda) with the closing quotes and brackets that follow it (」』”’）】》〉).
+_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*(?=\s)|[\u3002\uff01\uff1f\uff0e\uff61\u0964\u0965][\u300d\u300f\u201d\u2019\uff09\u3011\u300b\u3009]*")
 _WORD_BEFORE = re.compile(r"([A-Za-z][A-Za-z.]*)\.$")
+# Characters that show nothing: whitespace, control characters, zero-width and other
+# invisible format characters (Unicode Cf), variation selectors and blank fillers.
+_INVISIBLE = (
+    r"\s\x00-\x1f\x7f-\x9f\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f"
+    r"\u200b-\u200f\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb"
+    r"\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+)
+_VISIBLE = re.compile(f"[^{_INVISIBLE}]")
+
+
+def has_visible_text(text: str) -> bool:
+    """Whether ``text`` holds a character that shows (not whitespace, control or zero-width)."""
+    return _VISIBLE.search(text) is not None
 
 
 @dataclass(frozen=True)
@@ -114,14 +130,24 @@ def _breakpoints(text: str, run_ons: bool = False) -> list[int]:
     return sorted(c for c in cuts if 0 < c < len(text))
 
 
+def _joins_previous(char: str) -> bool:
+    """Whether ``char`` belongs to the grapheme before it: a combining mark (Thai and Devanagari
+    vowel signs, accents), a variation selector, or a zero-width (non-)joiner."""
+    return unicodedata.category(char) in ("Mn", "Mc", "Me") or char in "\u200c\u200d" or "\ufe00" <= char <= "\ufe0f"
+
+
 def _cut_long(text: str, start: int, end: int, max_chars: int) -> list[int]:
-    """Extra cut points so that no unit in ``text[start:end]`` exceeds ``max_chars``."""
+    """Extra cut points so that no unit in ``text[start:end]`` exceeds ``max_chars``: at the last
+    space or tab, else (text without any: a URL, base64, Thai, CJK) before the last character that
+    starts a grapheme (never before a combining mark or a joiner)."""
     cuts = []
     pos = start
     while end - pos > max_chars:
         window = text[pos : pos + max_chars]
         ws = max(window.rfind(" "), window.rfind("\t"))
         cut = pos + ws if ws > 0 else pos + max_chars
+        while cut - pos > 1 and _joins_previous(text[cut]):
+            cut -= 1
         cuts.append(cut)
         pos = cut
     return cuts
@@ -135,29 +161,29 @@ def split_sentences(text: str, *, offset: int = 0, doc: int = 0, max_chars: int 
     follows a lowercase word with no punctuation between (off by default; see the module
     docstring).
 
-    Units made only of whitespace are merged into the following sentence (or the
-    previous one at the end of the text), so every returned sentence has visible text.
-    Returns an empty list for an empty or whitespace-only text.
+    Units with nothing visible (whitespace, zero-width and other invisible characters) are
+    merged into the following sentence (or the previous one at the end of the text), so every
+    returned sentence has visible text. Returns an empty list for a text with nothing visible.
     """
     if max_chars < 20:
         raise ValueError(f"max_chars must be at least 20, got {max_chars}")
     if not isinstance(run_ons, bool):
         raise TypeError(f"run_ons must be a bool, got {type(run_ons).__name__}")
-    if not text.strip():
+    if not has_visible_text(text):
         return []
     bounds = [0, *_breakpoints(text, run_ons), len(text)]
     pieces: list[tuple[int, int]] = []
     for a, b in zip(bounds, bounds[1:]):
         inner = [a, *_cut_long(text, a, b, max_chars), b]
         pieces.extend(zip(inner, inner[1:]))
-    # Merge whitespace-only pieces forward (whitespace belongs to the next sentence).
+    # Merge pieces with nothing visible (whitespace, zero-width characters) forward: they belong to the next sentence.
     merged: list[list[int]] = []
     pending_start: int | None = None
     for a, b in pieces:
         if pending_start is not None:
             a = pending_start
             pending_start = None
-        if not text[a:b].strip():
+        if not has_visible_text(text[a:b]):
             pending_start = a
             continue
         merged.append([a, b])

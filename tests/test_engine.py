@@ -401,6 +401,18 @@ def test_bm25_with_no_question_word_in_the_context_keeps_vanilla_positions_and_s
     assert moved.details.flat_relevance is False and moved.details.promoted >= 1
 
 
+def test_a_sentence_that_owns_no_token_is_never_promoted(tiny):
+    """A hard cut inside a word leaves a unit whose characters the previous unit's token holds:
+    a text reranker may rank it, but it has no token to move, so it scores -inf and is never
+    reported as moved."""
+    ctx = "Paris is big. " + "x" * 601
+    cfg = tiny.config.with_(relevance="bm25", keep_length=0, min_top_z=None, term_ratio=None, remap="reorder", split_layer=0)
+    res = tiny.answer(ctx, "What is xx?", method="qgpm", config=cfg, max_new_tokens=2)
+    tokenless = [s for s in res.relevance if s.text == "xx"]
+    assert tokenless and tokenless[0].z == float("-inf") and not tokenless[0].promoted
+    assert res.details.promoted == sum(s.promoted for s in res.relevance)
+
+
 def test_solo_margin_promotes_the_top_sentence_alone_and_says_so(tiny):
     """solo_margin: a call whose top z stands out by the margin moves one sentence (whatever
     K), reports it in details and in the HTML view; below the margin the K best move; the

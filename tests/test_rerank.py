@@ -7,6 +7,8 @@ import socket
 import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qgpm import rerank
 from qgpm.rerank import (
@@ -398,3 +400,40 @@ def test_the_query_term_filter_and_the_bm25_reranker_share_one_scorer(monkeypatc
     lexical = qgpm.preparing._unit_lexical(prompt, QGPMConfig(term_ratio=0.6))
     assert lexical.tolist() == real("password for the blue door", passages) and calls == [3, 3]
     assert lexical.argmax().item() == 0
+
+
+# ----------------------------------------------------------------------------- BM25 terms beyond English
+
+
+@pytest.mark.parametrize("text, want", [
+    ("The U.S. had 3.14 v2.1.0 hello_world", ["the", "had", "14", "v2", "hello_world"]),  # as before: words of 2+ characters
+    ("中国的首都", ["中国", "国的", "的首", "首都"]),  # no spaces: overlapping pairs
+    ("iPhone 的价格", ["iphone", "的价", "价格"]),
+    ("भारत की राजधानी", ["भारत", "की", "राजधानी"]),  # vowel signs stay in their word
+    ("ｉＰｈｏｎｅ noe\u0308l", ["iphone", "noël"]),  # NFKC: full-width letters, composed accents
+    ("猫", ["猫"]),
+])
+def test_bm25_terms(text, want):
+    from qgpm.lexical import words
+
+    assert words(text.lower()) == want
+
+
+def test_bm25_matches_chinese_and_decomposed_accents():
+    from qgpm.lexical import bm25_scores
+
+    price = bm25_scores("iPhone 的价格是多少？", ["iPhone 于 2023 年发布。", "它的价格是 999 美元。"])
+    assert price[1] > price[0] > 0  # the sentence that holds 价格 (price) ranks first
+    assert bm25_scores("Noël", ["Noe\u0308l arrived.", "Nothing here."])[0] > 0
+    assert bm25_scores("Where is the key?", ["The key is blue.", "Nothing here."]) [1] == 0.0
+
+
+@given(st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_bm25_terms_of_ascii_text_are_the_bm25s_default_ones(text):
+    """On ASCII text the terms are bm25s' own default (words of two or more word characters)."""
+    import re
+
+    from qgpm.lexical import words
+
+    assert words(text.lower()) == re.findall(r"(?u)\b\w\w+\b", text.lower())

@@ -120,3 +120,41 @@ def test_rows_made_before_the_setting_keep_their_hash():
 
     assert "split_run_ons" not in config_dict(QGPMConfig())
     assert config_dict(QGPMConfig(split_run_ons=True))["split_run_ons"] is True
+
+
+# ----------------------------------------------------------------------------- text beyond English prose
+
+
+@pytest.mark.parametrize("text, want", [
+    ("彼は「こんにちは。」と言った。", ["彼は「こんにちは。」", "と言った。"]),
+    ("他说：“你好。”然后走了。", ["他说：“你好。”", "然后走了。"]),
+    ("（注意。）次の文。", ["（注意。）", "次の文。"]),
+    ("これはペンです．あれは本です．", ["これはペンです．", "あれは本です．"]),
+    ("भारत एक देश है। दिल्ली राजधानी है।", ["भारत एक देश है।", "दिल्ली राजधानी है।"]),
+])
+def test_full_width_terminators_take_their_closing_quotes_and_brackets(text, want):
+    sents = split_sentences(text)
+    assert [s.text for s in sents] == want
+    _tiles(sents, text)
+
+
+def test_lines_of_invisible_characters_join_the_next_sentence():
+    text = "Paris is the capital.\n\u200b\n\u200c\u200d\n\ufeff\nBerlin is big."
+    sents = split_sentences(text)
+    assert [s.text for s in sents] == ["Paris is the capital.", "\u200b\n\u200c\u200d\n\ufeff\nBerlin is big."]
+    _tiles(sents, text)
+    assert split_sentences("\u200b \ufeff\n") == []  # nothing visible: no sentence
+    _, docs_sents, _ = split_documents(["Alpha one.", "\u200b", "Beta two."])
+    assert [s.text for s in docs_sents] == ["Alpha one.", "Beta two."]
+
+
+@given(st.text(alphabet="xe\u0301\u0e01\u0e34\u200d", min_size=1, max_size=1500))
+@settings(max_examples=150, deadline=None)
+def test_the_hard_cut_never_leaves_a_combining_mark_at_the_start_of_a_unit(text):
+    """Text with no space (URLs, base64, Thai) is cut at max_chars, but not between a letter and
+    the marks that belong to it."""
+    sents = split_sentences("a" + text, max_chars=40)
+    _tiles(sents, "a" + text)
+    for s in sents[1:]:
+        first = ("a" + text)[s.start]
+        assert first.strip() == "" or first not in "\u0301\u0e34\u200d", (s.start, repr(first))
