@@ -177,6 +177,7 @@ def calibrate_heads(
     ``HeadScores.from_head_set(HeadSet.load(path))``) instead of scoring samples again;
     ``samples`` must then be empty. The held-out check still runs the model.
     """
+    engine.require_supported()  # the heads are read through the rotary patch
     check_depth_options(max_layer, shallow_tolerance, has_holdout=bool(holdout), n_layers=engine.n_layers,
                         shallow_bound=shallow_bound)
     n_heads = engine.model.config.num_attention_heads

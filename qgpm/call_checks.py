@@ -23,7 +23,7 @@ from .config import QGPMConfig
 from .defaults import PASS1_FIELDS
 from .generation import Generator
 from .editing import check_k
-from .hooks import reorder_mask_kind
+from .hooks import reorder_mask_kind, sliding_window_of
 from .lexical import require_bm25
 from .limits import check_input_size
 from .methods import METHOD_SPECS, Method, MethodSpec, Stage, method_spec
@@ -101,6 +101,14 @@ def check_config(eng: ModelView, cfg: Any, spec: MethodSpec) -> QGPMConfig:
     if cfg.remap == "reorder" and reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
         if eng.rotary.layered:
             raise ValueError(REORDER_LAYERED_ERROR)
+        window = sliding_window_of(eng.model)
+        if window is not None:
+            raise ValueError(
+                f"remap='reorder' with two maps or unmodulated layers sets each layer's causal mask, but this model's "
+                f"layers attend within a sliding window of {window} tokens, which that mask would drop: use one map on "
+                "every layer (split_layer=0, unmodulated_layers=0; the prompt then runs in slot order through the "
+                "model's own attention), or remap='stride'"
+            )
         reorder_mask_kind(eng.model)
     return cfg
 

@@ -39,15 +39,15 @@ from .defaults import METHODS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .generation import Generated, Generator, TransformersGenerator, build_result, checked_decoding
 from .heads import HeadSet, HeadSetMissingError, choose_head_set, known_model_name
-from .limits import ContextTooLongError, check_fits
+from .limits import ContextTooLongError
 from .loading import load_model, load_tokenizer, parse_dtype, resolve_source
 from .methods import Method, MethodSpec, method_spec
 from .partial import (NoLocalGenerator, check_heads_fit, check_pass1_layers_only, full_layers, full_rotary, is_partial, load_pass1_model,
                       loaded_layers, weight_bytes_not_loaded)
 from .pass1 import pass1_precision
 from .prefill import reuse_applies
-from .preparing import edit_context_stage, plain_chat_call, prepare_stage, replan as replan_call
-from .prompt import DEFAULT_TEMPLATE, PromptSpec, build_prompt
+from .preparing import plain_chat_call, prepare_call, replan as replan_call
+from .prompt import DEFAULT_TEMPLATE
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import rotary_info
 from .runtime import check_supported
@@ -179,6 +179,7 @@ class QGPM:
             from .samples import calibration_samples, check_data_packages  # qgpm[eval] (wonderwords), as above
 
             check_data_packages()  # wonderwords (qgpm[eval]) and the benchmark data, checked before any model work
+            self.require_supported()  # calibration reads the heads through the rotary patch: fail before any sample
             self.local.require("head calibration")
             hs = calibrate_heads(self, calibration_samples(self.tokenizer))
         else:
@@ -189,6 +190,12 @@ class QGPM:
         if self._support_error is None:
             check_heads_fit(hs.heads, self.model)
         self.head_set, self._head_error = hs, None
+
+    def require_supported(self) -> None:
+        """Raise why this model cannot run QGPM's position methods (a family or rotary kind qgpm
+        does not patch), if so; vanilla and the input-editing methods still run."""
+        if self._support_error is not None:
+            raise self._support_error
 
     @property
     def heads(self) -> list[tuple[int, int]]:
@@ -415,18 +422,10 @@ class QGPM:
         return spec
 
     def _prepare(self, context: str | Sequence[str], question: str, opts: CallOptions, checked: tuple | None = None) -> PreparedCall:
-        """Everything before generation: check the inputs (:func:`~qgpm.call_checks.check_call`; ``checked``: their result where
-        a stream checked them already), edit the context (topk / reorder / llmlingua-2), build the prompt, run pass 1 and the plan."""
+        """Everything before generation (:func:`~qgpm.preparing.prepare_call`), with the inputs checked first
+        (:func:`~qgpm.call_checks.check_call`; ``checked``: their result where a stream checked them already)."""
         spec, options, cfg, evidence = checked or self._check_all(context, question, opts)
-        context, edit, edit_s, details = edit_context_stage(spec, context, question, reranker=opts.reranker, k=opts.k, options=options,
-                                                            tokenizer=self.tokenizer)
-        prompt = build_prompt(self.tokenizer, PromptSpec(context=context, question=question, instruction=opts.instruction, system=opts.system,
-                                                         answer_prefix=opts.answer_prefix, template=opts.template),
-                              max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail, split_run_ons=cfg.split_run_ons)
-        check_fits(self.max_length, prompt.num_tokens, opts.max_new_tokens, context_tokens=prompt.context_tokens)
-        capacity = prompt.num_tokens + max(opts.max_new_tokens, 1) + 1
-        return prepare_stage(self, spec, prompt, question, cfg, capacity=capacity, timings=Timings(edit_s=edit_s), edit=edit, details=details,
-                             evidence=evidence, options=options)
+        return prepare_call(self, spec, context, question, opts, cfg=cfg, options=options, evidence=evidence, window=self.max_length)
 
     def _plain_call(self, messages: Sequence[dict[str, str]], max_new_tokens: int) -> PreparedCall:
         return plain_chat_call(self.tokenizer, messages, window=self.max_length, max_new_tokens=max_new_tokens)

@@ -71,9 +71,10 @@ def position_hooks(model: torch.nn.Module, plan: HookedPlan) -> Iterator[None]:
                 rows = gathered[key] = plan.tables(map_index, pid, hs.device, hs.dtype, need=need[0])
             kwargs["position_embeddings"] = rows
             if plan.orders:  # remap="reorder": the causal order follows the moved slots
-                mkey = ("mask", map_index, hs.device)
+                given = kwargs.get("attention_mask")  # one mask per attention kind (full, sliding): each is checked
+                mkey = ("mask", map_index, hs.device, id(given))
                 if mkey not in gathered:
-                    gathered[mkey] = _reordered_mask(plan, map_index, pid, kwargs.get("attention_mask"), hs, mask_kind)
+                    gathered[mkey] = _reordered_mask(plan, map_index, pid, given, hs, mask_kind)
                 if gathered[mkey] is not None:
                     kwargs["attention_mask"] = gathered[mkey]
             return args, kwargs
@@ -90,6 +91,21 @@ def position_hooks(model: torch.nn.Module, plan: HookedPlan) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
+
+
+def sliding_window_of(model: torch.nn.Module) -> int | None:
+    """The sliding window some layer of ``model`` attends within, in tokens (``None``: every layer
+    attends to the whole prompt up to the model's window). Read from the config:
+    ``layer_types`` where it lists the layers' kinds (Qwen2, Gemma 3), else ``sliding_window``
+    (Mistral), which counts only when shorter than ``max_position_embeddings``."""
+    cfg = getattr(model.config, "text_config", None) or model.config
+    window = getattr(cfg, "sliding_window", None)
+    kinds = getattr(cfg, "layer_types", None)
+    if kinds is not None:
+        return int(window) if window and "sliding_attention" in kinds else None
+    if not window or getattr(cfg, "use_sliding_window", True) is False:
+        return None
+    return int(window) if window < (getattr(cfg, "max_position_embeddings", 0) or window + 1) else None
 
 
 def reorder_mask_kind(model: torch.nn.Module) -> str:

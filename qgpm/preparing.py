@@ -30,7 +30,7 @@ from .limits import check_fits, check_input_size
 from .methods import MethodSpec, Stage, method_spec
 from .pass1 import qgpm_relevance
 from .plan import PlanOutcome, build_plan, oracle_units
-from .prompt import Prompt, PromptError, has_visible_text
+from .prompt import Prompt, PromptError, PromptSpec, build_prompt, has_visible_text
 from .results import PreparedCall, SentenceRelevance, Timings
 from .sources import parse_source
 from .thresholds import calibrated_min_top_z
@@ -127,6 +127,23 @@ def edit_context_stage(spec: MethodSpec, context: Any, question: str, *, reranke
     return context, None, 0.0, {}
 
 
+def prepare_call(eng: ModelView, spec: MethodSpec, context: Any, question: str, opts: Any, *, cfg: QGPMConfig,
+                 options: Any, evidence: list[str] | None, window: int) -> PreparedCall:
+    """Every stage before generation, in order, for arguments the engine has checked
+    (:func:`~qgpm.call_checks.check_call`; ``opts``: the call's :class:`~qgpm.call_checks.CallOptions`): edit the context (topk / reorder / llmlingua-2), build
+    the prompt, check that it and ``opts.max_new_tokens`` fit ``window``, then pass 1 and the plan
+    (:func:`prepare_stage`)."""
+    context, edit, edit_s, details = edit_context_stage(spec, context, question, reranker=opts.reranker, k=opts.k, options=options,
+                                                        tokenizer=eng.tokenizer)
+    prompt = build_prompt(eng.tokenizer, PromptSpec(context=context, question=question, instruction=opts.instruction, system=opts.system,
+                                                    answer_prefix=opts.answer_prefix, template=opts.template),
+                          max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail, split_run_ons=cfg.split_run_ons)
+    check_fits(window, prompt.num_tokens, opts.max_new_tokens, context_tokens=prompt.context_tokens)
+    capacity = prompt.num_tokens + max(opts.max_new_tokens, 1) + 1
+    return prepare_stage(eng, spec, prompt, question, cfg, capacity=capacity, timings=Timings(edit_s=edit_s), edit=edit, details=details,
+                         evidence=evidence, options=options)
+
+
 def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: str, cfg: QGPMConfig, *, capacity: int, timings: Timings,
                   edit: Any, details: Mapping[str, Any], evidence: Sequence[str] | None, options: Any) -> PreparedCall:
     """The prepared call of ``spec``'s stage over the built ``prompt``."""
@@ -217,7 +234,7 @@ def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, 
     details: dict[str, Any] = dict(boundary_plane=planned.boundary_plane, anchor_length=planned.anchor_length, s_low=planned.s_low,
                                    kept_reason=planned.kept_reason)
     if units is None:
-        details.update(flat_relevance=planned.flat, decisive_relevance=planned.decisive, solo_relevance=planned.solo)
+        details.update(flat_relevance=planned.flat, min_top_z=cfg.min_top_z, decisive_relevance=planned.decisive, solo_relevance=planned.solo)
         if cfg.term_ratio is not None:  # how many top-K sentences the query-term filter dropped
             details["term_dropped"] = len(planned.term_dropped)
     relevance = sentence_relevance(prompt, planned, z if units is None else None, units)

@@ -55,7 +55,9 @@ __all__ = [
 ]
 
 CALIBRATED = "calibrated"
-"""``QGPMConfig.min_top_z`` value: the threshold stored with the model's head set."""
+"""``QGPMConfig.min_top_z`` value: the threshold calibrated on the relevance source's z scale
+(MiniLM's shipped one for ``"minilm"``, the one stored with the model's head set for the heads;
+:func:`qgpm.thresholds.calibrated_min_top_z`)."""
 
 MIN_SENTENCE_CHARS = 20
 """Smallest ``max_sentence_chars`` the sentence splitter accepts."""
@@ -201,7 +203,7 @@ class ConfidenceRules:
         z = self.min_top_z
         if (z != CALIBRATED if isinstance(z, str) else
                 z is not None and (isinstance(z, bool) or not isinstance(z, numbers.Real) or not math.isfinite(z))):
-            raise ValueError(f"min_top_z must be a finite z-score, {CALIBRATED!r} (the head set's threshold) or None, got {z!r}")
+            raise ValueError(f"min_top_z must be a finite z-score, {CALIBRATED!r} (the threshold calibrated for the relevance source: MiniLM's shipped one, or the head set's for the heads) or None, got {z!r}")
         for name in ("decisive_margin", "z_window", "solo_margin"):
             z_margin(name, getattr(self, name))
         if self.term_ratio is not None and not (math.isfinite(self.term_ratio) and 0 < self.term_ratio <= 1):

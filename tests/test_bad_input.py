@@ -363,6 +363,22 @@ def test_unsupported_family_is_named_and_stays_vanilla(tokenizer):
     assert not any(m._forward_pre_hooks for m in engine.model.modules())
     fresh = QGPM(gpt2(), tokenizer, heads=[(0, 0)])
     assert engine.answer(CTX, Q, method="vanilla", max_new_tokens=4).text == fresh.answer(CTX, Q, method="vanilla", max_new_tokens=4).text
+    # head calibration reads the heads through the rotary patch: refused by name, before any sample is built
+    import qgpm.samples
+
+    def no_samples(*a, **k):
+        raise AssertionError("calibration samples were built for a model qgpm cannot patch")
+
+    from qgpm.calibrate import calibrate_heads
+
+    original = qgpm.samples.calibration_samples
+    qgpm.samples.calibration_samples = no_samples
+    try:
+        raises(UnsupportedModelError, "model family 'gpt2'", engine.set_heads, "calibrate")
+    finally:
+        qgpm.samples.calibration_samples = original
+    raises(UnsupportedModelError, "model family 'gpt2'", calibrate_heads, engine, [], progress=False)
+    assert engine.heads == [(0, 0)]
 
 
 def test_missing_head_set(engine, tokenizer, stays_vanilla):
@@ -433,8 +449,8 @@ def test_unknown_reranker(engine, stays_vanilla):
         ([{"role": "user"}], "must be a dict with 'role' and 'content'"),
         ([{"role": "user", "content": None}], "content must be a string, got NoneType"),
         ([{"role": "user", "content": b"hi"}], "content must be a string, got bytes"),
-        ([{"role": None, "content": "hi"}], "message 0 role must be a non-empty string .* got None"),
-        ([{"role": " ", "content": "hi"}], "message 0 role must be a non-empty string"),
+        ([{"role": None, "content": "hi"}], "message 0 role must be a role name .* got None"),
+        ([{"role": " ", "content": "hi"}], "message 0 role must be a role name"),
     ],
 )
 def test_bad_chat_messages(engine, stays_vanilla, messages, match):

@@ -48,6 +48,19 @@ def test_the_head_sets_threshold_decides_flat_calls(tokenizer):
     res = low.answer(CONTEXT, QUESTION, config=low.config.with_(**HEADS), max_new_tokens=2)
     assert not res.details["flat_relevance"]
     assert high.head_set.min_top_z == 1e6 and engine_with(tokenizer, None).head_set.min_top_z is None
+    assert res.details.min_top_z == -1e6  # each call says which threshold it applied
+
+
+def test_each_call_names_the_threshold_it_applied(tokenizer):
+    from qgpm.thresholds import calibrated_min_top_z
+
+    eng = engine_with(tokenizer, {"min_top_z": 1.5})
+    minilm = calibrated_min_top_z("minilm", None)[0]
+    assert minilm is not None
+    assert eng.answer(CONTEXT, QUESTION, config=eng.config.with_(**HEADS), max_new_tokens=2).details.min_top_z == 1.5
+    assert eng.answer(CONTEXT, QUESTION, config=RECIPE, max_new_tokens=2).details.min_top_z == minilm  # the recipe's MiniLM
+    off = eng.answer(CONTEXT, QUESTION, config=eng.config.with_(relevance="bm25", **MOVING), max_new_tokens=2)
+    assert off.details.min_top_z is None  # no threshold for BM25: the rule was off
 
 
 def test_no_threshold_turns_the_rule_off_with_a_warning(tokenizer, caplog):

@@ -595,6 +595,22 @@ def test_cli_calibrate_scores_from_reuses_stored_scores_and_shallow_bound_sets_t
     assert hs.meta["scores_from"]["path"] == str(first) and "layers < 1" in hs.method
     assert "kept the shallow set" in capsys.readouterr().out
     assert hs.meta["confidence"]["samples"] == 2  # the flat-relevance threshold, from the held-out samples (scores were reused)
+    # --holdout 0 scores no sample: the same heads keep the threshold measured with them, and the CLI says which
+    earlier = HeadSet.load(first)
+    earlier.meta["confidence"] = {**earlier.meta["confidence"], "min_top_z": 1.23, "youden_j": 0.5}  # as a set with evidence stores it
+    with_threshold = earlier.save(tmp_path / "with_threshold.json")
+    same = tmp_path / "same.json"
+    capsys.readouterr()
+    assert main(["calibrate", "--model", str(tiny_dir), "--holdout", "0", "--top", "3", "--lengths", "512", "--device", "cpu",
+                 "--no-progress", "--scores-from", str(with_threshold), "--out", str(same)]) == 0
+    kept = HeadSet.load(same).meta["confidence"]
+    assert kept["min_top_z"] == 1.23 and kept["from"] == str(with_threshold)
+    assert "confidence threshold (min_top_z='calibrated'): 1.23 in this model's z units" in capsys.readouterr().out
+    other = tmp_path / "other.json"  # other heads: the threshold is not theirs, and none is stored
+    assert main(["calibrate", "--model", str(tiny_dir), "--holdout", "0", "--top", "2", "--lengths", "512", "--device", "cpu",
+                 "--no-progress", "--scores-from", str(with_threshold), "--out", str(other)]) == 0
+    assert HeadSet.load(other).meta["confidence"]["min_top_z"] is None
+    assert "confidence threshold: none stored" in capsys.readouterr().out
 
 
 def test_calibrate_heads_rejects_samples_beside_stored_scores(tiny_dir):
@@ -919,3 +935,27 @@ def test_nolima_rows_name_their_question(tiny_engine, tmp_path):
     nolima = [r for r in rows if r["task"] == "nolima_direct"]
     assert nolima and all(r["question_id"] == needle_combos(r["seed"])[0][0] for r in nolima)
     assert all("question_id" not in r for r in rows if r["task"] != "nolima_direct")
+
+
+def test_a_model_without_a_head_set_runs_the_recipe_in_the_harness(tokenizer, tmp_path, monkeypatch):
+    """A model nobody calibrated gets the recipe, which ranks with MiniLM and reads no head:
+    the harness runs and hashes its qgpm rows (no heads in the fingerprint); a config that
+    ranks with the heads is refused before any row, naming the missing head set."""
+    from qgpm.config import RECIPE
+    from qgpm.heads import HeadSetMissingError
+
+    monkeypatch.setenv("QGPM_HOME", str(tmp_path / "home"))  # no stored head set anywhere
+    engine = QGPM(tiny_model("llama", len(tokenizer), seed=4), tokenizer, name="tiny-uncalibrated")
+    assert engine.head_set is None and engine.config == RECIPE
+    fp = method_fingerprint(engine, "qgpm")
+    assert "heads" not in fp and fp["config"]["relevance"] == "minilm"
+    out = _run(engine, tmp_path / "recipe", methods=["vanilla", "qgpm"], depths=[0.5])
+    assert {r["method"] for r in _rows(out)} == {"vanilla", "qgpm"}
+    with pytest.raises(HeadSetMissingError):
+        method_fingerprint(engine, "qgpm", config=RECIPE.with_(relevance="heads"))
+    from qgpm.eval.tune import tune
+
+    summary = tune(engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.5], n=1, out_dir=tmp_path / "tune",
+                   grid={"k_sharp": [2.0, 4.0]}, base_config=RECIPE.with_(keep_length=0), max_new_tokens=NEW, progress=False,
+                   command="test")
+    assert summary["trials"] == 2 and summary["heads"] is None

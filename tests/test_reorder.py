@@ -173,10 +173,42 @@ def test_reorder_refuses_a_mask_it_would_drop(attn, tokenizer):
     with pytest.raises(ValueError, match="sliding window"):
         with apply_plan(window, _plan(window, ts, rel)), torch.inference_mode():
             window(ids)
-    assert all(not layer._forward_pre_hooks for m in (model, window) for layer in decoder_layers(m))
+    # Qwen2 with its first layers full and the others sliding: the sliding layers' own mask is checked too
+    mixed = tiny_model("qwen2", len(tokenizer), attn_implementation=attn, use_sliding_window=True, sliding_window=16, max_window_layers=2)
+    with pytest.raises(ValueError, match="sliding window"):
+        with apply_plan(mixed, _plan(mixed, ts, rel)), torch.inference_mode():
+            mixed(ids)
+    assert all(not layer._forward_pre_hooks for m in (model, window, mixed) for layer in decoder_layers(m))
     with torch.inference_mode():  # unpadded, the same plan runs
         with apply_plan(model, plan):
             model(ids, attention_mask=torch.ones_like(ids))
+
+
+@pytest.mark.parametrize("family, overrides", [
+    ("mistral", {"sliding_window": 16}),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2}),
+])
+def test_engine_refuses_the_mask_path_on_a_sliding_window_model_before_pass_1(family, overrides, tokenizer):
+    """Per-layer reorder masks would drop the model's sliding window: refused with what to do
+    before any forward; one map on every layer (slot order, the model's own attention) runs."""
+    from qgpm import QGPM
+    from qgpm.hooks import sliding_window_of
+
+    model = tiny_model(family, len(tokenizer), attn_implementation="sdpa", **overrides)
+    assert sliding_window_of(model) == 16
+    assert sliding_window_of(tiny_model("qwen2", len(tokenizer))) is None and sliding_window_of(tiny_model("llama", len(tokenizer))) is None
+    engine = QGPM(model, tokenizer, heads=[(1, 0), (2, 1)], config=REORDER)
+    context = " ".join(f"Sentence {i} is about the weather in town {i}." for i in range(12))
+    calls = []
+    handle = decoder_layers(model)[0].register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(ValueError, match="sliding window of 16 tokens.*split_layer=0, unmodulated_layers=0"):
+            engine.answer(context, "Which town is sentence 5 about?", max_new_tokens=3, config=REORDER.with_(unmodulated_layers=1))
+        assert calls == []
+    finally:
+        handle.remove()
+    res = engine.answer(context, "Which town is sentence 5 about?", max_new_tokens=3, config=REORDER.with_(split_layer=0, keep_length=0))
+    assert res.details.pass2 == "slot order"
 
 
 def test_engine_refuses_reorder_on_an_attention_without_masks_before_pass_1(tokenizer):

@@ -191,7 +191,7 @@ def register(subparsers) -> None:
     p.add_argument("--scores-from", default=None, metavar="HEADS_JSON",
                    help="reuse the per-head calibration MRRs stored in this head-set file (same model) instead of scoring "
                         "--n samples again; the held-out check still runs")
-    p.add_argument("--out", default=None, help="head-set JSON path (default: <user head dir>/<model>--<fingerprint key>.json, found by the model's fingerprint)")
+    p.add_argument("--out", default=None, help="head-set JSON path (default: <user head dir>/<model>--<fingerprint key>-<weights digest, 8>.json, found by the model's fingerprint)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=main_calibrate)
 
@@ -293,6 +293,7 @@ def main_calibrate(args) -> int:
         scores = HeadScores.from_head_set(earlier)
     _setup_logging()
     engine = _engine(args, heads=[(0, 0)])  # any valid head: calibration scores them all
+    engine.require_supported()  # a family qgpm cannot patch fails here, before any sample is built
     if earlier is not None and earlier.fingerprint and earlier.fingerprint.get("key") != engine.fingerprint.key:
         raise ValueError(f"--scores-from {args.scores_from} was calibrated on {earlier.fingerprint.get('name') or '?'} "
                          f"(fingerprint key {earlier.fingerprint.get('key')}), not on {engine.name} ({engine.fingerprint.key}): "
@@ -306,6 +307,11 @@ def main_calibrate(args) -> int:
     if earlier is not None:
         hs.meta["scores_from"] = {"path": str(args.scores_from), "created": earlier.meta.get("created"),
                                   "command": earlier.meta.get("command"), "seconds": earlier.meta.get("seconds")}
+        before = earlier.meta.get("confidence") or {}
+        if (hs.meta["confidence"].get("min_top_z") is None and before.get("min_top_z") is not None
+                and [list(h) for h in earlier.heads] == [list(h) for h in hs.heads]):
+            # no sample scored now (--holdout 0): the same heads keep the threshold measured with them
+            hs.meta["confidence"] = {**before, "from": str(args.scores_from)}
     hs.meta["command"] = _command(args)
     hs.meta["lengths"] = list(args.lengths)
     hs.meta["seconds"] = round(time.time() - t, 1)
@@ -317,6 +323,14 @@ def main_calibrate(args) -> int:
     if "holdout_fused_mrr" in hs.meta:
         print(f"held-out fused MRR ({hs.meta['holdout_samples']} samples): chosen {hs.meta['holdout_fused_mrr']:.3f} "
               f"vs random {args.top}-head sets {hs.random_mrr:.3f} (mean of {hs.meta['random_draws']} draws)")
+    conf = hs.meta.get("confidence") or {}
+    if conf.get("min_top_z") is not None:
+        print(f"confidence threshold (min_top_z='calibrated'): {conf['min_top_z']} in this model's z units"
+              + (f" (Youden J {conf['youden_j']})" if conf.get("youden_j") is not None else "")
+              + (f", kept from {conf['from']}" if conf.get("from") else ""))
+    else:
+        print("confidence threshold: none stored (no sample with known evidence was scored: give --holdout N); calls with "
+              "min_top_z='calibrated' then keep the flat-relevance rule off, with a warning")
     if "shallow" in hs.meta:
         sh = hs.meta["shallow"]
         print(f"shallow set (layers < {sh['max_layer']}): held-out fused MRR {sh['shallow_holdout_fused_mrr']:.3f} vs unrestricted "

@@ -18,7 +18,9 @@ from qgpm.baselines import BASELINE_METHODS, resolve_options
 from qgpm.config import CALIBRATED
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.eval.answering import answer_stop, options_for
+from qgpm.heads import HeadSetMissingError
 from qgpm.methods import Stage, method_spec
+from qgpm.sources import parse_source
 from qgpm.thresholds import calibrated_min_top_z
 
 __all__ = ["method_fingerprint", "config_hash", "config_dict", "check_options", "engine_dtype", "reranker_name"]
@@ -82,7 +84,11 @@ def method_fingerprint(
     if spec.config:
         fp["config"] = config_dict(cfg)
     if spec.stage is Stage.HEADS:
-        fp["heads"] = [list(h) for h in engine.heads]
+        try:
+            fp["heads"] = [list(h) for h in engine.heads]
+        except HeadSetMissingError:  # no head set: fine for a relevance that reads none (the recipe's MiniLM)
+            if parse_source(cfg.relevance).heads:
+                raise
         if cfg.min_top_z == CALIBRATED:  # the threshold it stands for with this source (and this engine's head set)
             fp["calibrated_min_top_z"] = calibrated_min_top_z(cfg.relevance, engine.head_set)[0]
         low = engine.pass1_precision(cfg)

@@ -323,7 +323,8 @@ def run_eval(
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "model": engine.name, "dtype": engine_dtype(engine), "device": str(engine.device),
-            "heads": [list(h) for h in engine.heads] if any(method_spec(m).stage is Stage.HEADS for m in methods) else None,
+            "heads": [list(h) for h in engine.heads] if engine.head_set is not None and any(method_spec(m).stage is Stage.HEADS for m in methods)
+                     else None,
             "generator": getattr(getattr(engine, "generator", None), "name", "transformers"),
             "config": config_dict(cfg), "config_provenance": getattr(cfg, "provenance", None),
             "tasks": list(tasks), "lengths": [int(x) for x in lengths], "depths": depths, "n": n, "split": split,

@@ -336,7 +336,7 @@ def tune(
     best_cfg = best_cfg.with_(provenance=provenance)
     acc_values = [t["acc"] for t in results if t["acc"] is not None]
     summary = {
-        "model": engine.name, "dtype": engine_dtype(engine), "heads": [list(h) for h in engine.heads],
+        "model": engine.name, "dtype": engine_dtype(engine), "heads": [list(h) for h in engine.heads] if engine.head_set is not None else None,
         "split": split, "tasks": list(tasks), "lengths": list(lengths), "depths": depths, "n": n,
         "samples": len(samples), "seeds": [seeds[0], seeds[-1]], "objective": objective, "guard": guard,
         "grid": grid, "trials": len(configs), "oracle": bool(o_hashes), "methods": methods, "shard": list(shard) if shard else None, "invalid_grid_points": len(invalid), "search_seed": search_seed,
