@@ -2,12 +2,15 @@
 
 :func:`find_context_block` finds a context after a marker near the start of the message
 text: a tag such as ``<context>`` (the context ends at the last closing tag before the
-question, so a document that quotes ``</context>`` stays whole), a label line (``Context:``, ``Documents:``, ...), a rule
+question, so a document that quotes ``</context>`` stays whole), a label line (``Context:``, ``Documents:``, ...), a
+label inside the instruction's first paragraph (``... the following context:``, ``... concise. Context: ``) or a line of it
+that mentions the context and ends with a colon (``Use the text below:``), a rule
 line (``-----``) after an instruction that mentions the context, or a blank line after such
 an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS` characters or
 half the instruction's length). With ``with_question=True`` the message must also end with
 its question: after a ``Question:``-style label, in ``<question>`` tags, or as a short last
-paragraph ending with ``?``. :mod:`qgpm.chat_prompt` applies it to whole conversations.
+paragraph ending with ``?``; or hold a labelled question before a ``Context:`` label line
+(``rlm/rag-prompt``). :mod:`qgpm.chat_prompt` applies it to whole conversations.
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ _LABEL = re.compile(
     rf"^[ \t]*(?:#{{1,6}}[ \t]*|\*\*)?(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))",
     re.I | re.M,
 )
+# A label inside the instruction's first paragraph ("... based only on the following context:\n",
+# "... keep the answer concise. Context: {context}"): the context starts right after it.
+_INLINE_LABEL = re.compile(
+    rf"\b(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))",
+    re.I,
+)
+# A line of the instruction's first paragraph that mentions the context and ends with a colon ("Use the text below:").
+_CUE_LINE = re.compile(r"^[^\n]*:[ \t]*\n", re.M)
 _RULE = re.compile(r"^[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*(?:\n|$)", re.M)
 _PARA = re.compile(r"\n[ \t]*\n")
 # A question's label line ("Question:", "**Query:**", "Q:", ...); chat_prompt strips it too.
@@ -72,6 +83,9 @@ class ContextBlock:
     marker: str
     question_start: int | None = None
     question_end: int | None = None
+    question_first: bool = False  # the question (and its label) comes before the context's label
+    question_label_start: int | None = None  # with question_first: where the question's label and the context's label begin
+    context_label_start: int | None = None
 
     @property
     def instruction(self) -> str:
@@ -100,9 +114,17 @@ class ContextBlock:
         """A QGPM user-message template that renders this message's text exactly.
 
         With ``question_here=False`` (the question comes from another message) the
-        question follows the context after a blank line.
+        question follows the context after a blank line. A message whose labelled question
+        comes before its labelled context (LangChain's ``rlm/rag-prompt``: ``Question: ...
+        Context: ... Answer:``) renders with the two labelled parts swapped, the question last,
+        every other character kept.
         """
         t = self.text
+        if self.question_first and question_here:  # the labelled parts swapped: QGPM reads relevance from a question after the context
+            q_label, c_label = self.question_label_start, self.context_label_start
+            return "".join(["{instruction}" if self.instruction_end else "", escape_template(t[self.instruction_end : q_label]),
+                            escape_template(t[c_label : self.start]), "{context}", escape_template(t[self.question_end : c_label]),
+                            escape_template(t[q_label : self.question_start]), "{question}", escape_template(t[self.end :])])
         out = ["{instruction}" if self.instruction_end else "", escape_template(t[self.instruction_end : self.start]), "{context}"]
         if question_here:
             out += [escape_template(t[self.end : self.question_start]), "{question}", escape_template(t[self.question_end :])]
@@ -145,6 +167,22 @@ def _question_span(text: str) -> tuple[int, int, int] | None:
     return None
 
 
+def _question_first(text: str, q: tuple[int, int, int]) -> ContextBlock | None:
+    """The block of a message whose labelled question comes before a context label line
+    (``...\nQuestion: {question}\nContext: {context}\nAnswer:``), or ``None``."""
+    q0, q1, label_start = q
+    m = _LABEL.search(text, q0, q1)
+    if m is None or not text[q0 : m.start()].strip():
+        return None
+    question_end = q0 + len(text[q0 : m.start()].rstrip())
+    body = text[m.end() : q1]
+    c0 = m.end() + len(body) - len(body.lstrip())
+    c1 = max(c0, m.end() + len(body.rstrip()))
+    return ContextBlock(text=text, instruction_end=len(text[:label_start].rstrip()), start=c0, end=c1, marker="label",
+                        question_start=q0, question_end=question_end, question_first=True, question_label_start=label_start,
+                        context_label_start=m.start())
+
+
 def _context_start(text: str, limit: int) -> tuple[int, int, str, str | None] | None:
     """(instruction end, context start, marker, tag name) of the first context marker before ``limit``."""
     window = text[: min(limit, HEAD_LIMIT)]
@@ -154,6 +192,14 @@ def _context_start(text: str, limit: int) -> tuple[int, int, str, str | None] | 
     m = _LABEL.search(window)
     if m:
         return len(text[: m.start()].rstrip()), m.end(), "label", None
+    first_para = _PARA.search(window)
+    head = window[: first_para.start() if first_para else len(window)]  # the instruction cannot reach past its first blank line
+    m = _INLINE_LABEL.search(head)
+    if m:
+        return len(text[: m.start()].rstrip()), m.end(), "label", None
+    for m in _CUE_LINE.finditer(head):
+        if _CUE.search(m.group()):
+            return len(text[: m.end()].rstrip()), m.end(), "label", None
     for kind, pattern in (("rule", _RULE), ("paragraph", _PARA)):
         for m in pattern.finditer(window):
             head = text[: m.start()]
@@ -178,6 +224,9 @@ def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None
         q = _question_span(text)
         if q is None:
             return None
+        first = _question_first(text, q)
+        if first is not None:
+            return first
         end = q[2]
     found = _context_start(text, end)
     if found is None:

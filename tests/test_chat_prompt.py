@@ -170,3 +170,45 @@ def test_found_parts_render_the_message_back(head, docs, question, label):
     parts = read_chat([{"role": "user", "content": text}])
     assert parts.mode == "context" and parts.question == question.strip()
     assert render(parts) == text
+
+
+# ----------------------------------------------------------------------------- LangChain's own RAG prompts
+
+
+def test_the_lcel_cookbook_prompt_keeps_every_document():
+    """LangChain's LCEL RAG template puts the context right after a line that ends in 'context:';
+    the first blank line between documents is not where the context starts."""
+    template = "Answer the question based only on the following context:\n{context}\n\nQuestion: {question}\n"
+    for docs in (DOCS[1:], DOCS, DOCS * 2):
+        text = template.format(context="\n\n".join(docs), question=QUESTION)
+        parts = read_chat([{"role": "user", "content": text}])
+        assert (parts.mode, parts.shape) == ("context", "one_message") and list(parts.documents) == docs
+        assert parts.question == QUESTION and render(parts) == text
+
+
+def test_an_inline_context_label_in_a_system_prompt():
+    """create_retrieval_chain's documented system prompt ends '... concise. Context: {context}'."""
+    system = "Use the given context to answer the question. If you don't know the answer, say you don't know. Context: " + CONTEXT
+    parts = read_chat([{"role": "system", "content": system}, {"role": "user", "content": QUESTION}])
+    assert (parts.mode, parts.shape) == ("context", "system_context") and list(parts.documents) == DOCS
+    assert parts.question == QUESTION
+
+
+def test_a_document_that_mentions_a_label_after_the_first_blank_line_is_not_a_marker():
+    text = f"Use the context below to answer.\n\n{DOCS[0]} Background: the bakery burned in 1950.\n\n{DOCS[1]}\n\nQuestion: {QUESTION}"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert parts.documents[0].startswith("The Millstone Bakery") and len(parts.documents) == 2
+
+
+def test_the_rag_tutorial_prompt_with_its_question_before_the_context():
+    """rlm/rag-prompt asks 'Question: ... Context: ... Answer:': the context and the question are
+    found, and the prompt renders with the labelled question moved after the context (QGPM reads
+    relevance from a question that comes last); every other character stays."""
+    head = ("You are an assistant for question-answering tasks. Use the following pieces of retrieved context to answer the "
+            "question. If you don't know the answer, just say that you don't know. Use three sentences maximum and keep the "
+            "answer concise.")
+    text = f"{head}\nQuestion: {QUESTION} \nContext: {CONTEXT} \nAnswer:"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert (parts.mode, parts.shape) == ("context", "one_message") and list(parts.documents) == DOCS
+    assert parts.question == QUESTION and parts.instruction == head
+    assert render(parts) == f"{head}\nContext: {CONTEXT} \nQuestion: {QUESTION} \nAnswer:"
