@@ -167,18 +167,29 @@ class ChatRequest:
             kw["template"] = self.parts.template
         return kw
 
+    def plain_messages(self, *, system: str | None = None, default_system: str | None = None) -> list[dict[str, Any]]:
+        """The messages of a plain request: ``system`` (given with the call) replaces their system
+        messages; ``default_system`` (the caller's setting) leads them where they carry none."""
+        msgs = [dict(m) for m in self.parts.messages]
+        if system:
+            return [{"role": "system", "content": system}, *(m for m in msgs if m.get("role") != "system")]
+        if default_system and not any(m.get("role") == "system" for m in msgs):
+            return [{"role": "system", "content": default_system}, *msgs]
+        return msgs
+
     def run(self, engine: Any, answer: Mapping[str, Any] | None = None, **decoding: Any) -> QGPMResult:
         """Answer the request on ``engine`` (``None`` is fine for the fixed no-context reply).
 
         ``answer``: further :meth:`QGPM.answer <qgpm.QGPM.answer>` arguments for a context
-        request (``method``, :meth:`prompt_kwargs`, ``reranker``, ...; ignored by plain chat);
-        ``decoding``: ``max_new_tokens``, ``temperature``, ``stop``, ... for every mode.
+        request (``method``, :meth:`prompt_kwargs`, ``reranker``, ...); plain chat reads only its
+        ``system`` and ``default_system`` (:meth:`plain_messages`). ``decoding``: ``max_new_tokens``, ``temperature``,
+        ``stop``, ... for every mode.
         """
         if self.parts.mode == "empty_context":
             return no_context_result()
         engine = self._engine(engine)
         if self.parts.mode == "plain":
-            return engine.chat(list(self.parts.messages), **decoding)
+            return engine.chat(self._plain(answer), **decoding)
         return engine.answer(list(self.parts.documents), self.parts.question, **dict(answer or {}), **decoding)
 
     def stream(self, engine: Any, answer: Mapping[str, Any] | None = None, **decoding: Any) -> ChatStream:
@@ -188,8 +199,13 @@ class ChatRequest:
             return _ReplyStream(no_context_result())
         engine = self._engine(engine)
         if self.parts.mode == "plain":
-            return engine.stream_chat(list(self.parts.messages), **decoding)
+            return engine.stream_chat(self._plain(answer), **decoding)
         return engine.stream(list(self.parts.documents), self.parts.question, **dict(answer or {}), **decoding)
+
+    def _plain(self, answer: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+        """The plain request's messages, with the system message of ``answer`` (its other keys belong to a context request)."""
+        answer = answer or {}
+        return self.plain_messages(system=answer.get("system"), default_system=answer.get("default_system"))
 
     def _engine(self, engine: Any) -> Any:
         if engine is None:

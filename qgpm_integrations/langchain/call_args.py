@@ -15,9 +15,10 @@ from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, Functio
 from langchain_core.messages.ai import UsageMetadata
 
 from qgpm.call_checks import CallOptions, check_options
-from qgpm.chat_prompt import ChatParts, message_text, read_chat
+from qgpm.chat_prompt import ChatParts, read_chat
 from qgpm.conversation import ChatRequest
 from qgpm.decoding import Decoding, check_stop
+from qgpm.prompt import check_prompt_settings
 from qgpm.editing import check_k
 from qgpm.methods import Stage, method_spec
 
@@ -28,24 +29,24 @@ if TYPE_CHECKING:
     from .chat_models import QGPMChatModel
 
 __all__ = ["CALL_KWARGS", "CONTEXT_ONLY_KWARGS", "GENERATE_FIELDS", "as_dicts", "build_request", "check_call_kwargs", "check_report_args", "decoding_args",
-           "answer_args", "unused_in_plain_chat", "response_metadata"]
+           "check_generator", "answer_args", "plain_args", "with_engine", "unused_in_plain_chat", "response_metadata"]
 
 CALL_KWARGS = frozenset(
     {
         "context", "question", "method", "evidence", "system", "instruction", "answer_prefix",
-        "reranker", "k", "qgpm_config", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed",
+        "reranker", "k", "qgpm_config", "max_tokens", "max_new_tokens", "num_predict", "temperature", "top_p", "seed",
         "explain_k", "explain_html", "model", "timeout", "stream", "options", "on_empty_context", "relevance",
     }
 )
 """The keyword arguments a call may pass (``invoke(..., **kw)`` / ``bind(**kw)``)."""
 
 GENERATE_FIELDS = {
-    "max_new_tokens": "max_tokens", "max_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+    "max_new_tokens": "max_tokens", "max_tokens": "max_tokens", "num_predict": "max_tokens", "temperature": "temperature", "top_p": "top_p",
     "seed": "seed", "stop": "stop", "max_time": "timeout",
 }
 """``generate`` arguments that have a field of their own on the chat model (and the field's name)."""
 
-CONTEXT_ONLY_KWARGS = ("method", "evidence", "reranker", "k", "options", "relevance", "qgpm_config", "system", "instruction",
+CONTEXT_ONLY_KWARGS = ("method", "evidence", "reranker", "k", "options", "relevance", "qgpm_config", "instruction",
                        "answer_prefix")
 """Call keywords that set how an answer over a context is made; a plain chat call (no context) has no use for them."""
 
@@ -57,17 +58,23 @@ def _role(msg: BaseMessage) -> str:
         return "assistant"
     if isinstance(msg, ChatMessage) and msg.role in ("system", "user", "assistant"):
         return msg.role
-    return "user"  # human, tool and function messages, and chat messages of other roles
+    return "user"  # human messages, and chat messages of other roles
+
+
+TOOLS_REFUSED = ("QGPMChatModel does not take part in tool calling (it answers from text: no bind_tools, no tool "
+                 "messages); put a tool's result in context= or in a human message's text")
 
 
 def as_dicts(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
-    """LangChain messages as qgpm's role / content dicts (content blocks kept, with their marks)."""
+    """LangChain messages as qgpm's role / content dicts (content blocks kept, with their marks).
+    A tool or function message, or an AI message with tool calls, raises: the model cannot have
+    made those calls, and a tool result taken as a human turn could become the question."""
     out = []
-    for m in messages:
-        content: Any = m.content
-        if isinstance(m, (ToolMessage, FunctionMessage)):
-            content = f"Tool result: {message_text(content)}"
-        out.append({"role": _role(m), "content": content})
+    for i, m in enumerate(messages):
+        if isinstance(m, (ToolMessage, FunctionMessage)) or getattr(m, "tool_calls", None):
+            kind = type(m).__name__ + (" with tool_calls" if getattr(m, "tool_calls", None) else "")
+            raise ValueError(f"message {i} is a {kind}: {TOOLS_REFUSED}")
+        out.append({"role": _role(m), "content": m.content})
     return out
 
 
@@ -110,15 +117,17 @@ def decoding_args(llm: "QGPMChatModel", engine: Any, stop: Any, kwargs: dict[str
     """The decoding arguments of one call: the call's keywords over ``llm``'s fields, then its
     ``generate_kwargs``, checked as the engine checks them (:meth:`qgpm.decoding.Decoding.check`:
     no bool or float budget, no bool temperature, ...). A keyword given as ``None`` is the model's own
-    setting (``seed=None``: no seed)."""
+    setting (``seed=None``: no seed). ``engine`` ``None``: checked before any model loads, the
+    check that needs the engine (:func:`check_generator`) left for after."""
     try:
         call_stop = check_stop(stop)
     except TypeError as exc:
         raise TypeError(f"{exc} (the stop= of this call)") from None
     stops = [*call_stop, *check_stop(llm.stop)]
-    budget_name = "max_tokens" if kwargs.get("max_tokens") is not None else "max_new_tokens"
-    if kwargs.get("max_tokens") is not None and kwargs.get("max_new_tokens") is not None and kwargs["max_tokens"] != kwargs["max_new_tokens"]:
-        raise ValueError(f"max_tokens={kwargs['max_tokens']!r} and max_new_tokens={kwargs['max_new_tokens']!r} name one budget: pass one")
+    budgets = [n for n in ("max_tokens", "max_new_tokens", "num_predict") if kwargs.get(n) is not None]  # one budget, three names
+    if len({repr(kwargs[n]) for n in budgets}) > 1:
+        raise ValueError(" and ".join(f"{n}={kwargs[n]!r}" for n in budgets) + " name one budget: pass one")
+    budget_name = budgets[0] if budgets else "max_new_tokens"
     gen: dict[str, Any] = dict(
         max_new_tokens=_setting(kwargs, budget_name, llm.max_tokens),
         temperature=_setting(kwargs, "temperature", llm.temperature),
@@ -130,22 +139,38 @@ def decoding_args(llm: "QGPMChatModel", engine: Any, stop: Any, kwargs: dict[str
         Decoding.check(**gen)
     except (TypeError, ValueError) as exc:
         message = str(exc)
-        if message.startswith("max_new_tokens") and budget_name == "max_tokens":
-            message = "max_tokens" + message[len("max_new_tokens"):]
+        if message.startswith("max_new_tokens") and budget_name != "max_new_tokens":
+            message = budget_name + message[len("max_new_tokens"):]
         raise type(exc)(message) from None
     gen.update(llm.generate_kwargs or {})
     timeout = kwargs.get("timeout", llm.timeout)
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"timeout must be a number of seconds > 0 (None: no limit), got {timeout!r}")
-        if getattr(engine.generator, "name", None) == "vllm":
-            raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such setting")
         gen["max_time"] = float(timeout)
+    if engine is not None:
+        check_generator(engine, gen)
     return gen
 
 
-def answer_args(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The ``QGPM.answer`` arguments of a context call: the call's keywords over ``llm``'s fields."""
+def check_generator(engine: Any, gen: dict[str, Any]) -> None:
+    """Refuse decoding arguments the engine's generator cannot apply (``timeout=`` on a vLLM server)."""
+    if "max_time" in gen and getattr(engine.generator, "name", None) == "vllm":
+        raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such setting")
+
+
+def with_engine(engine: Any, call: dict[str, Any]) -> dict[str, Any]:
+    """The ``QGPM.answer`` arguments of :func:`answer_args` (made before the engine loaded) with a
+    call's ``relevance=`` applied to the engine's own config where the call gives none."""
+    relevance = call.pop("relevance", None)
+    if relevance is not None:
+        call["config"] = (call["config"] or engine.config).with_(relevance=relevance)
+    return call
+
+
+def answer_args(llm: "QGPMChatModel", request: ChatRequest, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``QGPM.answer`` arguments of a context call: the call's keywords over ``llm``'s fields,
+    checked before any model loads; :func:`with_engine` applies a ``relevance`` to the engine's config."""
     method = kwargs.get("method", llm.method)
     spec = method_spec(method)
     call: dict[str, Any] = dict(
@@ -168,7 +193,7 @@ def answer_args(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs:
     check_relevance(kwargs.get("relevance"), method)
     relevance = kwargs.get("relevance", llm.relevance)
     if relevance is not None and spec.stage is Stage.HEADS:
-        call["config"] = (call["config"] or engine.config).with_(relevance=relevance)
+        call["relevance"] = relevance
     # the model's options belong to its own method; a call's options= go to the engine, which
     # rejects them for a method that takes none
     options = kwargs.get("options", llm.options if method == llm.method else None)
@@ -177,13 +202,22 @@ def answer_args(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs:
     return call
 
 
-def unused_in_plain_chat(llm: "QGPMChatModel", engine: Any, request: ChatRequest, kwargs: dict[str, Any]) -> list[str]:
+def plain_args(llm: "QGPMChatModel", kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The system message of a plain chat call (:meth:`qgpm.conversation.ChatRequest.plain_messages`),
+    checked as a call with a context checks it."""
+    system = kwargs.get("system")
+    check_prompt_settings(system=system)
+    return {"system": system, "default_system": llm.system}
+
+
+def unused_in_plain_chat(llm: "QGPMChatModel", request: ChatRequest, kwargs: dict[str, Any]) -> list[str]:
     """The :data:`CONTEXT_ONLY_KWARGS` a plain chat call was given (``None`` counts as not given),
     once checked as a call with a context checks them (:func:`answer_args`, then the engine's own
     :func:`qgpm.call_checks.check_options`), so a bad value raises in either mode."""
     given = [n for n in CONTEXT_ONLY_KWARGS if kwargs.get(n) is not None]
     if given:
-        call = answer_args(llm, engine, request, kwargs)
+        call = answer_args(llm, request, kwargs)
+        call.pop("relevance", None)
         check_options(method_spec(call["method"]), CallOptions(**call))
     return given
 

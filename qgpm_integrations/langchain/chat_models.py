@@ -64,8 +64,9 @@ from .._common import (
     model_key,
     shared_engine,
 )
-from .call_args import answer_args, build_request, check_call_kwargs, check_report_args, decoding_args, response_metadata, unused_in_plain_chat
-from .model_args import check_model_fields, drop_remote_only, tracing_params
+from .call_args import (TOOLS_REFUSED, answer_args, plain_args, build_request, check_call_kwargs, check_generator, check_report_args, decoding_args, response_metadata,
+                        unused_in_plain_chat, with_engine)
+from .model_args import budget_alias, check_model_fields, drop_remote_only, identifying_params, tracing_params
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
 
@@ -156,7 +157,7 @@ class QGPMChatModel(BaseChatModel):
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     seed: int | None = None
     timeout: float | None = Field(default=None, gt=0, description="Seconds after which generation stops (transformers max_time).")
-    system: str | None = Field(default=None, description="System prompt used in context mode when the messages carry none.")
+    system: str | None = Field(default=None, description="System prompt used when the messages carry none (context mode and plain chat).")
     instruction: str | None = Field(default=None, description="Instruction before the context (None = qgpm's default).")
     answer_prefix: str | None = None
     reranker: Any = Field(default=DEFAULT_RERANKER, description="Reranker spec or instance for method topk/reorder (given with "
@@ -194,7 +195,7 @@ class QGPMChatModel(BaseChatModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_remote_only(cls, values: Any) -> Any:
-        return drop_remote_only(values)  # api_key / max_retries: accepted, not used, named in a warning when set
+        return budget_alias(drop_remote_only(values))  # api_key / max_retries: accepted, not used, named in a warning when set
 
     @field_validator("method")
     @classmethod
@@ -264,18 +265,7 @@ class QGPMChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "model": self.model_name,
-            "method": self.method,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "stop": self.stop,
-            "heads": _heads_key(self.heads),
-            "options": None if self.options is None else self.options.to_dict(),
-            "model_kwargs": dict(_kwargs_key(self.model_kwargs)),
-            "generate_kwargs": dict(_kwargs_key(self.generate_kwargs)),
-        }
+        return identifying_params(self)  # LangChain's cache keys on these
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         return tracing_params(self, stop, kwargs)
@@ -346,19 +336,19 @@ class QGPMChatModel(BaseChatModel):
         request = ChatRequest(build_request(messages, kwargs), on_empty_context=policy)
         if not request.needs_engine:
             return None, request, {}, {}
-        if request.mode == "plain" and not self._warned_unmarked:
+        gen = decoding_args(self, None, stop, kwargs)  # every value is checked before any model loads
+        call = answer_args(self, request, kwargs) if request.mode == "context" else plain_args(self, kwargs)
+        unused = unused_in_plain_chat(self, request, kwargs) if request.mode == "plain" else []
+        if request.mode == "plain" and not self._warned_unmarked:  # after the checks: a refused call warns of nothing
             self._warned_unmarked = True
             logger.warning(UNMARKED_WARNING)
-        engine = self.get_engine(kwargs.get("model"))
-        gen = decoding_args(self, engine, stop, kwargs)
-        if request.mode == "context":
-            return engine, request, gen, answer_args(self, engine, request, kwargs)
-        unused = unused_in_plain_chat(self, engine, request, kwargs)
         if unused:
             logger.warning("QGPMChatModel: this call found no context and answers as plain chat, so its %s (settings of an "
                            "answer over a context) are not used. Pass context=docs or mark the context in the prompt for them "
                            "to apply.", ", ".join(f"{n}=" for n in unused))
-        return engine, request, gen, {}
+        engine = self.get_engine(kwargs.get("model"))
+        check_generator(engine, gen)
+        return engine, request, gen, with_engine(engine, call) if request.mode == "context" else call
 
     # ------------------------------------------------------------------ generation
     def _generate(
@@ -397,7 +387,25 @@ class QGPMChatModel(BaseChatModel):
             generation_info={"finish_reason": result.finish_reason},
         )
 
-    # _agenerate: BaseChatModel's own (_generate in a worker thread, so the event loop stays free).
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        """Refused: this chat model answers from text and makes no tool calls."""
+        raise NotImplementedError(TOOLS_REFUSED)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        # BaseChatModel's own runs _generate in an executor thread that a cancelled task never
+        # reaches; as a stream stepped from worker threads, cancelling ainvoke stops generation.
+        text, last = "", None
+        async for chunk in self._astream(messages, stop, run_manager, **kwargs):
+            text += chunk.message.content
+            last = chunk
+        message = AIMessage(content=text, response_metadata=last.message.response_metadata, usage_metadata=last.message.usage_metadata)
+        return ChatResult(generations=[ChatGeneration(message=message, generation_info=last.generation_info)])
 
     async def _astream(
         self,

@@ -21,13 +21,13 @@ from qgpm.editing import check_k
 from qgpm.methods import method_spec
 from qgpm.serving import VLLMServer
 
-from .._common import check_generate_kwargs, check_heads, check_model_args, check_relevance, check_reranker
+from .._common import check_generate_kwargs, check_heads, check_model_args, check_relevance, check_reranker, heads_key, kwargs_key
 from .call_args import GENERATE_FIELDS
 
 if TYPE_CHECKING:
     from .chat_models import QGPMChatModel
 
-__all__ = ["REMOTE_ONLY", "check_model_fields", "drop_remote_only", "tracing_params"]
+__all__ = ["budget_alias", "identifying_params", "REMOTE_ONLY", "check_model_fields", "drop_remote_only", "tracing_params"]
 
 logger = logging.getLogger("qgpm")
 
@@ -35,6 +35,19 @@ OWNER = "QGPMChatModel"
 
 REMOTE_ONLY = ("api_key", "max_retries")
 """Constructor arguments of hosted chat models: accepted for drop-in code, not used (set: a warning)."""
+
+
+def budget_alias(values: Any) -> Any:
+    """Constructor values with ChatOllama's ``num_predict`` read as ``max_tokens`` (the answer budget;
+    ``max_new_tokens`` is HuggingFace's name for it); two of the three names given raise."""
+    if not isinstance(values, dict) or "num_predict" not in values:
+        return values
+    given = [n for n in ("max_tokens", "max_new_tokens") if n in values]
+    if given:
+        raise ValueError(f"num_predict and {given[0]} name one budget (the answer's tokens): pass one")
+    values = dict(values)
+    values["max_tokens"] = values.pop("num_predict")
+    return values
 
 
 def drop_remote_only(values: Any) -> Any:
@@ -94,7 +107,7 @@ def tracing_params(llm: "QGPMChatModel", stop: list[str] | None, kwargs: dict[st
     """LangSmith's parameters of one call. Read before the call is checked: a bad value is left
     out here and refused by the call."""
     temperature = kwargs.get("temperature", llm.temperature)
-    max_tokens = kwargs.get("max_tokens", kwargs.get("max_new_tokens", llm.max_tokens))
+    max_tokens = kwargs.get("max_tokens", kwargs.get("max_new_tokens", kwargs.get("num_predict", llm.max_tokens)))
     params = LangSmithParams(
         ls_provider="qgpm",
         ls_model_name=str(kwargs["model"]) if isinstance(kwargs.get("model"), str) else llm.model_name,
@@ -110,3 +123,41 @@ def tracing_params(llm: "QGPMChatModel", stop: list[str] | None, kwargs: dict[st
     elif stops and isinstance(stops, (list, tuple)):
         params["ls_stop"] = list(stops)
     return params
+
+
+def _engine_heads(engine: Any) -> list[list[int]] | None:
+    """The heads of a given engine's head set (``None``: it has none)."""
+    head_set = getattr(engine, "head_set", None)
+    return None if head_set is None else [list(h) for h in head_set.heads]
+
+
+def identifying_params(llm: "QGPMChatModel") -> dict[str, Any]:
+    """Everything that changes a chat model's reply or its metadata (its ``_identifying_params``: LangChain's cache keys on them)."""
+    engine = llm.engine
+    return {
+        "model": llm.model_name,
+        "method": llm.method,
+        "max_tokens": llm.max_tokens,
+        "temperature": llm.temperature,
+        "top_p": llm.top_p,
+        "stop": llm.stop,
+        "seed": llm.seed,
+        "heads": heads_key(llm.heads) if engine is None else _engine_heads(engine),
+        "options": None if llm.options is None else llm.options.to_dict(),
+        "model_kwargs": dict(kwargs_key(llm.model_kwargs)),
+        "generate_kwargs": dict(kwargs_key(llm.generate_kwargs)),
+        "qgpm_config": None if llm.qgpm_config is None else llm.qgpm_config.to_dict(),
+        "engine_config": None if engine is None or not hasattr(engine.config, "to_dict") else engine.config.to_dict(),
+        "system": llm.system,
+        "instruction": llm.instruction,
+        "answer_prefix": llm.answer_prefix,
+        "reranker": llm.reranker if isinstance(llm.reranker, str) or llm.reranker is None else type(llm.reranker).__name__,
+        "k": llm.k,
+        "relevance": llm.relevance,
+        "timeout": llm.timeout,
+        "vllm_url": llm.vllm_url,
+        "vllm_model": llm.vllm_model,
+        "on_empty_context": llm.on_empty_context,
+        "explain_k": llm.explain_k,
+        "explain_html": llm.explain_html,
+    }

@@ -217,7 +217,7 @@ def test_a_plain_call_names_the_context_settings_it_does_not_use(tiny_llm, caplo
     with caplog.at_level("WARNING", logger="qgpm"):
         msg = tiny_llm.invoke("Hello there.", method="vanilla", system="You are a pirate.", answer_prefix="ARRR", max_tokens=2)
     assert msg.response_metadata["qgpm"]["mode"] == "plain"
-    assert "found no context and answers as plain chat, so its method=, system=, answer_prefix= " in caplog.text
+    assert "found no context and answers as plain chat, so its method=, answer_prefix= " in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="qgpm"):
         tiny_llm.invoke("Hello there.", max_tokens=2, system=None)  # None: not given
@@ -306,3 +306,102 @@ def test_streaming_invoke_reports_tokens(tiny_llm):
     llm = tiny_llm.model_copy(update={"streaming": True})
     msg = llm.invoke(QUESTION, config={"callbacks": [handler]}, context=CONTEXT)
     assert "".join(handler.tokens) == msg.content and len([t for t in handler.tokens if t]) >= 1
+
+
+# --------------------------------------------------------------------------- calls checked before the weights load
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"max_tokens": 2.9}, {"method": "qgmp"}, {"stop": 5}, {"timeout": -1},
+                                    {"max_tokens": 3, "num_predict": 4}])
+@pytest.mark.parametrize("with_context", [True, False])
+def test_bad_call_values_raise_before_the_weights_load(tiny_dir, load_calls, kwargs, with_context):
+    llm = QGPMChatModel(model=str(tiny_dir), heads=[(1, 0)])
+    with pytest.raises((TypeError, ValueError)):
+        if with_context:
+            llm.invoke(QUESTION, context=CONTEXT, **kwargs)
+        else:
+            llm.invoke("Hello there.", **kwargs)
+    assert load_calls == []
+
+
+def test_num_predict_is_chat_ollamas_name_for_the_budget(tiny_llm, load_calls):
+    assert QGPMChatModel(num_predict=7).max_tokens == 7
+    with pytest.raises(ValidationError, match="num_predict and max_tokens name one budget"):
+        QGPMChatModel(num_predict=7, max_tokens=3)
+    msg = tiny_llm.invoke(QUESTION, context=CONTEXT, num_predict=3)
+    assert msg.usage_metadata["output_tokens"] <= 3
+
+
+def test_a_failed_call_leaves_the_plain_chat_warning_for_the_next(tokenizer, caplog):
+    llm = QGPMChatModel(model=tiny_model("llama", len(tokenizer), seed=3), tokenizer=tokenizer, heads=[(1, 0)], max_tokens=2)
+    with caplog.at_level("WARNING", logger="qgpm"), pytest.raises(ValueError):
+        llm.invoke("Tell me a joke", temperature=-1.0)
+    assert "plain" not in caplog.text
+    with caplog.at_level("WARNING", logger="qgpm"):
+        llm.invoke("Tell me a joke")
+    assert "plain" in caplog.text
+
+
+def test_the_system_field_reaches_plain_chat(tiny_llm, monkeypatch):
+    seen = []
+    engine = tiny_llm.get_engine()
+    real = engine.chat
+    monkeypatch.setattr(engine, "chat", lambda messages, **kw: (seen.append(messages), real(messages, **kw))[1])
+    llm = tiny_llm.model_copy(update={"system": "You are terse."})
+    llm.invoke("Hello there.")
+    assert seen[-1][0] == {"role": "system", "content": "You are terse."}
+    llm.invoke([("system", "Be kind."), ("human", "Hello there.")])  # the messages' own system message stays
+    assert seen[-1][0] == {"role": "system", "content": "Be kind."}
+    llm.invoke([("system", "Be kind."), ("human", "Hello there.")], system="Be brief.")  # a call's system= replaces it
+    assert [m for m in seen[-1] if m["role"] == "system"] == [{"role": "system", "content": "Be brief."}]
+
+
+def test_tool_calling_is_refused_clearly(tiny_llm):
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
+    with pytest.raises(NotImplementedError, match="does not take part in tool calling"):
+        tiny_llm.bind_tools([])
+    history = [HumanMessage(QUESTION), AIMessage("", tool_calls=[{"name": "search", "args": {}, "id": "1"}]),
+               ToolMessage("found 2 docs", tool_call_id="1")]
+    with pytest.raises(ValueError, match="message 1 is a AIMessage with tool_calls.*tool calling"):
+        tiny_llm.invoke(history, context=CONTEXT)
+    with pytest.raises(ValueError, match="message 1 is a ToolMessage"):
+        tiny_llm.invoke([HumanMessage(QUESTION), ToolMessage("found 2 docs", tool_call_id="1")], context=CONTEXT)
+
+
+def test_the_cache_keys_on_every_setting_that_changes_a_reply(tiny_llm):
+    base = tiny_llm._identifying_params
+    for update in ({"system": "Be terse."}, {"instruction": "Answer."}, {"answer_prefix": "A:"}, {"seed": 1}, {"relevance": "bm25"},
+                   {"reranker": "bm25"}, {"k": 2}, {"explain_k": 0}, {"explain_html": True}, {"timeout": 5.0},
+                   {"on_empty_context": "raise"}):
+        assert tiny_llm.model_copy(update=update)._identifying_params != base, update
+
+
+def test_cancelling_ainvoke_stops_generation(tokenizer):
+    """ainvoke without streaming runs as a stream stepped from worker threads: a cancelled task
+    stops the model within a step (BaseChatModel's own _agenerate left _generate running)."""
+    import asyncio
+    import time
+
+    model = tiny_model("llama", len(tokenizer), seed=3, max_position_embeddings=4096)
+    llm = QGPMChatModel(model=model, tokenizer=tokenizer, heads=[(1, 0)], max_tokens=2000)
+    forwards = []
+    handle = model.register_forward_pre_hook(lambda *a: forwards.append(time.perf_counter()))
+
+    async def go():
+        task = asyncio.create_task(llm.ainvoke("Tell me a long story."))
+        while len(forwards) < 5:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        cancelled = time.perf_counter()
+        await asyncio.sleep(0.5)
+        return cancelled
+
+    try:
+        cancelled = asyncio.run(go())
+    finally:
+        handle.remove()
+    assert sum(t > cancelled + 0.1 for t in forwards) == 0, "the model ran on after the task was cancelled"
+    assert len(forwards) < 1000
