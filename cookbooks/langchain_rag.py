@@ -15,9 +15,9 @@ question (the human message) by itself. Side by side:
 
 * ``vanilla`` -- the retrieved paragraphs as they come, standard RoPE;
 * ``qgpm``    -- the same paragraphs, the sentences most relevant to the question moved next
-  to it by their positions (ranked by the model's preset: MiniLM for the embedded SmolLM2,
-  the model's own heads otherwise; the script prints which sentences QGPM promoted, read
-  through ``QGPMTrace``);
+  to it by their positions (ranked with MiniLM: the embedded SmolLM2's preset and the
+  recipe every other model gets; the script prints the sentences QGPM ranked highest and what
+  its plan did with each, read through ``QGPMTrace``);
 * ``topk``    -- a ``ContextualCompressionRetriever`` with ``QGPMTopKCompressor`` as the
   chain's retriever (keeps the best paragraphs in their original order), standard RoPE;
 * ``reorder`` -- the same with ``QGPMReorder`` (best paragraph last, next to the question).
@@ -133,10 +133,11 @@ def run(questions: Sequence[dict], chains: dict[str, Any], methods: Sequence[str
                 info = trace.last
                 if info["mode"] != "context":
                     raise RuntimeError(f"QGPM did not find the context in the prompt: {info.get('reason')}")
-                print(f"           QGPM promoted (of {info.get('documents')} retrieved paragraphs):", file=out)
+                print(f"           QGPM ranked highest (of {info.get('documents')} retrieved paragraphs):", file=out)
                 for s in info.get("top_sentences", [])[:show]:
                     star = "*" if q.get("evidence") and s["text"].strip() in q["evidence"] else " "
-                    print(f"           {star}#{s['rank'] + 1} z={s['z']:+.2f} doc={s['doc']}  {s['text'][:100]}", file=out)
+                    plan = "promoted" if s["promoted"] else "term filter" if s["term_dropped"] else "left in place"
+                    print(f"           {star}#{s['rank'] + 1} z={s['z']:+.2f} doc={s['doc']} {plan:<13} {s['text'][:100]}", file=out)
         rows.append(row)
     print("\naccuracy: " + "  ".join(f"{m}={sum(r[m]['correct'] for r in rows)}/{len(rows)}" for m in methods), file=out)
     return rows
@@ -157,6 +158,8 @@ def main(argv: Sequence[str] | None = None, *, heads: Any = None) -> list[dict]:
     ap.add_argument("--json", default=None, help="write the answers to this JSON file")
     ap.add_argument("--vllm-url", default=None, help="generate on this vLLM server (bash scripts/vllm_server.sh --port 8000)")
     args = ap.parse_args(argv)
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # before any question is answered
+        ap.error(f"--json {args.json}: the folder {Path(args.json).resolve().parent} does not exist")
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
@@ -174,7 +177,7 @@ def main(argv: Sequence[str] | None = None, *, heads: Any = None) -> list[dict]:
     QGPMChatModel(heads=heads if heads is not None else args.heads, vllm_url=args.vllm_url).get_engine()  # load once, before timing answers
     print(f"model ready in {time.perf_counter() - t:.1f}s")
     rows = run(questions, chains, methods)
-    if args.json:
+    if args.json:  # the folder was checked before any question was answered
         Path(args.json).write_text(json.dumps(rows, indent=2), encoding="utf-8")
     return rows
 

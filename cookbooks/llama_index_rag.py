@@ -9,9 +9,9 @@ side by side, through four query engines over the same retriever:
 * ``vanilla`` -- ``QGPMLLM(method="vanilla")``: the retrieved nodes as they come,
   standard RoPE;
 * ``qgpm``    -- ``QGPMLLM(method="qgpm")``: the same nodes, the sentences most relevant to
-  the question moved next to it by their positions (ranked by the model's preset: MiniLM for
-  the embedded SmolLM2, the model's own heads otherwise; the script prints the sentences QGPM
-  ranked highest, from ``response.metadata["qgpm"]``);
+  the question moved next to it by their positions (ranked with MiniLM: the embedded
+  SmolLM2's preset and the recipe every other model gets; the script prints the sentences QGPM
+  ranked highest and what its plan did with each, from ``response.metadata["qgpm"]``);
 * ``topk``    -- ``QGPMTopKPostprocessor`` (keeps the best nodes in their original
   order) + the vanilla LLM;
 * ``reorder`` -- ``QGPMReorderPostprocessor`` (best node last, next to the question) +
@@ -46,6 +46,7 @@ from llama_index.core.node_parser import SentenceSplitter  # noqa: E402
 
 from qgpm import QGPM, HeadSetMissingError  # noqa: E402
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_RERANKER  # noqa: E402
+from qgpm.explain import decision_note  # noqa: E402
 from qgpm.serving import VLLMServer  # noqa: E402
 from qgpm.sources import parse_source  # noqa: E402
 from qgpm_integrations.llama_index import (  # noqa: E402
@@ -139,7 +140,11 @@ def run(questions: Sequence[dict], engines: dict[str, Any], show: int = 3, out=s
                 print(f"           QGPM ranked highest (of {len(result.relevance)} sentences in {len(files)} nodes):", file=out)
                 for s in result.top_sentences(show):
                     star = "*" if q.get("evidence") and s.text.strip() in q["evidence"] else " "
-                    print(f"           {star}#{s.rank + 1} z={s.z:+.2f} node={s.doc}  {s.text[:100]}", file=out)
+                    plan = "promoted" if s.promoted else "term filter" if s.term_dropped else "left in place"
+                    print(f"           {star}#{s.rank + 1} z={s.z:+.2f} node={s.doc} {plan:<13} {s.text[:100]}", file=out)
+                note = decision_note(result.details, "qgpm")
+                if note:
+                    print(f"           note: {note}", file=out)
         rows.append(row)
     print("\naccuracy: " + "  ".join(f"{m}={sum(r[m]['correct'] for r in rows)}/{len(rows)}" for m in methods), file=out)
     return rows
@@ -150,8 +155,8 @@ def main(argv: Sequence[str] | None = None, *, engine: QGPM | None = None) -> li
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="answer only the first N questions")
     ap.add_argument("--k", type=int, default=10,
-                    help="nodes retrieved per question (default 10: about 1,300 tokens; the preset keeps the model's own "
-                         "positions for contexts up to keep_length = 1,024 tokens)")
+                    help="nodes retrieved per question (default 10: about 1,000-1,300 tokens of context; the preset keeps "
+                         "the model's own positions for contexts up to keep_length = 1,024 tokens, and the report then says so)")
     ap.add_argument("--top-n", type=int, default=2, help="nodes kept by the Top-K postprocessor")
     ap.add_argument("--chunk-size", type=int, default=128, help="node size in model tokens")
     ap.add_argument("--max-tokens", type=int, default=32)
@@ -162,6 +167,8 @@ def main(argv: Sequence[str] | None = None, *, engine: QGPM | None = None) -> li
     ap.add_argument("--json", default=None, help="write the answers to this JSON file")
     ap.add_argument("--vllm-url", default=None, help="generate on this vLLM server (bash scripts/vllm_server.sh --port 8000)")
     args = ap.parse_args(argv)
+    if args.json and not Path(args.json).resolve().parent.is_dir():  # before any question is answered
+        ap.error(f"--json {args.json}: the folder {Path(args.json).resolve().parent} does not exist")
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]

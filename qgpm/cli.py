@@ -18,6 +18,7 @@ reported in one line with exit code 2, before any model loads where it can be ch
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -180,6 +181,11 @@ def _print_why(method: str, result, top: int) -> None:
 
 def _ask(args: argparse.Namespace) -> int:
     text, questions = sample_document()
+    if args.example is not None and (args.context or args.question):
+        raise UsageError("--example picks a bundled question about the bundled document; with --context or a question of "
+                         "your own it has no use: leave it out")
+    if args.example is None:
+        args.example = default_example()
     if not 0 <= args.example < len(questions):
         raise UsageError(f"--example must be 0..{len(questions) - 1}, got {args.example}")
     bundled = not args.context and not args.question
@@ -197,6 +203,8 @@ def _ask(args: argparse.Namespace) -> int:
     specs = [method_spec(m) for m in methods]
     if args.plot and not any(s.plan for s in specs):
         raise UsageError("--plot draws sentence relevance, so --methods must include qgpm or oracle")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'qgpm[eval]' (or leave --plot out)")
     evidence = list(args.evidence or [])
     if any(s.evidence for s in specs):
         if not evidence and bundled:
@@ -345,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")
     ask.add_argument("--top", type=int, default=3, help="how many top-ranked sentences to show (default 3)")
     meta = _sample_meta()  # read once for the default and the range shown in the help
-    ask.add_argument("--example", type=int, default=int(meta["default_question"]),
+    ask.add_argument("--example", type=int, default=None,
                      help=f"which bundled example question (0-{len(meta['questions']) - 1}, default {int(meta['default_question'])})")
     ask.add_argument("--verbose", "-v", action="store_true", help="also show the weight-loading progress bars")
     ask.add_argument("--quiet", "-q", action="store_true",

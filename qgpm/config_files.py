@@ -60,7 +60,11 @@ def check_config_args(spec: str | Path | None, overrides: Sequence[str] = ()) ->
 def _config_file(spec: str | Path, fields: set[str]) -> QGPMConfig:
     """The config a JSON file holds: an object of ``QGPMConfig`` fields, or one with them under
     ``"config"`` (``best_config.json``). A key that is no field raises, naming it."""
-    d = json.loads(Path(spec).read_text(encoding="utf-8"))
+    try:
+        d = json.loads(Path(spec).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"config file {str(spec)!r} is not valid JSON ({exc}); it must hold an object of QGPMConfig fields, "
+                         'e.g. {"k_sharp": 4, "remap": "reorder"}') from None
     d = d.get("config", d) if isinstance(d, dict) else d
     if not isinstance(d, dict):
         raise ValueError(f"config file {str(spec)!r} must hold a JSON object of QGPMConfig fields (or one under \"config\"), "

@@ -109,7 +109,8 @@ def resolve_source(model: str | os.PathLike[str] | None, gguf_file: str | None =
         return ModelSource(path=str(p.parent), gguf_file=p.name, name=_gguf_name(p.name))
     if (os.path.isabs(path) or path.startswith(".")) and not os.path.exists(path):
         raise FileNotFoundError(f"no model at {path}: that folder does not exist (pass an existing folder, a .gguf file, an HF id "
-                                "such as 'HuggingFaceTB/SmolLM2-135M-Instruct', or None for the embedded default)")
+                                "such as 'HuggingFaceTB/SmolLM2-135M-Instruct', or leave the model out for the embedded default: model=None in Python, "
+                                "no --model or --model smollm2 on the command line)")
     name = Path(path.rstrip("/")).name if (os.path.isdir(path) or "/" in path) else path
     return ModelSource(path=path, gguf_file=gguf_file, name=name)
 
@@ -321,7 +322,8 @@ def resolve_device(device: str | None, state: Any = None) -> Any:
         return "cpu"
     if dev.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise RuntimeError(f"--device {device} was asked for, but torch sees no CUDA device")
+            raise ValueError(f"--device {device} was asked for, but torch sees no CUDA device: use --device cpu (or auto), "
+                             "or install a CUDA build of torch")
         if dev == "cuda" and state is not None and getattr(state, "num_processes", 1) > 1:
             return str(state.device) if str(state.device).startswith("cuda") else f"cuda:{state.local_process_index}"
         return dev if ":" in dev else "cuda"

@@ -13,7 +13,25 @@ def test_sample_document_evidence_is_exact():
     for q in questions:
         assert text.count(q["evidence"]) == 1 and q["answer"] in q["evidence"]
     assert 0 <= default_example() < len(questions)
-    assert build_parser().parse_args(["ask"]).example == default_example()
+    assert build_parser().parse_args(["ask"]).example is None  # the bundled default question, chosen when none of one's own is given
+
+
+def test_ask_refuses_an_example_beside_a_question_of_ones_own(capsys, tmp_path):
+    ctx = tmp_path / "notes.txt"
+    ctx.write_text("The lease was signed by Ada Park in May.", encoding="utf-8")
+    _one_line_error(capsys, main(["ask", "--example", "3", "--context", str(ctx), "Who signed the lease?"]), "--example", "leave it out")
+    _one_line_error(capsys, main(["ask", "--example", "3", "Who signed the lease?"]), "--example")
+
+
+def test_ask_plot_without_matplotlib_is_refused_before_the_model_loads(capsys, monkeypatch, tmp_path):
+    import importlib.util
+
+    import qgpm.cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    monkeypatch.setattr(qgpm.cli.QGPM, "from_pretrained", lambda *a, **k: pytest.fail("the model loaded"))
+    _one_line_error(capsys, main(["ask", "--plot", str(tmp_path / "p.png")]), "matplotlib", "qgpm[eval]")
 
 
 @pytest.mark.real_model
@@ -310,3 +328,14 @@ def test_ask_needs_no_head_set_when_a_reranker_ranks(tiny_dir, tmp_path, capsys)
     assert "no head set" in capsys.readouterr().err
     assert main([*base, "--quiet", "--config", "relevance=bm25", "Where is the spare key?"]) == 0
     assert main([*base, "--quiet", "Where is the spare key?"]) == 0
+
+
+def test_bad_input_of_the_shared_flags_is_one_line(capsys, tmp_path, monkeypatch):
+    """A config file that is not JSON names the file; a CUDA device on a machine without one says what to use."""
+    import torch
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("k_sharp: 4", encoding="utf-8")
+    _one_line_error(capsys, main(["ask", "--config", str(bad)]), str(bad), "not valid JSON")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _one_line_error(capsys, main(["ask", "--device", "cuda"]), "no CUDA device", "--device cpu")

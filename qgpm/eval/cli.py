@@ -67,15 +67,53 @@ def _depths(s: str) -> list[float] | None:
     return [float(x) for x in _csv(s)]
 
 
+_depths.__name__ = "depths (comma list of numbers, or 'random')"  # argparse names the type in its error
+
+
 def _ints(s: str) -> list[int]:
     return [int(x) for x in _csv(s)]
 
 
+_ints.__name__ = "lengths (comma list of ints)"
+
+
 def _shard(s: str | None) -> tuple[int, int] | None:
+    """``i/N``, checked when the arguments are parsed (before any model loads)."""
     if not s:
         return None
-    a, _, b = s.partition("/")
-    return int(a), int(b)
+    a, sep, b = s.partition("/")
+    try:
+        i, n = int(a), int(b)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not i/N (this job's shard i of N, e.g. 0/2)") from None
+    if not sep or n < 1 or not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"{s!r}: a shard is i/N with N >= 1 and 0 <= i < N, e.g. 0/2 and 1/2")
+    return i, n
+
+
+_shard.__name__ = "shard"
+
+
+def _haystack(s: str) -> str:
+    """A haystack name of :data:`qgpm.samples.resources.HAYSTACKS`, checked before any model loads."""
+    from qgpm.samples.resources import HAYSTACKS
+
+    if s not in HAYSTACKS:
+        raise argparse.ArgumentTypeError(f"unknown haystack {s!r}; one of {', '.join(sorted(HAYSTACKS))}")
+    return s
+
+
+_haystack.__name__ = "haystack"
+
+
+def _positive(s: str) -> int:
+    value = int(s)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+_positive.__name__ = "int >= 1"
 
 
 def _command(args=None) -> str:
@@ -114,7 +152,7 @@ def _sample_args(p: argparse.ArgumentParser, *, split_choices: Sequence[str], de
     g.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths, comma list, or 'random' (default 0,0.25,0.5,0.75,1)")
     g.add_argument("--n", type=int, default=default_n, help=f"samples per (task, length, depth) (default {default_n})")
     g.add_argument("--split", choices=list(split_choices), default=default_split, help=f"seed split (default {default_split})")
-    g.add_argument("--haystack", default=None, help="haystack for NoLiMa / essay NIAH tasks (essays, squad)")
+    g.add_argument("--haystack", type=_haystack, default=None, help="haystack for NoLiMa / essay NIAH tasks (essays, squad)")
     g.add_argument("--max-new-tokens", type=int, default=None, help="override every task's generation budget")
 
 
@@ -144,7 +182,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob (scored in the answer's own prefill; saves little)")
     p.add_argument("--no-resume", dest="resume", action="store_false", help="start afresh (deletes the folder's rows)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    p.add_argument("--shard", default=None, help="manual sharding i/N (separate jobs); accelerate launch shards by itself")
+    p.add_argument("--shard", type=_shard, default=None, help="manual sharding i/N (separate jobs); accelerate launch shards by itself")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first error (default: record it in the row and go on)")
     p.add_argument("--only", default=None, metavar="FILE",
                    help="answer only the samples named in FILE (JSONL, one {task, length, depth, index} object a line, "
@@ -158,7 +196,7 @@ def register(subparsers) -> None:
     _sample_args(p, split_choices=("dev",), default_split="dev", default_n=8)
     _config_args(p)
     p.add_argument("--grid", default=None, help="'field=v1,v2;field=v1,v2' (default: qgpm.eval.tune.DEFAULT_GRID)")
-    p.add_argument("--trials", type=int, default=None, help="random sample of this many grid points (base config included); default: the whole grid")
+    p.add_argument("--trials", type=_positive, default=None, help="random sample of this many grid points (base config included); default: the whole grid")
     p.add_argument("--search-seed", type=int, default=0, help="seed of the random choice of --trials grid points (default 0)")
     p.add_argument("--objective", choices=["accuracy", "logprob", "guarded"], default="accuracy",
                    help="accuracy (tie-break: gold log-prob), logprob, or guarded (no task below vanilla first)")
@@ -166,7 +204,7 @@ def register(subparsers) -> None:
     p.add_argument("--oracle", action="store_true", help="also answer every trial with the Oracle (evidence labels in place of the heads)")
     p.add_argument("--methods", type=methods_arg(("qgpm", "oracle")), default=None,
                    help="what answers each trial: qgpm (default), qgpm,oracle (= --oracle) or oracle (the remapping's ceiling alone); the first ranks trials")
-    p.add_argument("--shard", default=None, help="answer only samples i, i+N, ... (i/N); merge the shards' tune_rows.jsonl and rerun without it for the summary")
+    p.add_argument("--shard", type=_shard, default=None, help="answer only samples i, i+N, ... (i/N); merge the shards' tune_rows.jsonl and rerun without it for the summary")
     p.add_argument("--out", required=True, help="output folder (tune_rows.jsonl, trials.jsonl, best_config.json, tune_summary.md; resumed)")
     p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob (the tie-break of --objective accuracy)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -249,7 +287,7 @@ def main_eval(args) -> int:
     out = run_eval(
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, out_dir=args.out,
         split=args.split, config=config, reranker=args.reranker, k=args.k, logprob=args.logprob, resume=args.resume,
-        progress=args.progress, shard=_shard(args.shard), haystack=args.haystack, max_new_tokens=args.max_new_tokens,
+        progress=args.progress, shard=args.shard, haystack=args.haystack, max_new_tokens=args.max_new_tokens,
         on_error="raise" if args.fail_fast else "record", command=_command(args), options=options, only=only,
     )
     state = partial_state()
@@ -261,6 +299,9 @@ def main_eval(args) -> int:
 def main_tune(args) -> int:
     _setup_logging()
     grid = parse_grid(args.grid) if args.grid else None  # a bad grid fails before the model loads
+    if args.oracle and args.methods is not None and "oracle" not in args.methods:
+        raise ValueError(f"--oracle adds the Oracle to the methods, but --methods {','.join(args.methods)} leaves it out: "
+                         "give --methods qgpm,oracle, or one of the two flags")
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
     engine, base = _engine_and_config(args)
     summary = tune(
@@ -268,7 +309,7 @@ def main_tune(args) -> int:
         grid=grid, trials=args.trials, search_seed=args.search_seed, base_config=base,
         split=args.split, objective=args.objective, guard=args.guard, logprob=args.logprob, progress=args.progress,
         haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=_command(args), oracle=args.oracle,
-        methods=args.methods, shard=_shard(args.shard),
+        methods=args.methods, shard=args.shard,
     )
     b, v = summary["best"], summary["vanilla"]
     print(f"best trial #{b['trial']}: acc {100 * (b['acc'] or 0):.1f}% (vanilla {100 * (v['acc'] or 0):.1f}%), changes {b['changes']}")
