@@ -11,7 +11,8 @@
 
 Like LlamaIndex's ``HuggingFaceLLM``, the class writes ``complete``, ``stream_complete`` and
 ``metadata``; chat comes from ``CustomLLM``, which joins the messages into one prompt with
-``messages_to_prompt`` (default: :func:`messages_to_prompt`) and completes it. ``acomplete``
+``messages_to_prompt`` (default: :func:`messages_to_prompt`) and completes it (``achat`` /
+``astream_chat`` through the async completions). ``acomplete``
 and ``astream_complete`` run the model in worker threads, so the event loop stays free, and
 cancelling either stops generation.
 
@@ -47,11 +48,13 @@ import logging
 import threading
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Generator, Iterator, Optional
+from typing import Any, Generator, Iterator, Optional, Sequence
 
 from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseAsyncGen, CompletionResponseGen, LLMMetadata
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
-from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.base.llms.generic_utils import astream_completion_response_to_chat_response, completion_response_to_chat_response
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse, ChatResponseAsyncGen
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
 from qgpm import QGPM, QGPMResult
@@ -404,3 +407,13 @@ class QGPMLLM(CustomLLM):
         """:meth:`stream_complete` with the model in worker threads."""
         call = self._prompt_call(prompt, formatted, kwargs)
         return acompletions(iterate_in_thread(await asyncio.to_thread(self._pieces, call)))
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        """:meth:`chat` through :meth:`acomplete` (CustomLLM's own ran the model in the event loop's thread)."""
+        return completion_response_to_chat_response(await self.acomplete(self.messages_to_prompt(messages), formatted=True, **kwargs))
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        """:meth:`stream_chat` through :meth:`astream_complete` (the model in worker threads)."""
+        return astream_completion_response_to_chat_response(await self.astream_complete(self.messages_to_prompt(messages), formatted=True, **kwargs))

@@ -564,3 +564,32 @@ def test_a_query_wrapper_set_after_construction_is_refused_at_the_call(llm, stub
     with pytest.raises(ValueError, match="takes no query_wrapper_prompt"):
         llm.complete(qa, formatted=True)
     assert stub_engine.calls == []
+
+
+def test_async_chat_leaves_the_event_loop_free(stub_engine, word_tokenizer):
+    """achat / astream_chat run the model in worker threads (CustomLLM's own ran it in the event
+    loop's thread, so an async query engine over a chat model stalled every other task)."""
+    stub_engine.stream_chat = lambda messages, **kw: _SlowStream(stub_engine.chat(messages, **kw))
+    llm = QGPMLLM(engine=stub_engine, is_chat_model=True)
+
+    async def go(call):
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        out = await call()
+        ticker.cancel()
+        return out, ticks
+
+    async def streamed():
+        return [r.delta async for r in await llm.astream_chat([ChatMessage(role="user", content="hi")])]
+
+    response, ticks = asyncio.run(go(lambda: llm.achat([ChatMessage(role="user", content="hi")])))
+    assert response.message.content == "plain reply" and ticks > 20  # 100 pieces, 20 ms apart: the loop ran meanwhile
+    deltas, ticks = asyncio.run(go(streamed))
+    assert "".join(d for d in deltas if d) == "x" * 100 and ticks > 20
