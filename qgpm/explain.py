@@ -70,8 +70,10 @@ def decision_note(details: Diagnostics, method: str) -> str | None:
     promoted one sentence alone, for ``explain()``, ``qgpm ask`` and the page; ``None`` where the
     call promoted sentences as its ranking and maps say."""
     reason = details.kept_reason
+    if (reason == "flat" or (reason is None and details.flat_relevance)) and details.min_top_z is None and details.kept_reason == "flat":
+        return f"the relevance ranked no sentence above another (every score the same), so {method} kept vanilla positions"
     if reason == "flat" or (reason is None and details.flat_relevance):
-        return f"the relevance was flat (top z below min_top_z), so {method} kept vanilla positions"
+        return f"the relevance was flat (top z below min_top_z, or every score the same), so {method} kept vanilla positions"
     if reason == "decisive" or (reason is None and details.decisive_relevance):
         return f"one sentence stood out (its z at least decisive_margin above the next), so {method} kept vanilla positions"
     if reason == "keep_length":

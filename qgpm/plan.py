@@ -103,16 +103,17 @@ def check_local_layers(config: QGPMConfig, rotary: RotaryInfo) -> None:
                          "this model has one rotary kind on every layer: leave local_layers=None")
 
 
-def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
+def is_flat(z: torch.Tensor, config: QGPMConfig, *, ties: bool = True) -> bool:
     """Confidence rule: the head signal is too flat to act on when the top sentence's fused
     z-score (Eq. 5; standard deviations above the mean sentence) is below
     ``config.min_top_z``. Whatever ``min_top_z`` (``None`` included), a signal that ranks no
     sentence above another is flat: no finite score, or every finite score the same (a
     lexical source that found none of the question's words in any sentence), where a plan
-    would otherwise promote the first sentences in text order."""
+    would otherwise promote the first sentences in text order (``ties=False``: only the threshold
+    counts, for a context the short-context rule keeps at vanilla positions anyway)."""
     if z.numel() == 0:
         return False
-    if is_tied(z):
+    if ties and is_tied(z):
         return True
     finite = z[torch.isfinite(z)]
     return config.min_top_z is not None and float(finite.max()) < config.min_top_z
@@ -227,7 +228,8 @@ def build_plan(
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
     # The two confidence rules read the head signal only; the Oracle's labels are not one.
-    flat = is_flat(unit_relevance, config) if not dense else False
+    short = effective_s_low(int((token_unit >= 0).sum()), config) >= 1  # keep_length (or s_low 1) keeps vanilla positions anyway
+    flat = is_flat(unit_relevance, config, ties=not short) if not dense else False
     decisive = is_decisive(unit_relevance, config) if not (dense or flat) else False
     vanilla = flat or decisive
     solo = is_solo(unit_relevance, config) if not (dense or vanilla) else False
@@ -298,7 +300,7 @@ def build_plan(
                         table_rotary=tuple(table_rotary) if rotary.layered else (),
                         orders=tuple(orders) if any(bool((o != torch.arange(o.numel())).any()) for o in orders) else ())
     used = {m % 2 for m in layer_map if m is not None}  # the maps some layer reads
-    out = PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, tied=flat and is_tied(unit_relevance), decisive=decisive, s_low=s_low, solo=solo,
+    out = PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, tied=flat and not short and is_tied(unit_relevance), decisive=decisive, s_low=s_low, solo=solo,
                       term_dropped=tuple(sorted({u for m in used for u in dropped[m]})),
                       promoted=tuple(sorted({u for m in used for u in promoted_units(ranks, unit_scores[m], s_low, config)})))
     out.kept_reason = kept_reason(out, config)

@@ -51,7 +51,7 @@ def test_a_bad_request_stops_the_batch_before_any_call(engine, monkeypatch, bad,
 
 
 def test_check_request_raises_as_answer_does_and_runs_nothing(engine, monkeypatch):
-    monkeypatch.setattr("qgpm.engine.build_prompt", lambda *a, **k: (_ for _ in ()).throw(AssertionError("prompt built")))
+    monkeypatch.setattr("qgpm.preparing.build_prompt", lambda *a, **k: (_ for _ in ()).throw(AssertionError("prompt built")))
     engine.check_request(needle_context(3, n=10), NEEDLE_QUESTION, method="vanilla", max_new_tokens=4, top_k=3)
     with pytest.raises(TypeError, match="top_k must be an int"):
         engine.check_request(needle_context(3, n=10), NEEDLE_QUESTION, top_k="3")

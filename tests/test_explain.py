@@ -113,8 +113,11 @@ def test_explain_says_why_positions_were_kept_and_counts_what_it_shows(engine):
     assert text.splitlines()[0].startswith("method=qgpm: top 2 of 2 sentences")
     assert "(the context is no longer than keep_length, so qgpm kept vanilla positions)" in text
     flat = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig(min_top_z=1e6, keep_length=0))
-    assert "(the relevance was flat (top z below min_top_z), so qgpm kept vanilla positions)" in flat.explain(3)
+    assert "(the relevance was flat (top z below min_top_z, or every score the same), so qgpm kept vanilla positions)" in flat.explain(3)
     assert "kept vanilla positions" in flat.to_html()
+    tied = engine.answer("Alice lives in Paris. Bob works at the bank. Carol plays the violin.", "What is it?", max_new_tokens=2,
+                         config=QGPMConfig(relevance="bm25", min_top_z=None, keep_length=0))
+    assert "(the relevance ranked no sentence above another (every score the same), so qgpm kept vanilla positions)" in tied.explain(3)
     moved = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig(min_top_z=None, decisive_margin=None, keep_length=0))
     assert "kept vanilla positions" not in moved.explain(3) and len(moved.explain(3).splitlines()) == 4
 

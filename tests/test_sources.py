@@ -79,7 +79,7 @@ def test_known_reranker_kinds_build_without_loading(spec, monkeypatch):
 
 def test_unknown_reranker_fails_before_model_work(tokenizer, monkeypatch):
     engine = QGPM(tiny_model("llama", len(tokenizer)), tokenizer, heads=[(0, 0)])
-    monkeypatch.setattr("qgpm.engine.build_prompt", lambda *a, **k: (_ for _ in ()).throw(AssertionError("no prompt work")))
+    monkeypatch.setattr("qgpm.preparing.build_prompt", lambda *a, **k: (_ for _ in ()).throw(AssertionError("no prompt work")))
     monkeypatch.setattr("qgpm.preparing.edit_context", lambda *a, **k: (_ for _ in ()).throw(AssertionError("no context edit")))
     for method in ("topk", "reorder"):
         with pytest.raises(ValueError, match="unknown reranker 'nosuch'; choose one of: bm25, minilm"):
