@@ -21,12 +21,15 @@ with QGPM unchanged. Three sources, in this order:
 
    A context block (:mod:`qgpm.message_shape`) starts after a marker near the start of its
    message: a tag such as ``<context>``, a label line (``Context:``, ``Documents:``,
-   ``Sources:``, ...), a rule line (``-----``) after an instruction that mentions the context,
+   ``Sources:``, ...), a label inside the instruction's first paragraph or a line of it that
+   mentions the context and ends with a colon, a rule line (``-----``) after an instruction that mentions the context,
    or a blank line after such an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS`
    characters or half the instruction's length, so that a short system prompt is not
    taken for documents). The documents are the block's parts between blank lines
    (LangChain's stuffed-document separator). The text before the marker is the
-   instruction; the template keeps every other character of the message as written.
+   instruction; the template keeps every other character of the message as written (a
+   labelled question before a ``Context:`` label line, ``rlm/rag-prompt``, is moved after the
+   context with its label, since QGPM reads relevance from a question that comes last).
 
 Without any of these the call is plain chat (``mode == "plain"``, with the reason).
 Where a marker is found but the block is empty (a retriever that found nothing) the

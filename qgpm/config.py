@@ -74,7 +74,8 @@ class QGPMConfig:
         The first this many decoder layers keep standard positions (0 = every layer is
         modulated).
     min_top_z:
-        Confidence rule (``None`` = off): when the top sentence's fused relevance z
+        Confidence rule (``None`` turns the threshold off; a relevance that ranks no sentence
+        above another keeps vanilla positions whatever the value): when the top sentence's fused relevance z
         (Eq. 5) is below this, the call keeps vanilla positions (every score 1) and the
         engine logs a warning; ``result.details["flat_relevance"]`` says so. z is on the
         relevance source's scale (the heads': each model's own units), so a number fits one

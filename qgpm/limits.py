@@ -3,7 +3,8 @@
 Two checks, both raising :class:`ContextTooLongError` with what to shorten:
 :func:`check_input_size` bounds the caller's raw text cheaply (characters first, then a token
 count that stops at the limit), and :func:`check_fits` applies the one exact rule to every
-assembled prompt.
+assembled prompt. :func:`prompt_overhead` counts the tokens QGPM's own prompt takes around a
+context and a question, for callers that pack retrieved text into the window themselves.
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def split_layer(n_layers: int, config: QGPMConfig) -> int:
 
 
 def reorder_needs_masks(config: QGPMConfig, n_layers: int) -> bool:
-    """Whether ``remap="reorder"`` under ``config`` needs per-layer causal masks (hooks that
+    """Whether ``remap="reorder"`` under ``config`` needs per-layer causal masks (refused on a
+    model with a sliding window, :func:`qgpm.hooks.sliding_window_of`; hooks that
     swap the attention mask: sdpa or eager attention only). With one map on every layer
     (``split_layer`` 0 or ``n_layers``, no ``unmodulated_layers``) pass 2 runs as a plain
     forward over the prompt in slot order instead, on any attention implementation; with two

@@ -177,8 +177,9 @@ class BM25Reranker:
     the scorer the query-term filter uses too.
 
     The passages of each :meth:`score` call form the corpus (IDF is computed over them).
-    Tokenization is ``bm25s``'s: lowercase, words of two or more word characters,
-    English stopwords removed, no stemming.
+    Terms are :func:`qgpm.lexical.words`: NFKC-normalized lowercase words (combining marks
+    kept), character pairs in scripts written without spaces; English stopwords removed, no
+    stemming.
 
     Args:
         k1: BM25 term-frequency saturation.

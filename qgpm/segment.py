@@ -4,13 +4,15 @@ Rules
 -----
 * A sentence ends after ``.``, ``!`` or ``?`` (optionally followed by closing quotes or
   brackets) when whitespace follows; common abbreviations (``Dr.``, ``e.g.``, single
-  initials, ...) do not end a sentence. CJK full-width terminators end a sentence
-  without needing whitespace.
+  initials, ...) do not end a sentence. Full-width terminators (CJK ``。！？．``, half-width
+  ``｡``, the Devanagari danda) end a sentence without needing whitespace, with the closing
+  quotes and brackets that follow them (``」』”’）】》〉``).
 * A line break also ends a sentence: list items, table rows and JSON records are
   separate units even without punctuation.
 * A unit longer than ``max_chars`` characters (a text with no punctuation at all) is cut
-  at whitespace into pieces of at most ``max_chars`` characters, so relevance can still
-  be graded inside it.
+  at whitespace (in text without spaces: between graphemes, never before a combining mark)
+  into pieces of at most ``max_chars`` characters, so relevance can still be graded inside it.
+* Pieces with nothing visible (whitespace, zero-width characters) join the next sentence.
 * Optional run-on rule (``run_ons=True``, ``QGPMConfig.split_run_ons``): a capitalized
   sentence opener from :data:`RUN_ON_OPENERS` (``One``, ``The``, ``If``, ...) right after a
   lowercase word, with only spaces between, also starts a unit. Text cut mid-sentence and

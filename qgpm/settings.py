@@ -185,7 +185,8 @@ class ConfidenceRules:
     """The rules that read the ranking before it is shaped: when a call keeps vanilla positions
     (a short context, flat or decisive relevance), when the top sentence is promoted alone,
     and which of each map's top ``K`` sentences stay relevant (the z window, the query-term
-    filter). Each is off at its default."""
+    filter). Each is off at its default, except that a relevance ranking no sentence above
+    another always keeps vanilla positions."""
 
     REPLANNABLE: ClassVar[bool] = True
 

@@ -1,7 +1,7 @@
 """What decides a method's answer, hashed into a row's ``config_hash``.
 
 The fingerprint names the model, dtype, generation budget, haystack and stop strings for every
-method, plus the QGPM config (qgpm, oracle), the head set and its calibrated threshold (qgpm),
+method, plus the QGPM config (qgpm, oracle), the head set where the engine has one and the calibrated threshold (qgpm),
 the reranker and ``k`` (topk, reorder) and a baseline's options (RoPE baselines, LLMLingua-2). A vanilla row therefore
 stays valid when only the QGPM config changes; config fields added after rows were committed
 are hashed only when set, so earlier rows keep their hashes.

@@ -117,7 +117,7 @@ class QGPMChatModel(BaseChatModel):
     ``bind(context=docs)``). Other per-call keywords: ``method``, ``evidence`` (oracle),
     ``reranker`` / ``k`` (topk, reorder), ``options`` (the baselines string, ms-poe,
     self-extend, llmlingua-2: ``qgpm.StringOptions`` etc.), ``system``, ``instruction``,
-    ``answer_prefix``, ``qgpm_config``, ``max_tokens``, ``temperature``, ``top_p``,
+    ``answer_prefix``, ``qgpm_config``, ``max_tokens`` (or ``max_new_tokens`` / ``num_predict``), ``temperature``, ``top_p``,
     ``seed``, ``explain_k``, ``explain_html``, ``model``, ``timeout``, ``on_empty_context``. Without
     any context marking it is a plain chat model (and logs a warning once per
     instance). An empty context gets :data:`NO_CONTEXT_REPLY` (``on_empty_context=

@@ -6,7 +6,9 @@ code, named in a warning when set); :func:`check_model_fields` refuses, before a
 every constructor value the chat model could not run (loading arguments beside a shared engine,
 ``generate_kwargs`` the engine would refuse, a vLLM setting without its server, an unknown
 reranker or relevance source, baseline options for another method) and returns what the model
-loads with; :func:`tracing_params` gives LangSmith's parameters of one call.
+loads with; :func:`budget_alias` reads ChatOllama's ``num_predict`` as ``max_tokens``;
+:func:`tracing_params` gives LangSmith's parameters of one call, and :func:`identifying_params`
+the settings LangChain's cache keys on.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ text is a question-answering prompt, :func:`read_prompt` finds its parts, in thi
    as the synthesizer put them in. On refine steps the earlier answer comes out too.
 2. **Any other template** is read by the core's prompt-shape reader
    (:func:`qgpm.chat_prompt.find_context_block`): a context after a marker (a ``Context:``
-   label, a ``<context>`` tag, a rule line after an instruction that mentions the context)
-   and a labelled question at the end (``Question:`` / ``Query:``, optionally followed by an
-   ``Answer:`` cue). A context opened by a rule line ends at the same rule line where one
+   label, also inside the instruction's first paragraph, a ``<context>`` tag, a rule line
+   after an instruction that mentions the context) and a labelled question at the end
+   (``Question:`` / ``Query:``, optionally followed by an ``Answer:`` cue) or before a
+   ``Context:`` label line. A context opened by a rule line ends at the same rule line where one
    closes it, as in LlamaIndex's templates.
 
 The context is split into documents at blank lines (synthesizers join node texts with a

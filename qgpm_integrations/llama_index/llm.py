@@ -146,7 +146,8 @@ class QGPMLLM(CustomLLM):
             (:class:`qgpm.serving.VLLMServer`); pass 1 stays in this process. ``vllm_model``:
             the served model's name (default: the only one).
         set_global_tokenizer: Also call :func:`set_tokenizer` (off by default: building an
-            LLM changes no LlamaIndex setting).
+            LLM changes no LlamaIndex setting); a global tokenizer LlamaIndex already has is
+            kept, with a warning (``set_tokenizer(llm, force=True)`` replaces it).
 
     Unknown arguments raise ``TypeError`` before anything is loaded.
     """

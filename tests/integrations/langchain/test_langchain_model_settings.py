@@ -80,7 +80,7 @@ def test_from_model_id_loads_now_with_device_and_dtype(tiny_dir, load_calls):
     with pytest.raises(ValueError, match="device or device_map"):
         QGPMChatModel.from_model_id(str(tiny_dir), device="cpu", device_map="cpu")
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="no CUDA device"):
+        with pytest.raises(ValueError, match="no CUDA device"):
             QGPMChatModel.from_model_id(str(tiny_dir), device=0)
 
 
