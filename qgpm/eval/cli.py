@@ -53,6 +53,7 @@ from qgpm.eval.tune import parse_grid, tune
 from qgpm.eval.work import read_sample_ids
 from qgpm.heads import HeadSet, head_set_file_name, stored_head_set_path, user_head_dir
 from qgpm.samples import calibration_samples, check_data_packages
+from qgpm.samples.resources import HAYSTACKS
 
 __all__ = ["register", "main", "main_eval", "main_tune", "main_calibrate", "main_report", "build_parser"]
 
@@ -96,8 +97,6 @@ _shard.__name__ = "shard"
 
 def _haystack(s: str) -> str:
     """A haystack name of :data:`qgpm.samples.resources.HAYSTACKS`, checked before any model loads."""
-    from qgpm.samples.resources import HAYSTACKS
-
     if s not in HAYSTACKS:
         raise argparse.ArgumentTypeError(f"unknown haystack {s!r}; one of {', '.join(sorted(HAYSTACKS))}")
     return s
