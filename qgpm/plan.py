@@ -116,8 +116,10 @@ def is_flat(z: torch.Tensor, config: QGPMConfig, *, ties: bool = True) -> bool:
         return False
     if ties and is_tied(z):
         return True
+    if config.min_top_z is None:
+        return False
     finite = z[torch.isfinite(z)]
-    return config.min_top_z is not None and float(finite.max()) < config.min_top_z
+    return finite.numel() == 0 or float(finite.max()) < config.min_top_z
 
 
 def is_tied(z: torch.Tensor) -> bool:
@@ -229,12 +231,13 @@ def build_plan(
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
     # The two confidence rules read the head signal only; the Oracle's labels are not one.
-    short = effective_s_low(int((token_unit >= 0).sum()), config) >= 1  # keep_length (or s_low 1) keeps vanilla positions anyway
-    flat = is_flat(unit_relevance, config, ties=not short) if not dense else False
+    context_s_low = effective_s_low(int((token_unit >= 0).sum()), config)  # 1: keep_length (or s_low 1) keeps vanilla positions
+    tied = not dense and context_s_low < 1 and is_tied(unit_relevance)
+    flat = tied or (not dense and is_flat(unit_relevance, config, ties=False))
     decisive = is_decisive(unit_relevance, config) if not (dense or flat) else False
     vanilla = flat or decisive
     solo = is_solo(unit_relevance, config) if not (dense or vanilla) else False
-    s_low = 1.0 if vanilla else effective_s_low(int((token_unit >= 0).sum()), config)
+    s_low = 1.0 if vanilla else context_s_low
     unit_scores = []
     window = within_z_window(unit_relevance, config.z_window)  # the Oracle's 0/1 labels: every evidence unit ties with the top
     if not dense:  # a sentence without a score (no token of its own) is never relevant: moving it moves nothing
@@ -301,7 +304,7 @@ def build_plan(
                         table_rotary=tuple(table_rotary) if rotary.layered else (),
                         orders=tuple(orders) if any(bool((o != torch.arange(o.numel())).any()) for o in orders) else ())
     used = {m % 2 for m in layer_map if m is not None}  # the maps some layer reads
-    out = PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, tied=flat and not short and is_tied(unit_relevance), decisive=decisive, s_low=s_low, solo=solo,
+    out = PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, tied=tied, decisive=decisive, s_low=s_low, solo=solo,
                       term_dropped=tuple(sorted({u for m in used for u in dropped[m]})),
                       promoted=tuple(sorted({u for m in used for u in promoted_units(ranks, unit_scores[m], s_low, config)})))
     out.kept_reason = kept_reason(out, config)
