@@ -148,6 +148,15 @@ def test_lines_of_invisible_characters_join_the_next_sentence():
     assert [s.text for s in docs_sents] == ["Alpha one.", "Beta two."]
 
 
+@pytest.mark.parametrize("text", ["e\u0301" * 100, "\u0e01\u0e34" * 100, "x\u200dx" * 60])
+def test_a_cut_inside_text_without_spaces_keeps_a_letter_with_its_mark(text):
+    """Cut at exactly max_chars, these texts would start a unit with an accent, a Thai vowel sign or a joiner."""
+    sents = split_sentences("a" + text, max_chars=40)
+    assert len(sents) > 1
+    for s in sents[1:]:
+        assert ("a" + text)[s.start] not in "\u0301\u0e34\u200d"
+
+
 @given(st.text(alphabet="xe\u0301\u0e01\u0e34\u200d", min_size=1, max_size=1500))
 @settings(max_examples=150, deadline=None)
 def test_the_hard_cut_never_leaves_a_combining_mark_at_the_start_of_a_unit(text):
