@@ -50,9 +50,12 @@ _NO_SPACE = ("\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff\
              "\uf900-\ufaff\uff66-\uff9f\U00020000-\U0002fa1f")
 
 
+_NO_SPACE_CHAR = re.compile(f"[{_NO_SPACE}]")
+
+
 @functools.cache
 def _patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
-    """(a word: word characters with their combining marks; one grapheme of a no-space script)."""
+    """(a word: word characters with their combining marks; one grapheme of a no-space script, or a stretch of other characters)."""
     marks = "".join(chr(c) for c in range(0x10000) if unicodedata.category(chr(c)) in ("Mn", "Mc", "Me"))  # the BMP: 0.1 s, once
     mark_class = re.escape(marks)
     word = re.compile(f"[\\w{mark_class}]+")
@@ -67,10 +70,13 @@ def words(text: str) -> list[str]:
     word, grapheme = _patterns()
     out: list[str] = []
     for run in word.findall(unicodedata.normalize("NFKC", text)):
-        parts = grapheme.findall(run)
+        if not _NO_SPACE_CHAR.search(run):  # most words: no grapheme walk
+            if len(run) >= 2:
+                out.append(run)
+            continue
         chunk: list[str] = []  # the graphemes of the current no-space stretch
-        for part in parts + [""]:
-            if part and re.match(f"[{_NO_SPACE}]", part):
+        for part in grapheme.findall(run) + [""]:
+            if part and _NO_SPACE_CHAR.match(part):
                 chunk.append(part)
                 continue
             if chunk:

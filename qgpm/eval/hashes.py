@@ -23,7 +23,7 @@ from qgpm.methods import Stage, method_spec
 from qgpm.sources import parse_source
 from qgpm.thresholds import calibrated_min_top_z
 
-__all__ = ["method_fingerprint", "config_hash", "config_dict", "check_options", "engine_dtype", "reranker_name"]
+__all__ = ["method_fingerprint", "config_hash", "config_dict", "check_options", "engine_dtype", "engine_heads", "reranker_name"]
 
 
 def engine_dtype(engine) -> str:
@@ -84,11 +84,11 @@ def method_fingerprint(
     if spec.config:
         fp["config"] = config_dict(cfg)
     if spec.stage is Stage.HEADS:
-        try:
-            fp["heads"] = [list(h) for h in engine.heads]
-        except HeadSetMissingError:  # no head set: fine for a relevance that reads none (the recipe's MiniLM)
-            if parse_source(cfg.relevance).heads:
-                raise
+        heads = engine_heads(engine)
+        if heads is not None:
+            fp["heads"] = heads
+        elif parse_source(cfg.relevance).heads:  # no head set, and this config reads one: the engine's error, before any row
+            engine.heads
         if cfg.min_top_z == CALIBRATED:  # the threshold it stands for with this source (and this engine's head set)
             fp["calibrated_min_top_z"] = calibrated_min_top_z(cfg.relevance, engine.head_set)[0]
         low = engine.pass1_precision(cfg)
@@ -106,6 +106,15 @@ def method_fingerprint(
     if generator != "transformers":  # absent for this process's own generator (earlier rows keep their hashes)
         fp["generator"] = generator
     return fp
+
+
+def engine_heads(engine: Any) -> list[list[int]] | None:
+    """The heads ``engine`` reads in pass 1, as lists; ``None`` for an engine without a head set
+    (a model nobody calibrated runs the recipe, which ranks with MiniLM)."""
+    try:
+        return [list(h) for h in engine.heads]
+    except HeadSetMissingError:
+        return None
 
 
 def check_options(options: Any) -> dict:

@@ -64,7 +64,7 @@ from qgpm import QGPM
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
 from qgpm.engine import METHODS
 from qgpm.eval.answering import answer_sample
-from qgpm.eval.hashes import check_options, config_dict, config_hash, engine_dtype, method_fingerprint, reranker_name
+from qgpm.eval.hashes import check_options, config_dict, config_hash, engine_dtype, engine_heads, method_fingerprint, reranker_name
 from qgpm.eval.processes import Processes, split_processes
 from qgpm.eval.rows import ROWS_FILE, append_row, end_torn_line, merge_rows, norm_depth, rank_file, rank_files, read_manifest, read_rows, row_key, update_manifest
 from qgpm.eval.work import DEFAULT_DEPTHS, WorkItem, prefetched_samples, select_items, work_items
@@ -323,8 +323,7 @@ def run_eval(
             "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "model": engine.name, "dtype": engine_dtype(engine), "device": str(engine.device),
-            "heads": [list(h) for h in engine.heads] if engine.head_set is not None and any(method_spec(m).stage is Stage.HEADS for m in methods)
-                     else None,
+            "heads": engine_heads(engine) if any(method_spec(m).stage is Stage.HEADS for m in methods) else None,
             "generator": getattr(getattr(engine, "generator", None), "name", "transformers"),
             "config": config_dict(cfg), "config_provenance": getattr(cfg, "provenance", None),
             "tasks": list(tasks), "lengths": [int(x) for x in lengths], "depths": depths, "n": n, "split": split,

@@ -43,7 +43,7 @@ from qgpm.config import QGPMConfig
 from qgpm.config_files import coerce_value, load_config  # load_config re-exported
 from qgpm.defaults import PASS1_FIELDS
 from qgpm.eval.answering import answer_sample, prepare_kwargs
-from qgpm.eval.hashes import config_hash, engine_dtype, method_fingerprint
+from qgpm.eval.hashes import config_hash, engine_dtype, engine_heads, method_fingerprint
 from qgpm.eval.work import DEFAULT_DEPTHS, make_sample, work_items
 from qgpm.eval.rows import norm_depth, row_key
 from qgpm.samples.base import EvalSample, split_seed
@@ -336,7 +336,7 @@ def tune(
     best_cfg = best_cfg.with_(provenance=provenance)
     acc_values = [t["acc"] for t in results if t["acc"] is not None]
     summary = {
-        "model": engine.name, "dtype": engine_dtype(engine), "heads": [list(h) for h in engine.heads] if engine.head_set is not None else None,
+        "model": engine.name, "dtype": engine_dtype(engine), "heads": engine_heads(engine),
         "split": split, "tasks": list(tasks), "lengths": list(lengths), "depths": depths, "n": n,
         "samples": len(samples), "seeds": [seeds[0], seeds[-1]], "objective": objective, "guard": guard,
         "grid": grid, "trials": len(configs), "oracle": bool(o_hashes), "methods": methods, "shard": list(shard) if shard else None, "invalid_grid_points": len(invalid), "search_seed": search_seed,

@@ -113,12 +113,12 @@ def check_report_args(kwargs: dict[str, Any]) -> None:
         raise TypeError(f"explain_html must be True or False, got {type(html).__name__} {html!r}")
 
 
-def decoding_args(llm: "QGPMChatModel", engine: Any, stop: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+def decoding_args(llm: "QGPMChatModel", stop: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The decoding arguments of one call: the call's keywords over ``llm``'s fields, then its
     ``generate_kwargs``, checked as the engine checks them (:meth:`qgpm.decoding.Decoding.check`:
     no bool or float budget, no bool temperature, ...). A keyword given as ``None`` is the model's own
-    setting (``seed=None``: no seed). ``engine`` ``None``: checked before any model loads, the
-    check that needs the engine (:func:`check_generator`) left for after."""
+    setting (``seed=None``: no seed). Checked before any model loads; the one check that needs the
+    engine is :func:`check_generator`."""
     try:
         call_stop = check_stop(stop)
     except TypeError as exc:
@@ -148,8 +148,6 @@ def decoding_args(llm: "QGPMChatModel", engine: Any, stop: Any, kwargs: dict[str
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"timeout must be a number of seconds > 0 (None: no limit), got {timeout!r}")
         gen["max_time"] = float(timeout)
-    if engine is not None:
-        check_generator(engine, gen)
     return gen
 
 

@@ -336,7 +336,7 @@ class QGPMChatModel(BaseChatModel):
         request = ChatRequest(build_request(messages, kwargs), on_empty_context=policy)
         if not request.needs_engine:
             return None, request, {}, {}
-        gen = decoding_args(self, None, stop, kwargs)  # every value is checked before any model loads
+        gen = decoding_args(self, stop, kwargs)  # every value is checked before any model loads
         call = answer_args(self, request, kwargs) if request.mode == "context" else plain_args(self, kwargs)
         unused = unused_in_plain_chat(self, request, kwargs) if request.mode == "plain" else []
         if request.mode == "plain" and not self._warned_unmarked:  # after the checks: a refused call warns of nothing
