@@ -39,7 +39,7 @@ from .defaults import METHODS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .generation import Generated, Generator, TransformersGenerator, build_result, checked_decoding
 from .heads import HeadSet, HeadSetMissingError, choose_head_set, known_model_name
-from .limits import ContextTooLongError
+from .limits import ContextTooLongError, model_window
 from .loading import load_model, load_tokenizer, parse_dtype, resolve_source
 from .methods import Method, MethodSpec, method_spec
 from .partial import (NoLocalGenerator, check_heads_fit, check_pass1_layers_only, full_layers, full_rotary, is_partial, load_pass1_model,
@@ -234,9 +234,10 @@ class QGPM:
 
     @property
     def max_length(self) -> int:
-        """The window a call must fit, in tokens: the model's (``max_position_embeddings``), or a
-        remote generator's (a vLLM server's ``max_model_len``) where that is shorter; 0: none known."""
-        windows = [int(w) for w in (getattr(self.model.config, "max_position_embeddings", 0), getattr(self.generator, "max_model_len", 0)) if w]
+        """The window a call must fit, in tokens: the model's (:func:`qgpm.limits.model_window`:
+        ``max_position_embeddings``, longer under YaRN), or a remote generator's (a vLLM server's
+        ``max_model_len``) where that is shorter; 0: none known."""
+        windows = [int(w) for w in (model_window(self.model.config), getattr(self.generator, "max_model_len", 0)) if w]
         return min(windows, default=0)
 
     @property

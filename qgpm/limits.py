@@ -5,6 +5,7 @@ Two checks, both raising :class:`ContextTooLongError` with what to shorten:
 count that stops at the limit), and :func:`check_fits` applies the one exact rule to every
 assembled prompt. :func:`prompt_overhead` counts the tokens QGPM's own prompt takes around a
 context and a question, for callers that pack retrieved text into the window themselves.
+:func:`model_window` reads the window a model's positions cover from its config.
 """
 
 from __future__ import annotations
@@ -14,11 +15,33 @@ from typing import Any, Sequence
 from .prompt import PromptSpec, count_prompt_tokens, normalize_spec
 from .tokens import count_tokens_bounded, max_token_chars
 
-__all__ = ["ContextTooLongError", "check_input_size", "check_fits", "prompt_overhead"]
+__all__ = ["ContextTooLongError", "check_input_size", "check_fits", "model_window", "prompt_overhead"]
 
 
 class ContextTooLongError(ValueError):
     """The prompt plus the generation budget does not fit the model's window."""
+
+
+def model_window(config: Any) -> int:
+    """The longest sequence a model's positions cover, in tokens (0: none known).
+
+    ``max_position_embeddings``, or, for YaRN RoPE, ``factor * original_max_position_embeddings``
+    where that is longer: Qwen2.5's long-context recipe adds YaRN and leaves
+    ``max_position_embeddings`` at the original window, and YaRN's stretched frequencies are
+    what make the longer window valid (vLLM derives its ``max_model_len`` the same way).
+    Transformers' ``rope_parameters`` (>= 5, per layer kind on Gemma 3) and the older
+    ``rope_scaling`` are both read.
+    """
+    window = int(getattr(config, "max_position_embeddings", 0) or 0)
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(rope, dict):
+        return window
+    groups = [rope] if ("rope_type" in rope or "type" in rope) else [v for v in rope.values() if isinstance(v, dict)]
+    for params in groups:
+        factor, original = params.get("factor"), params.get("original_max_position_embeddings")
+        if params.get("rope_type", params.get("type")) == "yarn" and factor and original:
+            window = max(window, int(float(factor) * int(original)))
+    return window
 
 
 def check_input_size(tokenizer: Any, window: int, texts: Sequence[str], max_new_tokens: int, *, context: Sequence[str] = (),

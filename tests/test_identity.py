@@ -162,6 +162,45 @@ def test_identity_scaled_rope_llama3(tokenizer):
     torch.testing.assert_close(prefill_logits(model, call.prompt.input_ids, call.plan), ref, rtol=0, atol=1e-5)
 
 
+def test_identity_yarn_with_attention_scaling_and_its_longer_window(tokenizer):
+    """Qwen2.5's long-context recipe: YaRN with max_position_embeddings left at the original
+    window. The identity plan reproduces the model (YaRN's frequencies and its attention
+    scaling, 1.1386 here), and the window QGPM checks is factor x original, not the config's
+    max_position_embeddings, so a prompt the model runs is not refused as too long."""
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 256}
+    model = tiny_model("qwen2", len(tokenizer), max_position_embeddings=256, rope_parameters=rope)
+    assert abs(model.model.rotary_emb.attention_scaling - 1.1386) < 1e-3
+    engine = QGPM(model, tokenizer, heads=[(1, 0)], config=IDENTITY)
+    assert engine.max_length == 1024
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    ids = call.prompt.input_ids
+    assert 256 < ids.shape[1] < 1024
+    seq_ref, steps_ref = greedy_logits(model, ids, 4)
+    seq_got, steps_got = greedy_logits(model, ids, 4, call.plan)
+    assert torch.equal(seq_got, seq_ref)
+    torch.testing.assert_close(steps_got, steps_ref, rtol=0, atol=1e-5)
+    assert engine.answer(CONTEXT, QUESTION, method="vanilla", max_new_tokens=2).usage.prompt_tokens == ids.shape[1]
+
+
+def test_model_window_reads_yarn_in_every_config_shape():
+    from types import SimpleNamespace
+
+    from qgpm.limits import model_window
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert model_window(SimpleNamespace(max_position_embeddings=32768, rope_parameters=yarn)) == 131072
+    assert model_window(SimpleNamespace(max_position_embeddings=32768, rope_parameters=None,
+                                        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})) == 131072
+    per_kind = {"full_attention": dict(yarn, factor=2.0), "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    assert model_window(SimpleNamespace(max_position_embeddings=32768, rope_parameters=per_kind)) == 65536
+    # a config already past factor x original keeps its own value; other RoPE types keep max_position_embeddings
+    assert model_window(SimpleNamespace(max_position_embeddings=200000, rope_parameters=yarn)) == 200000
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    assert model_window(SimpleNamespace(max_position_embeddings=131072, rope_parameters=llama3)) == 131072
+    assert model_window(SimpleNamespace(max_position_embeddings=2048, rope_parameters={"rope_type": "linear", "factor": 2.0})) == 2048
+    assert model_window(SimpleNamespace()) == 0
+
+
 def test_identity_sdpa_matches_too(tokenizer):
     model = tiny_model("qwen3", len(tokenizer), attn_implementation="sdpa")
     engine = QGPM(model, tokenizer, heads=[(1, 0)], config=IDENTITY)

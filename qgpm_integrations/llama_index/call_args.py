@@ -19,6 +19,7 @@ from qgpm.baselines import resolve_options
 from qgpm.call_checks import check_edit_args
 from qgpm.decoding import Decoding
 from qgpm.defaults import DEFAULT_METHOD
+from qgpm.limits import model_window
 from qgpm.loading import model_config, resolve_source
 from qgpm.methods import MethodSpec, method_spec
 
@@ -159,7 +160,7 @@ def config_window(model_name: Optional[str]) -> int:
         config = model_config(source)
     except (OSError, ValueError):
         return 0
-    return int(getattr(config, "max_position_embeddings", 0) or 0)
+    return model_window(config)
 
 
 def check_window(max_new_tokens: Any, window: Any) -> None:
