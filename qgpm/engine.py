@@ -49,10 +49,10 @@ from .prefill import reuse_applies
 from .preparing import plain_chat_call, prepare_call, replan as replan_call
 from .prompt import DEFAULT_TEMPLATE
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
-from .rope import rotary_info
+from .rope import LiveRotary, RotaryInfo
 from .runtime import check_supported
 from .streaming import stream_text
-from .tokens import encode_plain, max_token_chars, plain_backend
+from .tokens import continuation_ids, max_token_chars, plain_backend
 
 logger = logging.getLogger("qgpm")
 
@@ -100,10 +100,9 @@ class QGPM:
         self._support_error: Exception | None = None
         try:
             check_supported(model)
-            self.rotary = full_rotary(model, rotary_info(model))
+            self._rotary: LiveRotary | None = LiveRotary(model, widen=functools.partial(full_rotary, model))
         except Exception as exc:  # vanilla still works; qgpm/oracle raise this
-            self._support_error = exc
-            self.rotary = None
+            self._support_error, self._rotary = exc, None
         self.n_layers = full_layers(model)  # the checkpoint's: plans are built for the model pass 2 runs
         self.layers_loaded, self.weights_not_loaded = loaded_layers(model), weight_bytes_not_loaded(model)
         self._warned_pass1: set[torch.dtype] = set()
@@ -233,6 +232,11 @@ class QGPM:
         return self.reuse_prefill and self.generator is self.local and reuse_applies(self.model, self._warned_attention)
 
     @property
+    def rotary(self) -> RotaryInfo | None:
+        """The model's rotary frequencies for plans (read again after ``model.to(dtype)``); ``None``: unsupported."""
+        return None if self._rotary is None else self._rotary.current()
+
+    @property
     def max_length(self) -> int:
         """The window a call must fit, in tokens: the model's (:func:`qgpm.limits.model_window`:
         ``max_position_embeddings``, longer under YaRN), or a remote generator's (a vLLM server's
@@ -319,12 +323,8 @@ class QGPM:
         dec = checked_decoding(self.generator, Decoding.take(decoding))
         if score is None:
             return self._run(call, dec)
-        if not isinstance(score, str):
-            raise TypeError(f"score must be a string (the continuation to score), got {type(score).__name__}")
+        score_ids = continuation_ids(self.tokenizer, score, "score", "the continuation to score, e.g. the gold answer")
         self.local.require("score=")
-        score_ids = encode_plain(self.tokenizer, score)
-        if not score_ids:
-            raise ValueError("score is empty: pass the continuation to score, e.g. the gold answer")
         return self._run(call, dec, score=score_ids)
 
     def replan(self, call: PreparedCall, config: QGPMConfig) -> PreparedCall:
@@ -391,12 +391,8 @@ class QGPM:
         :meth:`generate_prepared` (``result.details["score_logprob"]``), without generating;
         it runs in this process.
         """
-        if not isinstance(answer, str):
-            raise TypeError(f"answer must be a string, got {type(answer).__name__}")
+        ans = continuation_ids(self.tokenizer, answer, "answer", "the continuation whose log-probability you want")
         self.local.require("answer_logprob")
-        ans = encode_plain(self.tokenizer, answer)
-        if not ans:
-            raise ValueError("answer is empty: pass the continuation whose log-probability you want")
         call = self.prepare(context, question, **kwargs)
         return self.local.logprob(call, ans)
 

@@ -15,7 +15,7 @@ Pure torch, no transformers; the layer hooks that install a plan are in :mod:`qg
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -28,6 +28,7 @@ __all__ = [
     "RotaryInfo",
     "head_geometry",
     "rotary_info",
+    "LiveRotary",
     "rope_angles",
     "rope_tables",
     "rotate_half",
@@ -110,6 +111,29 @@ def rotary_info(model: torch.nn.Module) -> RotaryInfo:
             f"partial rotary embeddings ({inv.numel() * 2} of {head_dim} dims) are not supported"
         )
     return RotaryInfo(inv, float(getattr(rot, "attention_scaling", 1.0)), str(getattr(rot, "rope_type", "default")), head_dim)
+
+
+class LiveRotary:
+    """:func:`rotary_info` of ``model``, read again whenever the model's rotary buffers were
+    replaced since the last reading: ``model.to(torch.bfloat16)`` or ``.half()`` after the
+    engine was built rounds HF's ``inv_freq``, and the model then rotates with the rounded
+    frequencies, so plans must too (an identity plan stays the unmodified model). Checking is
+    an identity test on a few buffers; ``widen`` is applied to each reading."""
+
+    def __init__(self, model: torch.nn.Module, widen: Callable[[RotaryInfo], RotaryInfo] = lambda info: info) -> None:
+        self.model, self.widen = model, widen
+        self._read_from, self._info = self._buffers(), widen(rotary_info(model))
+
+    def _buffers(self) -> tuple[torch.Tensor, ...]:
+        rot = getattr(getattr(self.model, "base_model", self.model), "rotary_emb", None)
+        return tuple(rot.buffers()) if rot is not None else ()
+
+    def current(self) -> RotaryInfo:
+        """The model's rotary info now."""
+        now = self._buffers()
+        if len(now) != len(self._read_from) or any(a is not b for a, b in zip(now, self._read_from)):
+            self._info, self._read_from = self.widen(rotary_info(self.model)), now
+        return self._info
 
 
 # The rotary kinds QGPM remaps on a model with several (see RotaryInfo); layers of any other

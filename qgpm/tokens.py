@@ -42,6 +42,7 @@ __all__ = [
     "plain_backend",
     "special_token_ids",
     "encode_plain",
+    "continuation_ids",
     "count_plain",
     "encode_prompt",
     "max_token_chars",
@@ -90,6 +91,17 @@ def special_token_ids(tokenizer: Any) -> frozenset[int]:
 def encode_plain(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` as plain text (no special tokens added, none matched)."""
     return list(plain_backend(tokenizer).encode(text, add_special_tokens=False).ids)
+
+
+def continuation_ids(tokenizer: Any, text: Any, name: str, what: str) -> list[int]:
+    """Token ids of a continuation to score (``score=``, ``answer_logprob``'s ``answer``) as plain
+    text; ``name`` and ``what`` word the error for a value that is no string or is empty."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a string ({what}), got {type(text).__name__}")
+    ids = encode_plain(tokenizer, text)
+    if not ids:
+        raise ValueError(f"{name} is empty: pass {what}")
+    return ids
 
 
 def count_plain(tokenizer: Any, text: str) -> int:

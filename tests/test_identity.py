@@ -182,6 +182,22 @@ def test_identity_yarn_with_attention_scaling_and_its_longer_window(tokenizer):
     assert engine.answer(CONTEXT, QUESTION, method="vanilla", max_new_tokens=2).usage.prompt_tokens == ids.shape[1]
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_identity_holds_after_the_model_is_cast_once_the_engine_exists(family, tokenizer):
+    """``model.to(torch.bfloat16)`` after ``QGPM(model, ...)`` rounds HF's inv_freq buffers; the
+    model then rotates with the rounded frequencies, and so must the engine's plans."""
+    model = tiny_model(family, len(tokenizer), rope_parameters={"rope_type": "default", "rope_theta": 500000.0}) if family == "llama" \
+        else tiny_model(family, len(tokenizer))
+    engine = QGPM(model, tokenizer, heads=[(1, 0)], config=IDENTITY)
+    before = engine.rotary
+    model.to(torch.bfloat16)
+    assert engine.rotary is not before
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    ids = call.prompt.input_ids
+    torch.testing.assert_close(prefill_logits(model, ids, call.plan), prefill_logits(model, ids), rtol=0, atol=0)
+    assert engine.rotary is engine.rotary  # read again only when the buffers change
+
+
 def test_model_window_reads_yarn_in_every_config_shape():
     from types import SimpleNamespace
 
