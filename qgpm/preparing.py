@@ -25,6 +25,7 @@ from .defaults import DEFAULT_K, DEFAULT_RERANKER
 from .diagnostics import Diagnostics
 from .editing import edit_context
 from .heads import HeadSet
+from .hooks import sliding_window_of
 from .lexical import bm25_scores
 from .limits import check_fits, check_input_size
 from .methods import MethodSpec, Stage, method_spec
@@ -162,7 +163,8 @@ def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: st
     plan = None
     if spec.stage is Stage.ATTENTION:  # positions change inside attention (qgpm.baselines)
         t = time.perf_counter()
-        plan, info = build_baseline_plan(spec.name, options, n_tokens=prompt.num_tokens, rotary=eng.rotary, n_layers=eng.n_layers)
+        plan, info = build_baseline_plan(spec.name, options, n_tokens=prompt.num_tokens, rotary=eng.rotary, n_layers=eng.n_layers,
+                                         sliding_window=sliding_window_of(eng.model), max_new_tokens=capacity - prompt.num_tokens - 1)
         timings.plan_s = time.perf_counter() - t
         details.settings.update(info)
     return PreparedCall(prompt, spec.name, plan, [], timings, edit, details, config=cfg)

@@ -461,6 +461,29 @@ def test_rope_baselines_refuse_models_with_several_rotary_kinds(method, tokenize
     assert engine.prepare(CONTEXT, QUESTION, method="qgpm").plan is not None  # qgpm itself works
 
 
+@pytest.mark.parametrize("method", ["string", "self-extend", "ms-poe"])
+def test_rope_baselines_refuse_a_prompt_past_the_sliding_window_before_any_forward(method, tokenizer):
+    """Mistral's sliding window: the baselines recompute attention over the whole key cache, which
+    a sliding layer's cache stops holding past its window. Refused before the prefill, naming
+    the window; a prompt that fits the window with its answer still runs."""
+    from qgpm import UnsupportedModelError
+    from qgpm.runtime import decoder_layers
+
+    model = tiny_model("mistral", len(tokenizer), attn_implementation="sdpa", sliding_window=64)
+    engine = QGPM(model, tokenizer, heads=[(1, 0)])
+    forwards = []
+    handle = decoder_layers(model)[0].register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(UnsupportedModelError, match="sliding window of 64 tokens"):
+            engine.answer(CONTEXT, QUESTION, method=method, max_new_tokens=2)
+        assert forwards == []
+        short = engine.answer("The vault code is 4417.", "What is the code?", method=method, max_new_tokens=2,
+                              options=StringOptions(shift=8, local_window=4) if method == "string" else None)
+        assert short.usage.prompt_tokens + 2 <= 64 and forwards
+    finally:
+        handle.remove()
+
+
 # ----------------------------------------------------------------------------- real model
 
 

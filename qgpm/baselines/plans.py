@@ -164,16 +164,27 @@ class MsPoEPlan(BaselinePlan):
         return out.to(query.dtype)
 
 
-def build_baseline_plan(method: str, options: Any, *, n_tokens: int, rotary: RotaryInfo, n_layers: int) -> tuple[BaselinePlan | None, dict[str, Any]]:
+def build_baseline_plan(method: str, options: Any, *, n_tokens: int, rotary: RotaryInfo, n_layers: int, sliding_window: int | None = None,
+                        max_new_tokens: int = 0) -> tuple[BaselinePlan | None, dict[str, Any]]:
     """The plan of ``method`` for a prompt of ``n_tokens`` tokens, and its description.
 
     Returns ``(None, info)`` when the method leaves this prompt exactly as vanilla would
-    and says so with a warning (STRING on a prompt so short that ``S <= W``).
+    and says so with a warning (STRING on a prompt so short that ``S <= W``). Raises
+    :class:`UnsupportedModelError`, before any forward, on a model with several rotary kinds,
+    and when the prompt and ``max_new_tokens`` outgrow a layer's ``sliding_window``
+    (:func:`qgpm.hooks.sliding_window_of`): these plans recompute attention over the whole key
+    cache, which such a layer's cache no longer holds.
     """
     if rotary.layered:  # these plans re-rotate with one inv_freq for every layer
         raise UnsupportedModelError(
             f"the RoPE baseline {method!r} assumes one rotary embedding for every layer; this model has several "
             f"({', '.join(sorted(rotary.kinds))}, e.g. Gemma 3) and is not supported by it yet"
+        )
+    if sliding_window is not None and n_tokens + max_new_tokens > sliding_window:
+        raise UnsupportedModelError(
+            f"the RoPE baseline {method!r} recomputes attention over every cached key, but this model's layers attend within a "
+            f"sliding window of {sliding_window} tokens, which the prompt ({n_tokens} tokens) and max_new_tokens={max_new_tokens} "
+            f"outgrow: use at most {sliding_window} tokens in all, or method='qgpm' / 'vanilla'"
         )
     common = dict(num_tokens=n_tokens, rotary=rotary, n_layers=n_layers)
     if isinstance(options, StringOptions):
