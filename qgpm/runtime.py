@@ -44,6 +44,7 @@ __all__ = [
 
 SUPPORTED_FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "granite", "gemma3_text")
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+_LENGTH_DEPENDENT_ROPE_TYPES = ("dynamic", "longrope")  # transformers recomputes their inv_freq for the sequence length
 
 _LOCKS: "weakref.WeakKeyDictionary[torch.nn.Module, threading.RLock]" = weakref.WeakKeyDictionary()
 _LOCKS_GUARD = threading.Lock()
@@ -82,9 +83,10 @@ def check_supported(model: torch.nn.Module) -> None:
     for kind, one in ([(None, info)] if not info.layered else sorted(info.kinds.items())):
         if one.rope_type not in _SUPPORTED_ROPE_TYPES:
             where = "" if kind is None else f" ({kind} layers)"
+            why = "its frequencies change with the sequence length" if one.rope_type in _LENGTH_DEPENDENT_ROPE_TYPES else "qgpm does not implement it"
             raise UnsupportedModelError(
-                f"RoPE type '{one.rope_type}'{where} of this {family} model is not supported (frequencies change with "
-                f"sequence length); supported RoPE types: {', '.join(_SUPPORTED_ROPE_TYPES)}"
+                f"RoPE type '{one.rope_type}'{where} of this {family} model is not supported ({why}); supported RoPE types: "
+                f"{', '.join(_SUPPORTED_ROPE_TYPES)}; method='vanilla' and the input-editing methods still run"
             )
 
 

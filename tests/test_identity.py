@@ -198,6 +198,26 @@ def test_identity_holds_after_the_model_is_cast_once_the_engine_exists(family, t
     assert engine.rotary is engine.rotary  # read again only when the buffers change
 
 
+@pytest.mark.parametrize("rope, why", [
+    ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, "change with the sequence length"),
+    ({"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}, "qgpm does not implement it"),
+])
+def test_unsupported_rope_types_are_refused_with_their_reason_before_any_forward(rope, why, tokenizer):
+    from qgpm import UnsupportedModelError
+
+    model = tiny_model("llama", len(tokenizer), rope_parameters=rope)
+    engine = QGPM(model, tokenizer, heads=[(1, 0)])
+    forwards = []
+    handle = decoder_layers(model)[0].register_forward_pre_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(UnsupportedModelError, match=f"RoPE type '{rope['rope_type']}'.*{why}.*method='vanilla'"):
+            engine.answer(CONTEXT, QUESTION, method="qgpm", max_new_tokens=2)
+        assert forwards == []
+        assert engine.answer(CONTEXT, QUESTION, method="vanilla", max_new_tokens=2).usage.answer_tokens == 2
+    finally:
+        handle.remove()
+
+
 def test_model_window_reads_yarn_in_every_config_shape():
     from types import SimpleNamespace
 
