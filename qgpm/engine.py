@@ -50,6 +50,7 @@ from .preparing import plain_chat_call, prepare_call, replan as replan_call
 from .prompt import DEFAULT_TEMPLATE
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import LiveRotary, RotaryInfo
+from .layers import input_device
 from .runtime import check_supported
 from .streaming import stream_text
 from .tokens import continuation_ids, max_token_chars, plain_backend
@@ -246,7 +247,7 @@ class QGPM:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return input_device(self.model)
 
     # ------------------------------------------------------------------ public calls
     def answer(

@@ -29,6 +29,7 @@ from .methods import METHOD_SPECS, MethodSpec, Stage
 from .prefill import rewind, take_prefill, fresh_cache
 from .results import PreparedCall, QGPMResult, Usage
 from .rope import PositionPlan
+from .layers import input_device
 from .runtime import apply_plan, cache_kwarg
 
 __all__ = ["build_result", "check_generate_extras", "checked_decoding", "Generated", "Generator", "PieceStream", "TransformersGenerator", "pass2_inputs", "pass2_kind", "score_prefill"]
@@ -193,7 +194,7 @@ class TransformersGenerator:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return input_device(self.model)
 
     def check(self, spec: MethodSpec | None, config: QGPMConfig) -> None:
         """Every method runs here."""

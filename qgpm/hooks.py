@@ -150,7 +150,9 @@ def _reordered_mask(plan: HookedPlan, map_index: int, pid: torch.Tensor, given: 
             )
         if given.dtype == torch.bool:
             return order
-        return torch.where(order, torch.zeros((), dtype=given.dtype, device=given.device), torch.finfo(given.dtype).min)
+        # on the layer's device (order's): with device_map over several GPUs the model's one mask
+        # stays on the first, and torch.where takes a 0-dim tensor from another device only from the CPU
+        return torch.where(order, torch.zeros((), dtype=given.dtype, device=order.device), torch.finfo(given.dtype).min)
     if kind == "bool":
         return order
     zero = torch.zeros((), dtype=hs.dtype, device=hs.device)

@@ -1,5 +1,5 @@
-"""Where a HuggingFace decoder keeps its layers, which attention implementation it runs, and the
-error for a model QGPM cannot modulate.
+"""Where a HuggingFace decoder keeps its layers, which device takes its inputs, which attention
+implementation it runs, and the error for a model QGPM cannot modulate.
 
 The smallest module of the package (it imports nothing from it), so that both the rotary
 code (:mod:`qgpm.rope`) and the hooks that patch the layers (:mod:`qgpm.hooks`) can use it.
@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-__all__ = ["UnsupportedModelError", "attention_implementation", "attention_switched", "decoder_layers"]
+__all__ = ["UnsupportedModelError", "attention_implementation", "attention_switched", "decoder_layers", "input_device"]
 
 _SWITCHED: dict[int, str | None] = {}  # id(model.config) -> its own implementation while a call runs another
 
@@ -28,6 +28,21 @@ def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
     if layers is None:
         raise UnsupportedModelError(f"{type(model).__name__} has no decoder layer list at model.base_model.layers")
     return layers
+
+
+def input_device(model: torch.nn.Module) -> torch.device:
+    """The device a forward of ``model`` takes ``input_ids`` on: its input embedding's, or, when
+    accelerate offloaded the embedding (its weight then sits on ``meta``), the device accelerate
+    runs it on. ``next(model.parameters()).device`` is ``meta`` there."""
+    try:
+        emb = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        emb = None
+    run_on = getattr(getattr(emb, "_hf_hook", None), "execution_device", None)
+    if run_on is not None:
+        return torch.device(run_on)
+    weight = getattr(emb, "weight", None)
+    return weight.device if isinstance(weight, torch.Tensor) else next(model.parameters()).device
 
 
 def attention_implementation(model: torch.nn.Module) -> str:

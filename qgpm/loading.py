@@ -51,6 +51,7 @@ __all__ = [
     "gguf_cache_dir",
     "model_folder",
     "parse_dtype",
+    "cuda_bf16_native",
     "resolve_device",
     "model_load_kwargs",
     "source_fingerprint",
@@ -306,6 +307,13 @@ def parse_dtype(dtype: Any) -> torch.dtype | str | None:
         if name in _DTYPES:
             return _DTYPES[name]
     raise ValueError(f"unknown dtype {dtype!r}; choose float32, bfloat16, float16 or auto (the checkpoint's)")
+
+
+def cuda_bf16_native(device: torch.device | str | int | None = None) -> bool:
+    """Whether the CUDA ``device`` (default: the current one) multiplies bfloat16 natively:
+    compute capability 8.0 (Ampere) or newer. ``torch.cuda.is_bf16_supported()`` also says yes
+    on older GPUs (T4, V100), where bfloat16 is emulated and slower than float16."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def resolve_device(device: str | None, state: Any = None) -> Any:

@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .config import QGPMConfig
-from .loading import parse_dtype
+from .layers import input_device
+from .loading import cuda_bf16_native, parse_dtype
 from .plan import PlanOutcome
 from .prefill import Prefill, prefill_reuse_pays, fresh_cache
 from .prompt import Prompt
@@ -118,8 +119,7 @@ def pass1_precision(model: torch.nn.Module, cfg: QGPMConfig, context_tokens: int
     want = cfg.pass1_dtype
     if want is None:
         return None
-    param = next(model.parameters())
-    model_dtype, device = param.dtype, param.device
+    model_dtype, device = next(model.parameters()).dtype, input_device(model)
     if want == "auto":
         if context_tokens is not None and 0 < context_tokens <= cfg.keep_length:
             return None
@@ -141,11 +141,12 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def fast_on(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether ``device`` multiplies ``dtype`` matrices natively (oneDNN's check on a CPU,
-    ``torch.cuda.is_bf16_supported`` for bfloat16 on a GPU; other devices are assumed to)."""
+    :func:`~qgpm.loading.cuda_bf16_native` for bfloat16 on a GPU: Ampere or newer; other devices
+    are assumed to)."""
     if dtype == torch.float32:
         return True
     if device.type == "cuda":
-        return dtype != torch.bfloat16 or torch.cuda.is_bf16_supported()
+        return dtype != torch.bfloat16 or cuda_bf16_native(device)
     if device.type != "cpu":
         return True
     check = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}.get(dtype)

@@ -57,6 +57,9 @@ class ModelView(Protocol):
     def prefill_reuse_on(self) -> bool: ...
 
     @property
+    def device(self) -> torch.device: ...
+
+    @property
     def heads(self) -> list[tuple[int, int]]: ...
 
 
@@ -164,7 +167,8 @@ def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: st
     if spec.stage is Stage.ATTENTION:  # positions change inside attention (qgpm.baselines)
         t = time.perf_counter()
         plan, info = build_baseline_plan(spec.name, options, n_tokens=prompt.num_tokens, rotary=eng.rotary, n_layers=eng.n_layers,
-                                         sliding_window=sliding_window_of(eng.model), max_new_tokens=capacity - prompt.num_tokens - 1)
+                                         sliding_window=sliding_window_of(eng.model), max_new_tokens=capacity - prompt.num_tokens - 1,
+                                         device=eng.device)
         timings.plan_s = time.perf_counter() - t
         details.settings.update(info)
     return PreparedCall(prompt, spec.name, plan, [], timings, edit, details, config=cfg)

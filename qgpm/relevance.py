@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .layers import input_device
 from .rope import apply_rope, head_geometry
 from .runtime import cache_kwarg, decoder_layers, model_lock
 
@@ -156,7 +157,7 @@ def head_token_logits(
             if stats is not None:
                 for li, layer in enumerate(layers):
                     handles.append(layer.register_forward_pre_hook(make_layer_hook(li), with_kwargs=True))
-            device = next(model.parameters()).device
+            device = input_device(model)
             kw = {"use_cache": False} if cache is None else {"use_cache": True, cache_kwarg(model.base_model.forward): cache}
             amp = (torch.autocast(device.type, dtype=precision, cache_enabled=False) if precision is not None
                    else contextlib.nullcontext())

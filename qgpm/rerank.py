@@ -38,6 +38,7 @@ import torch
 from .defaults import DEFAULT_MODEL_NAME, DEFAULT_RERANKER, is_default_model
 from .judge import DEFAULT_INSTRUCTION, QWEN3_RERANKER_SYSTEM, LLMJudgeReranker
 from .lexical import bm25_scores, require_bm25
+from .loading import cuda_bf16_native
 from .rerank_contract import Reranker, check_inputs, finite_scores, require_package
 from .sources import RERANKER_CHOICES, check_reranker_name
 
@@ -214,9 +215,10 @@ _RERANKERS_LOCK = threading.Lock()
 
 
 def _auto_placement() -> dict[str, Any]:
-    """bfloat16 on the first GPU when one is present, else the loader's defaults."""
+    """The first GPU when one is present, in bfloat16 where it multiplies it natively (Ampere or
+    newer), else in float16; without a GPU the loader's defaults."""
     if torch.cuda.is_available():
-        return {"dtype": torch.bfloat16, "device_map": "cuda"}
+        return {"dtype": torch.bfloat16 if cuda_bf16_native() else torch.float16, "device_map": "cuda"}
     return {}
 
 

@@ -258,7 +258,7 @@ class PositionPlan:
         idx = torch.arange(length)
         pos = positions_at(self.positions[map_index], idx)  # [planes, T] float64
         rot = self.rotary_of(map_index)
-        angles = rope_angles(pos.to(device), rot.inv_freq.to(device))  # [T, planes] float32
+        angles = rope_angles(pos.to(torch.float32).to(device), rot.inv_freq.to(device))  # [T, planes] float32 (no float64 on the device: MPS has none)
         out = rope_tables(angles, attention_scaling=rot.attention_scaling, dtype=dtype)
         self._tables[key] = out
         return out

@@ -164,8 +164,11 @@ class MsPoEPlan(BaselinePlan):
         return out.to(query.dtype)
 
 
+NO_FLOAT64_DEVICES = ("mps",)  # torch devices without float64 tensors
+
+
 def build_baseline_plan(method: str, options: Any, *, n_tokens: int, rotary: RotaryInfo, n_layers: int, sliding_window: int | None = None,
-                        max_new_tokens: int = 0) -> tuple[BaselinePlan | None, dict[str, Any]]:
+                        max_new_tokens: int = 0, device: torch.device | None = None) -> tuple[BaselinePlan | None, dict[str, Any]]:
     """The plan of ``method`` for a prompt of ``n_tokens`` tokens, and its description.
 
     Returns ``(None, info)`` when the method leaves this prompt exactly as vanilla would
@@ -173,8 +176,14 @@ def build_baseline_plan(method: str, options: Any, *, n_tokens: int, rotary: Rot
     :class:`UnsupportedModelError`, before any forward, on a model with several rotary kinds,
     and when the prompt and ``max_new_tokens`` outgrow a layer's ``sliding_window``
     (:func:`qgpm.hooks.sliding_window_of`): these plans recompute attention over the whole key
-    cache, which such a layer's cache no longer holds.
+    cache, which such a layer's cache no longer holds; and on a ``device`` without float64
+    (Apple's MPS), which their rotation angles are computed in.
     """
+    if device is not None and torch.device(device).type in NO_FLOAT64_DEVICES:
+        raise UnsupportedModelError(
+            f"the RoPE baseline {method!r} computes its rotation angles in float64, which the {torch.device(device).type} device "
+            "does not have: run it on the CPU or a CUDA GPU (method='qgpm', 'vanilla' and the input-editing methods run there)"
+        )
     if rotary.layered:  # these plans re-rotate with one inv_freq for every layer
         raise UnsupportedModelError(
             f"the RoPE baseline {method!r} assumes one rotary embedding for every layer; this model has several "
