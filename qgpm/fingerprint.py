@@ -10,8 +10,11 @@ the loaded model:
   position plan depend on); for Gemma 3 also its layer kinds, window and attention scale;
 * ``tokenizer`` -- a hash of the vocabulary (token -> id, added tokens included);
 * ``weights`` -- a hash of the first rows of the input embedding, rounded to bfloat16
-  (the same for fp32 / bf16 / fp16 loads of one checkpoint; different for another
-  fine-tune or a quantized copy). ``None`` when the weights are not materialized.
+  (the same for fp32 and bf16 loads of one checkpoint; different for another fine-tune or a
+  quantized copy), and ``weights_fp16``, the same rows rounded to float16, for fp16 loads:
+  rounding to float16 and then to bfloat16 lands on another bfloat16 value for about one
+  value in twenty, so no one rounding serves all three. ``None`` when the weights are not
+  materialized.
 
 ``key`` hashes ``arch`` and ``tokenizer``: it decides whether a head set or a preset
 *fits* the model (a head set with another key is rejected). ``weights`` only picks the
@@ -72,17 +75,24 @@ class ModelFingerprint:
     arch: dict
     tokenizer: str
     weights: str | None = None
+    weights_fp16: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelFingerprint":
-        unknown = set(d) - {"key", "name", "arch", "tokenizer", "weights"}
+        unknown = set(d) - {"key", "name", "arch", "tokenizer", "weights", "weights_fp16"}
         if unknown:
             raise ValueError(f"unknown fingerprint fields {sorted(unknown)}")
         return cls(key=str(d["key"]), name=str(d.get("name", "")), arch=dict(d.get("arch") or {}),
-                   tokenizer=str(d.get("tokenizer", "")), weights=d.get("weights"))
+                   tokenizer=str(d.get("tokenizer", "")), weights=d.get("weights"), weights_fp16=d.get("weights_fp16"))
+
+    def same_weights(self, stored: dict[str, Any]) -> bool:
+        """Whether a stored fingerprint (a head set's ``fingerprint`` dict) was taken on these
+        weights: the bfloat16 digests agree (fp32 / bf16 loads), or the float16 ones (fp16 loads)."""
+        return bool((self.weights and stored.get("weights") == self.weights)
+                    or (self.weights_fp16 and stored.get("weights_fp16") == self.weights_fp16))
 
     def describe(self) -> str:
         """``name [key]`` and the architecture in one line, for error messages."""
@@ -149,8 +159,8 @@ def tokenizer_hash(tokenizer: Any) -> str:
     return digest
 
 
-def weights_hash(model: Any, rows: int = 8) -> str | None:
-    """Hash of the first ``rows`` rows of the input embedding, rounded to bfloat16."""
+def weights_hash(model: Any, rows: int = 8, rounding: torch.dtype = torch.bfloat16) -> str | None:
+    """Hash of the first ``rows`` rows of the input embedding, rounded to ``rounding``."""
     try:
         emb = model.get_input_embeddings().weight
     except (AttributeError, NotImplementedError):
@@ -158,7 +168,7 @@ def weights_hash(model: Any, rows: int = 8) -> str | None:
     if emb is None or emb.is_meta or emb.device.type == "meta":
         return None
     with torch.no_grad():
-        sample = emb[:rows].detach().to(torch.bfloat16).to(torch.float32).cpu().contiguous()
+        sample = emb[:rows].detach().to(rounding).to(torch.float32).cpu().contiguous()
     return hashlib.sha256(sample.numpy().tobytes()).hexdigest()[:16]
 
 
@@ -178,7 +188,8 @@ def model_fingerprint(model: Any, tokenizer: Any, name: str = "") -> ModelFinger
     for a model loaded with its first layers only)."""
     arch = arch_config(getattr(model, FULL_CONFIG_ATTR, None) or model.config)
     tok = tokenizer_hash(tokenizer)
-    return ModelFingerprint(key=fingerprint_key(arch, tok), name=name, arch=arch, tokenizer=tok, weights=weights_hash(model))
+    return ModelFingerprint(key=fingerprint_key(arch, tok), name=name, arch=arch, tokenizer=tok, weights=weights_hash(model),
+                            weights_fp16=weights_hash(model, rounding=torch.float16))
 
 
 def fingerprint_key(arch: dict, tokenizer: str) -> str:

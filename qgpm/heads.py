@@ -5,7 +5,8 @@ A head set is stored as JSON (shipped sets in ``qgpm/data/heads/``, sets written
 
     {"model": "SmolLM2-135M-Instruct", "heads": [[layer, head], ...],
      "mrr": [...], "random_mrr": ..., "method": "...", "samples": ..., "meta": {...},
-     "fingerprint": {"key": "...", "name": "...", "arch": {...}, "tokenizer": "...", "weights": "..."}}
+     "fingerprint": {"key": "...", "name": "...", "arch": {...}, "tokenizer": "...", "weights": "...",
+                     "weights_fp16": "..."}}
 
 Stored sets are found by the model's fingerprint (:mod:`qgpm.fingerprint`), not by file
 name: the file name (``<readable-name>--<key>[-<weights>].json``) is only for people.
@@ -199,7 +200,7 @@ def find_head_set(fp: ModelFingerprint) -> tuple[HeadSet, Path] | None:
     a warning) only when no set carries the key.
     """
     same_key = [(p, f) for p, f, _ in _stored() if f and f.get("key") == fp.key]
-    exact = [(p, f) for p, f in same_key if fp.weights and f.get("weights") == fp.weights]
+    exact = [(p, f) for p, f in same_key if fp.same_weights(f)]
     if exact or same_key:
         path, f = (exact or same_key)[0]
         if not exact and fp.weights and f.get("weights"):

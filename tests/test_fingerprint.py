@@ -143,6 +143,21 @@ def test_other_weights_warn_and_exact_weights_win(tokenizer, home, caplog):
     assert not caplog.records
 
 
+def test_a_float16_load_finds_the_set_of_its_own_weights_without_a_warning(tokenizer, home, caplog):
+    """Rounding float16 values to bfloat16 lands on another bfloat16 value for some of them, so a
+    float16 load's bfloat16 digest differs from the float32 one; its float16 digest does not."""
+    base = _engine(tokenizer, seed=0, heads=None)
+    HeadSet("base", [(1, 0)], fingerprint=base.fingerprint.to_dict()).save(home / head_set_file_name(base.fingerprint))
+    HeadSet("other", [(2, 1)], fingerprint=_engine(tokenizer, seed=1, heads=None).fingerprint.to_dict()).save(home / "other.json")
+    caplog.clear()  # building the other engine warned: base's set is another's weights for it
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        half = QGPM(tiny_model("llama", len(tokenizer), seed=0).to(torch.float16), tokenizer, heads=None, name="final")
+    assert half.fingerprint.weights != base.fingerprint.weights  # the double rounding this test is about
+    assert half.fingerprint.weights_fp16 == base.fingerprint.weights_fp16
+    assert half.heads == [(1, 0)] and not caplog.records
+    assert not half.fingerprint.same_weights(_engine(tokenizer, seed=1, heads=None).fingerprint.to_dict())
+
+
 def test_legacy_set_without_fingerprint_is_used_by_name_with_a_warning(tokenizer, home, caplog):
     HeadSet("Legacy", [(3, 1)]).save(home / "legacy.json")
     with caplog.at_level(logging.WARNING, logger="qgpm"):
