@@ -338,14 +338,17 @@ def parse_heads(spec: Any) -> Any:
 def reciprocal_rank(scores: torch.Tensor, gold: Iterable[int]) -> float:
     """1 / rank of the best gold unit under ``scores`` (higher = better), ties at expected rank.
 
-    With ``a`` units scoring strictly higher than the best gold unit and ``t`` other
-    units tied with it, the expected rank is ``a + 1 + t / 2``.
+    With ``a`` units scoring strictly higher than the best gold unit and ``t`` units that are
+    not gold tied with it, the expected rank is ``a + 1 + t / 2``. Another gold unit tied with
+    it is no competitor: a gold unit ranks first either way.
     """
-    gold = list(gold)
+    gold = sorted(set(gold))
     if not gold:
         raise ValueError("reciprocal_rank needs at least one gold index")
     s = scores.to(torch.float64)
     best = max(float(s[g]) for g in gold)
     higher = int((s > best).sum())
-    ties = int((s == best).sum()) - 1
+    others = torch.ones(s.numel(), dtype=torch.bool)
+    others[gold] = False
+    ties = int((s[others] == best).sum())
     return 1.0 / (higher + 1 + ties / 2)

@@ -80,7 +80,9 @@ def dense_ranks(z: torch.Tensor) -> torch.Tensor:
 
 
 def rank_shape(ranks: torch.Tensor, params: MapParams) -> torch.Tensor:
-    """Eq. 6: ``f_i = sigmoid((K - 0.5 - rho(i)) / T)``; ``T = 0`` is a hard top-K cut."""
+    """Eq. 6: ``f_i = sigmoid((K - 0.5 - rho(i)) / T)``; ``T = 0`` is a hard top-K cut, the ranks
+    below ``K`` (for a whole ``K`` the limit of Eq. 6 as ``T -> 0``; a fractional ``K`` keeps
+    ``ceil(K)`` sentences, where the limit would keep those below ``K - 0.5``)."""
     rho = ranks.to(torch.float64)
     if params.temperature == 0:
         return (rho < params.k).to(torch.float64)

@@ -712,3 +712,122 @@ def test_term_ratio_moves_only_the_candidates_that_carry_the_question_words():
     rel[[1, 5]] = 1.0
     oracle = build_plan(ts, rel, config=cfg.with_(term_ratio=0.5), rotary=rot, n_layers=2, dense=True)
     assert read(oracle) == [0, 2, 3, 4, 6, 7, 1, 5] and oracle.term_dropped == ()
+
+
+# ----------------------------------------------------------------------------- pinned choices and boundaries
+# Values below are worked out by hand from the formulas (DESIGN.md) and the docstrings.
+
+
+def test_fuse_heads_uses_the_population_sigma_and_averages_a_missing_head_as_zero():
+    s15 = math.sqrt(1.5)  # (1 - 2) / sqrt(2/3): the population standard deviation of 1, 2, 3
+    assert fuse_heads(torch.tensor([[1.0, 2.0, 3.0]])).tolist() == pytest.approx([-s15, 0.0, s15])
+    # sentence 1 has no usable token in head 2: that head adds 0 for it, and the mean still counts 3 heads
+    z = fuse_heads(torch.tensor([[1.0, 3.0, 2.0], [10.0, 30.0, 20.0], [0.0, float("-inf"), 1.0]]))
+    assert z.tolist() == pytest.approx([(-2 * s15 - 1) / 3, 2 * s15 / 3, 1 / 3])
+
+
+def test_rank_ties_keep_text_order_and_the_flat_rule_is_strictly_below():
+    from qgpm.plan import is_flat
+
+    assert rank_sentences(torch.tensor([1.0, 2.0, 1.0])).tolist() == [1, 0, 2]
+    assert not is_flat(torch.tensor([2.0, 0.0, -2.0]), QGPMConfig(min_top_z=2.0))  # at the threshold is not below it
+    assert is_flat(torch.tensor([1.999, 0.0, -1.999]), QGPMConfig(min_top_z=2.0))
+
+
+def test_a_score_exactly_at_the_midpoint_is_relevant_and_ends_the_protected_prefix():
+    s = torch.tensor([1.0, 0.6, 0.2])  # s_low 0.2: the midpoint (1 + 0.2) / 2 is 0.6
+    assert relevant_mask(s, 0.2).tolist() == [True, True, False]
+    assert protected_prefix_end(torch.tensor([0.2, 0.6, 1.0]), 0.2) == 1
+    # sentences before the first relevant one score 1; the first relevant one keeps its own score
+    assert token_scores(torch.tensor([-1, 0, 1, 2]), torch.tensor([0.1, 0.7, 1.0]), 0.1).tolist() == pytest.approx([1.0, 1.0, 0.7, 1.0])
+
+
+def test_term_filter_drops_only_what_is_strictly_below_the_ratio():
+    from qgpm.shaping import term_filter
+
+    ranks, lexical = torch.tensor([0, 1, 2]), torch.tensor([2.0, 1.0, 0.0])
+    assert term_filter(ranks, lexical, 3, 0.5).tolist() == [1, 1, 0]  # 1.0 is not below 0.5 * 2
+    assert term_filter(ranks, lexical, 3, 1.0).tolist() == [1, 0, 0]  # the best one always stays
+
+
+def test_rope_tables_scale_cos_and_sin_by_the_attention_scaling():
+    inv = plain_inv_freq(8, 1e4)
+    p = torch.arange(5, dtype=torch.float64).expand(4, 5)
+    angles = rope_angles(p, inv)
+    cos, sin = rope_tables(angles, attention_scaling=0.5)
+    emb = torch.cat((angles, angles), dim=-1)
+    assert torch.allclose(cos, 0.5 * emb.cos()) and torch.allclose(sin, 0.5 * emb.sin())
+
+
+def test_a_plan_is_standard_only_when_every_map_a_layer_reads_is():
+    from qgpm.rope import PositionPlan
+
+    rot = RotaryInfo(plain_inv_freq(8, 1e4), 1.0, "default", 8)
+    std = torch.arange(6, dtype=torch.float64).expand(4, 6).clone()
+    assert not PositionPlan(positions=[std, 0.5 * std], layer_map=[0, 0, 1, 1], rotary=rot).is_standard()
+    assert PositionPlan(positions=[std, 0.5 * std], layer_map=[0, 0, 0, 0], rotary=rot).is_standard()
+    assert PositionPlan(positions=[std, 0.5 * std], layer_map=[0, 0, None, None], rotary=rot).is_standard()
+
+
+def test_tables_reach_past_the_planned_capacity_when_generation_does():
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    plan = build_plan(torch.tensor([-1, 0, 0, 1, 1, 2, 2, -1]), torch.tensor([0.0, 2.0, 1.0]), config=QGPMConfig(), rotary=rot,
+                      n_layers=4).plan
+    n = plan.num_tokens
+    cos, _ = plan.full_tables(0, torch.device("cpu"), torch.float32, need=n + 100)
+    assert cos.shape[0] >= n + 100
+    far, _ = plan.tables(0, torch.tensor([[n + 80]]), torch.device("cpu"), torch.float32)
+    assert far.shape == (1, 1, 16)
+
+
+def test_split_layer_floors_an_odd_layer_count():
+    from qgpm.plan import split_layer
+
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    assert split_layer(5, QGPMConfig()) == 2
+    out = build_plan(torch.tensor([-1, 0, 0, 1, 1, 2, 2, -1]), torch.tensor([0.0, 2.0, 1.0]), config=QGPMConfig(), rotary=rot, n_layers=5)
+    assert out.plan.layer_map == [0, 0, 1, 1, 1]
+
+
+def test_the_relevant_anchor_is_read_from_the_broad_map():
+    """anchor_basis='relevant': L runs from the broad map's first relevant unit to the end of the
+    prompt. Broad K 3 makes units 2, 3, 1 relevant (first token 3: L 7), sharp K 1 only unit 2
+    (first token 5: L 5); c = 2."""
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    cfg = QGPMConfig(anchor_basis="relevant", k_broad=3, t_broad=0, k_sharp=1, t_sharp=0, anchor_ratio=2.0, keep_length=0,
+                     min_top_z=None, z_window=None, term_ratio=None, solo_margin=None, decisive_margin=None)
+    out = build_plan(torch.tensor([-1, 0, 0, 1, 1, 2, 2, 3, 3, -1]), torch.tensor([0.0, 1.0, 3.0, 2.0]), config=cfg, rotary=rot, n_layers=4)
+    assert out.anchor_length == pytest.approx(14.0)
+
+
+def test_stride_positions_follow_eq7_with_the_default_soft_gate():
+    """Eq. 7-8 end to end with the default tau = 1: p'_{m,0} = 0 and p'_{m,j} = sum_{k<=j}
+    max(s_k + (1 - s_k) sigmoid((m - m*) / tau), eps), from the plan's own token scores and m*."""
+    rot = RotaryInfo(plain_inv_freq(16, 1e4), 1.0, "default", 16)
+    cfg = QGPMConfig()
+    assert cfg.remap == "stride" and cfg.tau == 1.0
+    out = build_plan(torch.tensor([-1, 0, 0, 1, 1, 2, 2, 3, 3, -1]), torch.tensor([0.0, 3.0, 1.0, 0.5]), config=cfg, rotary=rot, n_layers=4)
+    s = out.token_scores[0]
+    assert 0 < float(s.min()) < 1  # some tokens are compressed
+    m = torch.arange(8, dtype=torch.float64).reshape(-1, 1)
+    gate = 1 / (1 + torch.exp(-(m - out.boundary_plane) / cfg.tau))
+    delta = torch.clamp(s.reshape(1, -1) + (1 - s.reshape(1, -1)) * gate, min=cfg.eps)
+    want = torch.zeros_like(delta)
+    want[:, 1:] = torch.cumsum(delta[:, 1:], dim=1)
+    assert torch.allclose(out.plan.positions[0], want, atol=1e-12)
+
+
+def test_reciprocal_rank_of_the_best_gold_unit_with_ties_at_their_expected_rank():
+    """App. A's head score: 1 / (a + 1 + t / 2), a units above the best gold one, t other units tied with it."""
+    from qgpm.heads import reciprocal_rank
+
+    assert reciprocal_rank(torch.tensor([3.0, 1.0, 2.0]), [2]) == 0.5  # one unit above
+    assert reciprocal_rank(torch.tensor([3.0, 1.0, 2.0]), [0, 2]) == 1.0  # the best of the gold units counts
+    assert reciprocal_rank(torch.tensor([1.0, 1.0, 1.0, 0.0]), [0]) == 0.5  # two tied: expected rank 2
+    assert reciprocal_rank(torch.tensor([1.0, 1.0, 0.0]), [0, 1]) == 1.0  # tied gold units are no competitors
+
+
+def test_the_hard_cut_keeps_the_ranks_below_k():
+    ranks = torch.arange(5)
+    assert rank_shape(ranks, MapParams(2, 0)).tolist() == [1, 1, 0, 0, 0]
+    assert rank_shape(ranks, MapParams(2.3, 0)).tolist() == [1, 1, 1, 0, 0]  # a fractional K rounds up
