@@ -35,6 +35,14 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 def load(paths: list[Path], series: dict[str, str], length: int) -> dict[str, dict[tuple[int, float], dict]]:
     """method label -> {(content, depth): row} for the NoLiMa rows of each labelled series."""
     rows = load_rows(paths, series, length, task="nolima_direct")
+    seeds: dict[int, set[int]] = {}
+    for v in rows.values():
+        for r in v.values():
+            seeds.setdefault(int(r["index"]), set()).add(int(r["seed"]))
+    mixed = sorted(i for i, s in seeds.items() if len(s) > 1)
+    if mixed:  # the same index in two splits is two different contents
+        raise SystemExit(f"content index {mixed[0]} comes with seeds {sorted(seeds[mixed[0]])}: rows of several splits; "
+                         "pass the rows of one split")
     return {m: {(r["index"], float(r["depth"])): r for r in v.values()} for m, v in rows.items()}
 
 

@@ -72,3 +72,15 @@ def test_nolima_table_groups_repeated_needles_by_question(tmp_path, capsys):
     line = next(l for l in by_q.splitlines() if l.startswith(f"| {template[a]} | "))
     assert line.startswith(f"| {template[a]} | {min(a, b)}, {max(a, b)} |") and line.endswith("| 0/4 | 4/4 |")  # reorder, qgpm
     assert "qgpm against reorder: ahead on 1 questions, behind on 1" in out
+
+
+def test_nolima_table_refuses_one_index_from_two_splits(tmp_path):
+    """Index 0 of the dev split and index 0 of the test split are different needles: merging
+    them by index would count two samples as one."""
+    from qgpm.samples.base import split_seed
+
+    mod = benchmark_module("nolima_table")
+    rows = [{"task": "nolima_direct", "length": 4096, "depth": 0.5, "seed": split_seed(split, 0), "index": 0, "config_hash": h,
+             "method": "x", "answer": "nobody", "correct": False, "gold": ["Priya"]} for split in ("dev", "test") for h in ("qqq", "rrr")]
+    with pytest.raises(SystemExit, match="several splits"):
+        mod.main([_write(tmp_path, rows), "--series", "reorder=rrr,qgpm=qqq"])

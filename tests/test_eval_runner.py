@@ -31,6 +31,7 @@ from qgpm.eval.runner import run_eval
 from qgpm.eval.stats import (
     accuracy,
     bootstrap_ci,
+    group_accuracy,
     group_paired,
     mcnemar_exact,
     paired,
@@ -304,6 +305,11 @@ def test_paired_stats_on_hand_made_rows():
     # rows with an error are left out of the pairs
     q[0] = dict(q[0], error="x")
     assert paired(q, v).n == 19
+    # a sample answered twice (a resumed run) is one pair and one answer: the later row counts
+    q = [r for r in rows if r["method"] == "qgpm"]
+    again = dict(q[0], correct=not q[0]["correct"])
+    assert paired(q + [again], v).n == 20 and paired(q + [again], v).b == paired([again] + q[1:], v).b
+    assert {k: a.n for k, a in group_accuracy(rows + [again], ("*",)).items()} == {("all", "qgpm"): 20, ("all", "vanilla"): 20}
 
 
 def test_content_sign_flip_counts_needle_contents_not_pairs():
@@ -319,8 +325,15 @@ def test_content_sign_flip_counts_needle_contents_not_pairs():
     # one pair per content: the sign-flip test is McNemar's exact binomial test
     assert content_sign_flip([1.0] * 9 + [-1.0] + [0.0] * 10, list(range(20))) == pytest.approx(mcnemar_exact(9, 1))
     assert content_sign_flip([0.0, 1.0, -1.0], ["a", "b", "b"]) == 1.0  # every content's sum is 0
-    many = content_sign_flip([1.0] * 20, list(range(20)), n_resamples=2000, seed=3)  # > 16 contents: Monte Carlo
-    assert many == pytest.approx(1 / 2001) and many == content_sign_flip([1.0] * 20, list(range(20)), n_resamples=2000, seed=3)
+    # whole-number sums are exact for any number of contents: 60 contents all ahead is 2 / 2**60, not a Monte Carlo floor
+    assert content_sign_flip([1.0] * 60, list(range(60))) == pytest.approx(2 / 2**60, rel=1e-12)
+    # uneven sums: contents of 1, 2, 3 and -1 pairs ahead; brute force over the 16 sign patterns
+    sums = [1, 2, 3, -1]
+    brute = sum(abs(sum(s * (1 - 2 * ((m >> i) & 1)) for i, s in enumerate(sums))) >= abs(sum(sums)) for m in range(16)) / 16
+    assert content_sign_flip([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, -1.0], [0, 1, 1, 2, 2, 2, 3]) == pytest.approx(brute)
+    # fractional sums (score differences) past 16 contents: a seeded Monte Carlo estimate
+    many = content_sign_flip([0.5] * 20, list(range(20)), n_resamples=2000, seed=3)
+    assert many == pytest.approx(1 / 2001) and many == content_sign_flip([0.5] * 20, list(range(20)), n_resamples=2000, seed=3)
     with pytest.raises(ValueError, match="one content per difference"):
         content_sign_flip([1.0], [])
 

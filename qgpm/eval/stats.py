@@ -15,9 +15,10 @@ are *paired*: a pair is one sample (task, length, depth, seed) answered by both.
   content, so McNemar's independent pairs overstate the evidence when a grid holds a few
   contents at several depths. The per-content sums of the paired differences are
   sign-flipped (under "no difference" each content's sum is symmetric about 0): the exact
-  two-sided p over all ``2**k`` flips for ``k <= 16`` contents, else a seeded Monte Carlo
-  estimate (:func:`content_sign_flip`). With ``k`` contents the smallest possible p is
-  ``2 / 2**k`` (6 contents: 0.031). Where two seeds draw the same question (NoLiMa contents
+  two-sided p over all ``2**k`` flips, counted by convolution when the sums are whole numbers
+  (right / wrong outcomes) and by enumeration up to ``k = 16`` otherwise, else a seeded Monte
+  Carlo estimate, which cannot go below ``1 / (n_resamples + 1)`` (:func:`content_sign_flip`).
+  With ``k`` contents the smallest exact p is ``2 / 2**k`` (6 contents: 0.031). Where two seeds draw the same question (NoLiMa contents
   draw their needle template per seed, with replacement) a row's ``question_id`` names it,
   and the rows of one question form one content.
 
@@ -36,6 +37,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
+
+from qgpm.eval.rows import dedupe_rows
 
 __all__ = [
     "wilson_interval",
@@ -139,12 +142,29 @@ def content_sign_flip(diffs: Sequence[float], contents: Sequence[Any], *, n_resa
     x = np.array([v for v in sums.values() if v != 0.0], dtype=np.float64)
     if x.size == 0:
         return 1.0
+    if np.all(x == np.round(x)):  # whole-number sums: the exact distribution of the flipped sum
+        return _integer_flip_p(x.astype(np.int64).tolist())
     observed = abs(x.sum()) - 1e-9
     if x.size <= 16:
         signs = 1 - 2 * ((np.arange(2 ** x.size)[:, None] >> np.arange(x.size)) & 1)
         return float(np.mean(np.abs(signs @ x) >= observed))
     signs = _rng(seed).choice(np.array([-1.0, 1.0]), size=(n_resamples, x.size))
     return float((1 + np.sum(np.abs(signs @ x) >= observed)) / (n_resamples + 1))
+
+
+def _integer_flip_p(sums: list[int]) -> float:
+    """Exact two-sided sign-flip p of whole-number content sums: the share of the ``2**k`` sign
+    patterns whose flipped total is at least as far from 0 as the observed one, counted over
+    the distribution of the flipped total (one convolution per content, exact integers)."""
+    counts = {0: 1}
+    for v in sums:
+        nxt: dict[int, int] = {}
+        for total, c in counts.items():
+            nxt[total + v] = nxt.get(total + v, 0) + c
+            nxt[total - v] = nxt.get(total - v, 0) + c
+        counts = nxt
+    observed = abs(sum(sums))
+    return sum(c for total, c in counts.items() if abs(total) >= observed) / 2 ** len(sums)
 
 
 def mcnemar_exact(b: int, c: int) -> float:
@@ -235,9 +255,11 @@ def content_of(row: dict) -> tuple:
 
 
 def paired(rows: Sequence[dict], base_rows: Sequence[dict], *, n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0) -> Paired:
-    """Pair ``rows`` with ``base_rows`` by sample and compare (see module docs)."""
-    base = {pair_key(r): r for r in _ok(base_rows)}
-    pairs = [(r, base[pair_key(r)]) for r in _ok(rows) if pair_key(r) in base]
+    """Pair ``rows`` with ``base_rows`` by sample and compare (see module docs). A sample answered
+    twice by one series counts once (:func:`~qgpm.eval.rows.dedupe_rows`: a success beats an
+    error, a later row an earlier one)."""
+    base = {pair_key(r): r for r in _ok(dedupe_rows(base_rows))}
+    pairs = [(r, base[pair_key(r)]) for r in _ok(dedupe_rows(rows)) if pair_key(r) in base]
     a = [float(r["correct"]) for r, _ in pairs]
     v = [float(q["correct"]) for _, q in pairs]
     diff, lo, hi = paired_bootstrap_diff(a, v, n_boot=n_boot, confidence=confidence, seed=seed)
@@ -279,11 +301,12 @@ def _label(r: dict, labels: dict) -> str:
 def group_accuracy(rows: Sequence[dict], by: Sequence[str], *, labels: dict | None = None, confidence: float = 0.95) -> dict[tuple, Accuracy]:
     """Accuracy per ``by`` fields (e.g. ``("task", "length")``) and series label.
 
-    Keys are ``(*values_of_by, label)``. A ``by`` field ``"*"`` is a literal ``"all"``.
+    Keys are ``(*values_of_by, label)``. A ``by`` field ``"*"`` is a literal ``"all"``. A sample
+    answered twice by one series counts once (:func:`~qgpm.eval.rows.dedupe_rows`).
     """
     labels = labels or series_labels(rows)
     groups: dict[tuple, list[dict]] = {}
-    for r in rows:
+    for r in dedupe_rows(rows):
         key = tuple("all" if f == "*" else r.get(f) for f in by) + (_label(r, labels),)
         groups.setdefault(key, []).append(r)
     return {k: accuracy(v, confidence) for k, v in groups.items()}
