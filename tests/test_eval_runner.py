@@ -234,6 +234,25 @@ def test_bootstrap_intervals_contain_the_mean_and_are_seeded():
     assert d == pytest.approx(0.5) and dlo <= d <= dhi and dlo >= 0.0
 
 
+def test_the_paired_interval_resamples_whole_contents():
+    """Four contents at five depths each: three won everywhere, one lost everywhere. Resampled
+    by content, a draw holds j lost contents and the difference is (4 - 2j) / 4: P(j >= 3) =
+    13/256 (5 %) and P(j = 0) = 81/256, so the 95 % interval runs from -0.5 to +1; resampled
+    by pair it stays in a narrow band around +0.5."""
+    a = [1.0] * 15 + [0.0] * 5
+    b = [0.0] * 15 + [1.0] * 5
+    contents = [i // 5 for i in range(20)]
+    d, lo, hi = paired_bootstrap_diff(a, b, seed=0, contents=contents)
+    _, plo, phi = paired_bootstrap_diff(a, b, seed=0)
+    assert d == pytest.approx(0.5)
+    assert lo == pytest.approx(-0.5) and hi == pytest.approx(1.0)
+    assert 0.0 < plo and phi < 1.0
+    # the pooled statistic weighs contents by their pairs: one content of 3 pairs (+1 each) and one of 1 (-1)
+    assert paired_bootstrap_diff([1, 1, 1, 0], [0, 0, 0, 1], seed=0, contents=["x", "x", "x", "y"])[0] == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="one content per pair"):
+        paired_bootstrap_diff([1.0], [0.0], contents=[])
+
+
 def test_scipy_statistics_match_the_closed_forms():
     """Wilson and the percentile bootstrap come from scipy; pin them to the textbook formulas
     (the committed reports were made with these formulas written out)."""

@@ -173,7 +173,7 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
 
     if par:
         md += [f"## Paired vs {baseline} (same samples)", "",
-               "Δ = accuracy difference in points with a paired bootstrap 95 % CI; b = right only with the method, "
+               "Δ = accuracy difference in points with a paired bootstrap 95 % CI (whole needle contents resampled); b = right only with the method, "
                f"c = right only with {baseline}; p = exact McNemar (two-sided binomial on b, c). contents = distinct "
                "needle contents (seeds) among the pairs; content p = sign-flip test over the contents' summed differences "
                "(outcomes cluster by content: a content answered at several depths is not several independent pairs; "

@@ -5,8 +5,9 @@ are *paired*: a pair is one sample (task, length, depth, seed) answered by both.
 
 * Accuracy: Wilson score interval (95 % by default; ``scipy.stats.binomtest(...).proportion_ci``)
   -- well behaved at 0 %, 100 % and small n, unlike the normal approximation.
-* Paired difference ``acc(method) - acc(baseline)``: percentile bootstrap over pairs
-  (``scipy.stats.bootstrap``, seeded, so a report is reproducible).
+* Paired difference ``acc(method) - acc(baseline)``: percentile bootstrap over needle
+  contents, each resampled with all its pairs (below: outcomes cluster by content;
+  ``scipy.stats.bootstrap``, seeded, so a report is reproducible).
 * McNemar's exact test: with ``b`` pairs the method got right and the baseline wrong,
   and ``c`` the other way round, ``p = binomtest(b, b + c, 0.5)`` two-sided
   (``scipy.stats.binomtest``); ``p = 1`` when there are no discordant pairs.
@@ -117,9 +118,13 @@ def bootstrap_ci(
 
 
 def paired_bootstrap_diff(
-    a: Sequence[float], b: Sequence[float], *, n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0
+    a: Sequence[float], b: Sequence[float], *, n_boot: int = 10_000, confidence: float = 0.95, seed: int | str = 0,
+    contents: Sequence[Any] | None = None,
 ) -> tuple[float, float, float]:
-    """Mean of ``a - b`` over pairs and its percentile bootstrap interval (resampling pairs)."""
+    """Mean of ``a - b`` over pairs and its percentile bootstrap interval: resampling pairs, or,
+    with ``contents`` (one label per pair), whole contents with all their pairs (outcomes
+    cluster by content, so resampling pairs gives too narrow an interval); the statistic is
+    then the mean over the pairs of the resampled contents."""
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
     if x.shape != y.shape:
@@ -127,7 +132,20 @@ def paired_bootstrap_diff(
     if x.size == 0:
         return (math.nan, math.nan, math.nan)
     d = x - y
-    lo, hi = bootstrap_ci(d, n_boot=n_boot, confidence=confidence, seed=seed)
+    if contents is None:
+        lo, hi = bootstrap_ci(d, n_boot=n_boot, confidence=confidence, seed=seed)
+        return (float(d.mean()), lo, hi)
+    if len(contents) != d.size:
+        raise ValueError(f"paired_bootstrap_diff needs one content per pair, got {len(contents)} and {d.size}")
+    ids = {c: i for i, c in enumerate(dict.fromkeys(contents))}
+    of = np.array([ids[c] for c in contents])
+    sums, counts = np.bincount(of, weights=d), np.bincount(of).astype(np.float64)
+
+    def pooled(resampled: np.ndarray) -> np.ndarray:
+        picked = resampled.astype(np.int64)
+        return sums[picked].sum(axis=1) / counts[picked].sum(axis=1)
+
+    lo, hi = bootstrap_ci(np.arange(len(ids), dtype=np.float64), stat=pooled, n_boot=n_boot, confidence=confidence, seed=seed)
     return (float(d.mean()), lo, hi)
 
 
@@ -262,12 +280,12 @@ def paired(rows: Sequence[dict], base_rows: Sequence[dict], *, n_boot: int = 10_
     pairs = [(r, base[pair_key(r)]) for r in _ok(dedupe_rows(rows)) if pair_key(r) in base]
     a = [float(r["correct"]) for r, _ in pairs]
     v = [float(q["correct"]) for _, q in pairs]
-    diff, lo, hi = paired_bootstrap_diff(a, v, n_boot=n_boot, confidence=confidence, seed=seed)
+    contents = [content_of(r) for r, _ in pairs]
+    diff, lo, hi = paired_bootstrap_diff(a, v, n_boot=n_boot, confidence=confidence, seed=seed, contents=contents)
     b = sum(1 for r, q in pairs if r["correct"] and not q["correct"])
     c = sum(1 for r, q in pairs if q["correct"] and not r["correct"])
     lp = [r["logprob_gold"] - q["logprob_gold"] for r, q in pairs if r.get("logprob_gold") is not None and q.get("logprob_gold") is not None]
     n = len(pairs)
-    contents = [content_of(r) for r, _ in pairs]
     return Paired(
         n=n, acc=float(np.mean(a)) if n else math.nan, base_acc=float(np.mean(v)) if n else math.nan,
         diff=diff, lo=lo, hi=hi, b=b, c=c, p=mcnemar_exact(b, c),
