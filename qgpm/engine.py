@@ -50,7 +50,7 @@ from .preparing import plain_chat_call, prepare_call, replan as replan_call
 from .prompt import DEFAULT_TEMPLATE
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import LiveRotary, RotaryInfo
-from .layers import input_device
+from .layers import input_device, unwrap_adapters
 from .runtime import check_supported
 from .streaming import stream_text
 from .tokens import continuation_ids, max_token_chars, plain_backend
@@ -86,6 +86,7 @@ class QGPM:
         generator: Generator | None = None,
     ) -> None:
         check_engine_args(config=config, reuse_prefill=reuse_prefill, heads=heads, generator=generator)
+        model = unwrap_adapters(model)  # a PEFT wrapper: the model inside, its LoRA layers active
         if not getattr(tokenizer, "is_fast", False):
             raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
         self.model, self.tokenizer, self.reuse_prefill = model, tokenizer, reuse_prefill

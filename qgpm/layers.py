@@ -12,7 +12,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-__all__ = ["UnsupportedModelError", "attention_implementation", "attention_switched", "decoder_layers", "input_device"]
+__all__ = ["UnsupportedModelError", "attention_implementation", "attention_switched", "decoder_layers", "input_device", "unwrap_adapters"]
 
 _SWITCHED: dict[int, str | None] = {}  # id(model.config) -> its own implementation while a call runs another
 
@@ -28,6 +28,24 @@ def decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
     if layers is None:
         raise UnsupportedModelError(f"{type(model).__name__} has no decoder layer list at model.base_model.layers")
     return layers
+
+
+def unwrap_adapters(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a PEFT wrapper (``PeftModel``), else ``model`` itself.
+
+    Adapters that sit in the layers (LoRA and its kin) stay in place and active in the model
+    returned, so it computes what the wrapper computes. Prompt-learning adapters (prompt, prefix,
+    P-tuning) add virtual tokens in the wrapper's own forward, which QGPM's positions would not
+    cover: :class:`UnsupportedModelError` says so.
+    """
+    if not (hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None))):
+        return model
+    config = getattr(model, "active_peft_config", None)
+    if getattr(config, "is_prompt_learning", False):
+        raise UnsupportedModelError(
+            f"this PEFT model's active adapter ({getattr(config, 'peft_type', '?')}) adds virtual tokens before the prompt, "
+            "which QGPM's positions do not cover; use an adapter in the layers (LoRA), or generate without QGPM")
+    return model.get_base_model()
 
 
 def input_device(model: torch.nn.Module) -> torch.device:

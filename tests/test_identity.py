@@ -218,6 +218,35 @@ def test_unsupported_rope_types_are_refused_with_their_reason_before_any_forward
         handle.remove()
 
 
+def test_a_lora_model_runs_as_the_peft_wrapper_computes_it(tokenizer):
+    """A PEFT wrapper (a user's LoRA fine-tune, not merged): the engine runs the model inside it
+    with the adapter active, so an identity plan and vanilla generation equal the wrapper's own;
+    a prompt-learning adapter (virtual tokens QGPM does not place) is refused up front."""
+    from peft import LoraConfig, PromptTuningConfig, get_peft_model
+
+    from qgpm import UnsupportedModelError
+
+    wrapped = get_peft_model(tiny_model("llama", len(tokenizer)), LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj"],
+                                                                                init_lora_weights=False))
+    engine = QGPM(wrapped, tokenizer, heads=[(1, 0)], config=IDENTITY)
+    assert engine.model is wrapped.get_base_model() and engine._support_error is None
+    call = engine.prepare(CONTEXT, QUESTION, method="qgpm")
+    ids = call.prompt.input_ids
+    with torch.inference_mode():
+        ref = wrapped(input_ids=ids).logits
+        with wrapped.disable_adapter():
+            plain = wrapped(input_ids=ids).logits
+    assert not torch.allclose(ref, plain)  # the adapter changes the model
+    torch.testing.assert_close(prefill_logits(engine.model, ids, call.plan), ref, rtol=0, atol=1e-5)
+    with torch.inference_mode():
+        want = wrapped.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False, pad_token_id=0)
+    got = engine.answer(CONTEXT, QUESTION, method="vanilla", max_new_tokens=4)
+    assert got.text == tokenizer.decode(want[0, ids.shape[1]:], skip_special_tokens=True).strip()
+    prompted = get_peft_model(tiny_model("llama", len(tokenizer)), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    with pytest.raises(UnsupportedModelError, match="virtual tokens"):
+        QGPM(prompted, tokenizer, heads=[(1, 0)])
+
+
 def test_model_window_reads_yarn_in_every_config_shape():
     from types import SimpleNamespace
 
