@@ -70,7 +70,7 @@ def decision_note(details: Diagnostics, method: str) -> str | None:
     promoted one sentence alone, for ``explain()``, ``qgpm ask`` and the page; ``None`` where the
     call promoted sentences as its ranking and maps say."""
     reason = details.kept_reason
-    if (reason == "flat" or (reason is None and details.flat_relevance)) and details.min_top_z is None and details.kept_reason == "flat":
+    if reason == "flat" and details.min_top_z is None:  # no threshold applied: the flat call was a tie
         return f"the relevance ranked no sentence above another (every score the same), so {method} kept vanilla positions"
     if reason == "flat" or (reason is None and details.flat_relevance):
         return f"the relevance was flat (top z below min_top_z, or every score the same), so {method} kept vanilla positions"

@@ -37,16 +37,11 @@ _CUE = re.compile(
     re.I,
 )
 _TAG = re.compile(r"<(context|contexts|documents?|docs|sources?|passages?|retrieved_context|information)>[ \t]*\n?", re.I)
-_LABEL = re.compile(
-    rf"^[ \t]*(?:#{{1,6}}[ \t]*|\*\*)?(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))",
-    re.I | re.M,
-)
+_LABEL_BODY = rf"(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))"
+_LABEL = re.compile(rf"^[ \t]*(?:#{{1,6}}[ \t]*|\*\*)?{_LABEL_BODY}", re.I | re.M)
 # A label inside the instruction's first paragraph ("... based only on the following context:\n",
 # "... keep the answer concise. Context: {context}"): the context starts right after it.
-_INLINE_LABEL = re.compile(
-    rf"\b(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))",
-    re.I,
-)
+_INLINE_LABEL = re.compile(rf"\b{_LABEL_BODY}", re.I)
 # A line of the instruction's first paragraph that mentions the context and ends with a colon ("Use the text below:").
 _CUE_LINE = re.compile(r"^[^\n]*:[ \t]*\n", re.M)
 _RULE = re.compile(r"^[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*(?:\n|$)", re.M)
@@ -83,9 +78,13 @@ class ContextBlock:
     marker: str
     question_start: int | None = None
     question_end: int | None = None
-    question_first: bool = False  # the question (and its label) comes before the context's label
-    question_label_start: int | None = None  # with question_first: where the question's label and the context's label begin
+    question_label_start: int | None = None  # set when the question (and its label) comes before the context's label: where its label begins
     context_label_start: int | None = None
+
+    @property
+    def question_first(self) -> bool:
+        """The question (and its label) comes before the context's label."""
+        return self.question_label_start is not None
 
     @property
     def instruction(self) -> str:
@@ -179,7 +178,7 @@ def _question_first(text: str, q: tuple[int, int, int]) -> ContextBlock | None:
     c0 = m.end() + len(body) - len(body.lstrip())
     c1 = max(c0, m.end() + len(body.rstrip()))
     return ContextBlock(text=text, instruction_end=len(text[:label_start].rstrip()), start=c0, end=c1, marker="label",
-                        question_start=q0, question_end=question_end, question_first=True, question_label_start=label_start,
+                        question_start=q0, question_end=question_end, question_label_start=label_start,
                         context_label_start=m.start())
 
 

@@ -104,19 +104,13 @@ def check_local_layers(config: QGPMConfig, rotary: RotaryInfo) -> None:
                          "this model has one rotary kind on every layer: leave local_layers=None")
 
 
-def is_flat(z: torch.Tensor, config: QGPMConfig, *, ties: bool = True) -> bool:
+def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
     """Confidence rule: the head signal is too flat to act on when the top sentence's fused
     z-score (Eq. 5; standard deviations above the mean sentence) is below
-    ``config.min_top_z``. Whatever ``min_top_z`` (``None`` included), a signal that ranks no
-    sentence above another is flat: no finite score, or every finite score the same (a
-    lexical source that found none of the question's words in any sentence), where a plan
-    would otherwise promote the first sentences in text order (``ties=False``: only the threshold
-    counts, for a context the short-context rule keeps at vanilla positions anyway)."""
-    if z.numel() == 0:
-        return False
-    if ties and is_tied(z):
-        return True
-    if config.min_top_z is None:
+    ``config.min_top_z`` (``None``: never), or when no score is finite. A signal that ranks no
+    sentence above another is flat whatever ``min_top_z`` (:func:`is_tied`; :func:`build_plan`
+    applies both, the tie only where the short-context rule does not keep vanilla positions)."""
+    if z.numel() == 0 or config.min_top_z is None:
         return False
     finite = z[torch.isfinite(z)]
     return finite.numel() == 0 or float(finite.max()) < config.min_top_z
@@ -233,7 +227,7 @@ def build_plan(
     # The two confidence rules read the head signal only; the Oracle's labels are not one.
     context_s_low = effective_s_low(int((token_unit >= 0).sum()), config)  # 1: keep_length (or s_low 1) keeps vanilla positions
     tied = not dense and context_s_low < 1 and is_tied(unit_relevance)
-    flat = tied or (not dense and is_flat(unit_relevance, config, ties=False))
+    flat = tied or (not dense and is_flat(unit_relevance, config))
     decisive = is_decisive(unit_relevance, config) if not (dense or flat) else False
     vanilla = flat or decisive
     solo = is_solo(unit_relevance, config) if not (dense or vanilla) else False

@@ -143,14 +143,15 @@ def prepare_call(eng: ModelView, spec: MethodSpec, context: Any, question: str, 
                                                     answer_prefix=opts.answer_prefix, template=opts.template),
                           max_sentence_chars=cfg.max_sentence_chars, query_tail=cfg.query_tail, split_run_ons=cfg.split_run_ons)
     check_fits(window, prompt.num_tokens, opts.max_new_tokens, context_tokens=prompt.context_tokens)
-    capacity = prompt.num_tokens + max(opts.max_new_tokens, 1) + 1
-    return prepare_stage(eng, spec, prompt, question, cfg, capacity=capacity, timings=Timings(edit_s=edit_s), edit=edit, details=details,
-                         evidence=evidence, options=options)
+    budget = max(opts.max_new_tokens, 1)
+    return prepare_stage(eng, spec, prompt, question, cfg, capacity=prompt.num_tokens + budget + 1, max_new_tokens=budget,
+                         timings=Timings(edit_s=edit_s), edit=edit, details=details, evidence=evidence, options=options)
 
 
-def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: str, cfg: QGPMConfig, *, capacity: int, timings: Timings,
-                  edit: Any, details: Mapping[str, Any], evidence: Sequence[str] | None, options: Any) -> PreparedCall:
-    """The prepared call of ``spec``'s stage over the built ``prompt``."""
+def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: str, cfg: QGPMConfig, *, capacity: int, max_new_tokens: int,
+                  timings: Timings, edit: Any, details: Mapping[str, Any], evidence: Sequence[str] | None, options: Any) -> PreparedCall:
+    """The prepared call of ``spec``'s stage over the built ``prompt`` (``capacity``: prompt and
+    ``max_new_tokens`` in tokens, what the plans cover)."""
     details = Diagnostics.of(details)
     if spec.stage is Stage.HEADS:
         return _prepare_heads(eng, prompt, question, cfg, capacity, timings, edit, details)
@@ -167,7 +168,7 @@ def prepare_stage(eng: ModelView, spec: MethodSpec, prompt: Prompt, question: st
     if spec.stage is Stage.ATTENTION:  # positions change inside attention (qgpm.baselines)
         t = time.perf_counter()
         plan, info = build_baseline_plan(spec.name, options, n_tokens=prompt.num_tokens, rotary=eng.rotary, n_layers=eng.n_layers,
-                                         sliding_window=sliding_window_of(eng.model), max_new_tokens=capacity - prompt.num_tokens - 1,
+                                         sliding_window=sliding_window_of(eng.model), max_new_tokens=max_new_tokens,
                                          device=eng.device)
         timings.plan_s = time.perf_counter() - t
         details.settings.update(info)

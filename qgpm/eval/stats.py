@@ -276,8 +276,13 @@ def paired(rows: Sequence[dict], base_rows: Sequence[dict], *, n_boot: int = 10_
     """Pair ``rows`` with ``base_rows`` by sample and compare (see module docs). A sample answered
     twice by one series counts once (:func:`~qgpm.eval.rows.dedupe_rows`: a success beats an
     error, a later row an earlier one)."""
-    base = {pair_key(r): r for r in _ok(dedupe_rows(base_rows))}
-    pairs = [(r, base[pair_key(r)]) for r in _ok(dedupe_rows(rows)) if pair_key(r) in base]
+    return _paired(dedupe_rows(rows), dedupe_rows(base_rows), n_boot=n_boot, confidence=confidence, seed=seed)
+
+
+def _paired(rows: Sequence[dict], base_rows: Sequence[dict], *, n_boot: int, confidence: float, seed: int | str) -> Paired:
+    """:func:`paired` over rows already deduplicated."""
+    base = {pair_key(r): r for r in _ok(base_rows)}
+    pairs = [(r, base[pair_key(r)]) for r in _ok(rows) if pair_key(r) in base]
     a = [float(r["correct"]) for r, _ in pairs]
     v = [float(q["correct"]) for _, q in pairs]
     contents = [content_of(r) for r, _ in pairs]
@@ -371,7 +376,7 @@ def group_paired(
     """
     labels = labels or series_labels(rows)
     groups: dict[tuple, dict[str, list[dict]]] = {}
-    for r in rows:
+    for r in dedupe_rows(rows):  # once: each group's series are then deduplicated already
         key = tuple("all" if f == "*" else r.get(f) for f in by)
         groups.setdefault(key, {}).setdefault(_label(r, labels), []).append(r)
     out: dict[tuple, Paired] = {}
@@ -383,7 +388,7 @@ def group_paired(
             if lab in base_labels:
                 continue
             base = series[base_for(lab, base_labels, labels, configs)]
-            out[key + (lab,)] = paired(rs, base, n_boot=n_boot, confidence=confidence, seed=f"{seed}|{key}|{lab}")
+            out[key + (lab,)] = _paired(rs, base, n_boot=n_boot, confidence=confidence, seed=f"{seed}|{key}|{lab}")
     return out
 
 
