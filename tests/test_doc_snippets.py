@@ -1,0 +1,165 @@
+"""The Python snippets of the README and docs/ as a reader copies them: each parses, every qgpm
+name it imports exists, and every keyword it passes to a qgpm function, a qgpm class or a method
+of an object it built from one is a keyword that call takes. The snippets of docs/ marked
+runnable run as written, a page's snippets in one namespace, in page order, as a reader
+follows the page (the README's own run in test_docs.py)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNABLE = "<!-- runnable -->"
+PACKAGES = ("qgpm", "qgpm_integrations")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+_BLOCK = re.compile(r"(" + re.escape(RUNNABLE) + r"\s*\n)?```python\n(.*?)\n```", flags=re.DOTALL)
+
+
+def _blocks(page: Path) -> list[tuple[int, bool, str]]:
+    """``(line, runnable, code)`` for every python block of ``page``."""
+    text = page.read_text(encoding="utf-8")
+    return [(text[: m.start(2)].count("\n"), bool(m.group(1)), m.group(2)) for m in _BLOCK.finditer(text)]
+
+
+def _keywords_taken(target: Any) -> set[str] | None:
+    """The keyword names ``target(...)`` takes, or ``None`` where it takes any (``**kwargs``).
+    A pydantic model takes its field names, their aliases and its constructor's parameters."""
+    try:
+        params = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        params = None
+    named = {p.name for p in params or [] if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    fields = getattr(target, "model_fields", None) if isinstance(target, type) else None
+    if isinstance(fields, dict):
+        aliases = {a for info in fields.values() for a in (info.alias, info.validation_alias) if isinstance(a, str)}
+        return set(fields) | aliases | named
+    if params is None or any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return named
+
+
+class _Built:
+    """An object a snippet built from a qgpm class: its methods resolve, its other attributes
+    exist or not but have no known type."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+
+    def has(self, attr: str) -> bool:
+        own = [c for c in self.cls.__mro__ if c.__module__.split(".")[0] in PACKAGES]
+        return (hasattr(self.cls, attr) or attr in getattr(self.cls, "model_fields", {})
+                or any(attr in getattr(c, "__annotations__", {}) or f"self.{attr} " in inspect.getsource(c) for c in own))
+
+    def method(self, attr: str) -> Any:
+        found = inspect.getattr_static(self.cls, attr, None)
+        return getattr(self.cls, attr) if inspect.isfunction(found) or isinstance(found, (classmethod, staticmethod)) else None
+
+
+def _snippet_faults(code: str) -> list[str]:
+    """What in ``code`` names a qgpm thing that does not exist or passes it a keyword it does
+    not take. Objects are followed through plain assignments: ``x = Cls(...)`` and
+    ``x = Cls.from_...(...)`` make ``x.method(...)`` a call of ``Cls.method``."""
+    tree = ast.parse(code)
+    names: dict[str, Any] = {}
+    faults: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            try:
+                module = importlib.import_module(node.module)
+            except ImportError as exc:
+                faults.append(f"line {node.lineno}: from {node.module} import ... fails: {exc}")
+                continue
+            for alias in node.names:
+                if hasattr(module, alias.name):
+                    names[alias.asname or alias.name] = getattr(module, alias.name)
+                else:
+                    faults.append(f"line {node.lineno}: {node.module} has no {alias.name}")
+
+    def resolve(expr: ast.expr) -> Any:
+        if isinstance(expr, ast.Name):
+            return names.get(expr.id)
+        if not isinstance(expr, ast.Attribute):
+            return None
+        owner = resolve(expr.value)
+        if owner is None:
+            return None
+        exists = owner.has(expr.attr) if isinstance(owner, _Built) else (
+            hasattr(owner, expr.attr) or expr.attr in getattr(owner, "model_fields", {}))
+        if not exists:
+            what = owner.cls.__name__ + " object" if isinstance(owner, _Built) else getattr(owner, "__name__", repr(owner))
+            faults.append(f"line {expr.lineno}: {ast.unparse(expr)}: {what} has no {expr.attr}")
+            return None
+        return owner.method(expr.attr) if isinstance(owner, _Built) else getattr(owner, expr.attr, None)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            maker = resolve(node.value.func)
+            cls = maker if isinstance(maker, type) else getattr(maker, "__self__", None)
+            if isinstance(cls, type) and (maker is cls or getattr(maker, "__name__", "").startswith("from_")):
+                names.update({t.id: _Built(cls) for t in node.targets if isinstance(t, ast.Name)})
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            target = resolve(node.func)
+            taken = _keywords_taken(target) if target is not None else None
+            for kw in node.keywords:
+                if taken is not None and kw.arg is not None and kw.arg not in taken:
+                    faults.append(f"line {node.lineno}: {ast.unparse(node.func)}() takes no keyword {kw.arg!r}")
+    return list(dict.fromkeys(faults))  # an attribute resolved for an assignment and again for its call
+
+
+def test_every_python_snippet_in_the_docs_names_what_the_code_has():
+    faults, checked = [], 0
+    for page in PAGES:
+        for line, _, code in _blocks(page):
+            checked += 1
+            faults += [f"{page.relative_to(ROOT)} (block at line {line + 1}) {f}" for f in _snippet_faults(code)]
+    assert checked >= 20, checked
+    assert not faults, "\n".join(faults)
+
+
+def test_the_snippet_check_finds_a_wrong_name_and_a_wrong_keyword():
+    stale = (
+        "from qgpm import QGPM, QGPMConfig, NoSuchThing\n"
+        "engine = QGPM.from_pretrained()\n"
+        "cfg = QGPMConfig(k_brod=2.0)\n"
+        "engine.replan(None, confg=cfg)\n"
+        "engine.answr('c', 'q')\n"
+        "print(engine.config.k_broad, engine.model)\n"
+    )
+    assert sorted(f.split(": ", 1)[1] for f in _snippet_faults(stale)) == [
+        "QGPMConfig() takes no keyword 'k_brod'", "engine.answr: QGPM object has no answr",
+        "engine.replan() takes no keyword 'confg'", "qgpm has no NoSuchThing"]
+    fine = "from qgpm import QGPM\nengine = QGPM.from_pretrained(device_map='cpu')\nengine.answer_many([], max_concurrency=2)\n"
+    assert _snippet_faults(fine) == []
+
+
+def test_the_snippet_check_reads_a_pydantic_models_fields_and_aliases():
+    pytest.importorskip("langchain_core")
+    ok = "from qgpm_integrations.langchain import QGPMChatModel\nllm = QGPMChatModel(max_tokens=8, max_new_tokens=8, method='qgpm')\n"
+    assert _snippet_faults(ok) == []
+    assert _snippet_faults("from qgpm_integrations.langchain import QGPMChatModel\nQGPMChatModel(max_token=8)\n")
+
+
+_RUNNABLE_PAGES = [p for p in PAGES[1:] if any(runnable for _, runnable, _ in _blocks(p))]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("page", [p.relative_to(ROOT).as_posix() for p in _RUNNABLE_PAGES])
+def test_the_runnable_snippets_of_a_docs_page_run_as_written(page, capsys):
+    namespace: dict[str, Any] = {"__name__": "docs_snippets"}
+    for line, runnable, code in _blocks(ROOT / page):
+        if runnable:
+            exec(compile(code, f"{page} (block at line {line + 1})", "exec"), namespace)
+            assert capsys.readouterr().out.strip(), f"{page}: the snippet at line {line + 1} should print what it shows"
+
+
+def test_the_integrations_page_marks_its_self_contained_snippets_runnable():
+    marked = [line for line, runnable, _ in _blocks(ROOT / "docs/integrations.md") if runnable]
+    assert len(marked) >= 4, marked
