@@ -160,6 +160,8 @@ def test_the_runnable_snippets_of_a_docs_page_run_as_written(page, capsys):
             assert capsys.readouterr().out.strip(), f"{page}: the snippet at line {line + 1} should print what it shows"
 
 
-def test_the_integrations_page_marks_its_self_contained_snippets_runnable():
-    marked = [line for line, runnable, _ in _blocks(ROOT / "docs/integrations.md") if runnable]
-    assert len(marked) >= 4, marked
+@pytest.mark.parametrize(("page", "at_least"), [("docs/api.md", 7), ("docs/integrations.md", 5)])
+def test_the_api_and_integrations_pages_mark_their_self_contained_snippets_runnable(page, at_least):
+    """The snippets left unmarked name a user's own model, file or server."""
+    marked = [line for line, runnable, _ in _blocks(ROOT / page) if runnable]
+    assert len(marked) >= at_least, marked
