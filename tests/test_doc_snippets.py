@@ -1,15 +1,19 @@
-"""The Python snippets of the README and docs/ as a reader copies them: each parses, every qgpm
-name it imports exists, and every keyword it passes to a qgpm function, a qgpm class or a method
-of an object it built from one is a keyword that call takes. The snippets of docs/ marked
-runnable run as written, a page's snippets in one namespace, in page order, as a reader
-follows the page (the README's own run in test_docs.py)."""
+"""The snippets of the README and docs/ as a reader copies them. Python: each parses, every
+qgpm name it imports exists, and every keyword it passes to a qgpm function, a qgpm class or a
+method of an object it built from one is a keyword that call takes; the ones of docs/ marked
+runnable run as written, a page's snippets in one namespace, in page order, as a reader follows
+the page (the README's own run in test_docs.py). Shell: every ``qgpm`` command line parses
+with the command line's own parser."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
+import io
 import inspect
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +156,8 @@ _RUNNABLE_PAGES = [p for p in PAGES[1:] if any(runnable for _, runnable, _ in _b
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("page", [p.relative_to(ROOT).as_posix() for p in _RUNNABLE_PAGES])
-def test_the_runnable_snippets_of_a_docs_page_run_as_written(page, capsys):
+def test_the_runnable_snippets_of_a_docs_page_run_as_written(page, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a snippet may write files (why.html, relevance.png)
     namespace: dict[str, Any] = {"__name__": "docs_snippets"}
     for line, runnable, code in _blocks(ROOT / page):
         if runnable:
@@ -165,3 +170,89 @@ def test_the_api_and_integrations_pages_mark_their_self_contained_snippets_runna
     """The snippets left unmarked name a user's own model, file or server."""
     marked = [line for line, runnable, _ in _blocks(ROOT / page) if runnable]
     assert len(marked) >= at_least, marked
+
+
+def _shell_blocks(text: str) -> list[tuple[int, list[str]]]:
+    """``(first line, lines)`` of every fenced block tagged bash or sh, or untagged."""
+    blocks, inside, lang = [], False, ""
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.startswith("```"):
+            if inside and line.strip() == "```":
+                if lang in ("bash", "sh", ""):
+                    blocks.append((first, body))
+                inside = False
+            elif not inside:
+                inside, lang, first, body = True, line[3:].strip(), n + 1, []
+        elif inside:
+            body.append(line)
+    return blocks
+
+
+_QGPM = re.compile(r"^(?:\S*/)?qgpm$")
+
+
+def _command_lines(page: Path) -> list[tuple[int, list[str]]]:
+    """``(line, argv)`` for every ``qgpm ...`` command in the shell blocks of ``page`` (lines
+    joined at a trailing backslash, comments dropped, one command per ``&&`` / ``;`` / ``|``).
+    A line that names qgpm and does not split into words is returned as ``["<unbalanced quotes>"]``."""
+    text = page.read_text(encoding="utf-8")
+    found = []
+    for first, lines in _shell_blocks(text):
+        joined = ""
+        for offset, raw in enumerate(lines):
+            start = first + offset if not joined else start
+            joined += raw[:-1] + " " if raw.endswith("\\") else raw
+            if raw.endswith("\\"):
+                continue
+            line, joined = joined, ""
+            if "qgpm" not in line:
+                continue
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            try:
+                words, command = list(lexer), []
+            except ValueError:
+                found.append((start, ["<unbalanced quotes>"]))
+                continue
+            for word in [*words, ";"]:
+                if word in ("&&", ";", "|", "||"):
+                    if command and _QGPM.match(command[0]):
+                        found.append((start, command[1:]))
+                    command = []
+                else:
+                    command.append(word)
+    return found
+
+
+def _parse_error(argv: list[str]) -> str | None:
+    """What ``qgpm``'s own parser says of ``argv`` (``None`` when it parses)."""
+    from qgpm.cli import build_parser
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return (err.getvalue().strip().splitlines() or [f"exit {exc.code}"])[-1] if exc.code else None
+    return None
+
+
+def test_every_qgpm_command_line_in_the_docs_parses():
+    faults, checked = [], 0
+    for page in PAGES:
+        for line, argv in _command_lines(page):
+            checked += 1
+            error = _parse_error(argv)
+            if error:
+                faults.append(f"{page.relative_to(ROOT)}:{line}: qgpm {shlex.join(argv)}\n    {error}")
+    assert checked >= 20, checked
+    assert not faults, "\n".join(faults)
+
+
+def test_the_command_line_check_reads_a_stale_flag(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("```bash\nqgpm ask --methods vanilla,qgpm \\\n  --max-new-tokens 8   # fine\n"
+                    "bash scripts/setup.sh && .venv/bin/qgpm eval --out runs/x --lenghts 2048\n```\n", encoding="utf-8")
+    (first, ok), (second, stale) = _command_lines(page)
+    assert (first, ok) == (2, ["ask", "--methods", "vanilla,qgpm", "--max-new-tokens", "8"]) and _parse_error(ok) is None
+    assert second == 4 and "unrecognized arguments: --lenghts 2048" in _parse_error(stale)
