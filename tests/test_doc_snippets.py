@@ -174,17 +174,17 @@ def test_the_api_and_integrations_pages_mark_their_self_contained_snippets_runna
 
 def _shell_blocks(text: str) -> list[tuple[int, list[str]]]:
     """``(first line, lines)`` of every fenced block tagged bash or sh, or untagged."""
-    blocks, inside, lang = [], False, ""
+    blocks: list[tuple[int, list[str]]] = []
+    current: tuple[str, int, list[str]] | None = None  # (tag, first line, lines) inside a fence
     for n, line in enumerate(text.split("\n"), 1):
-        if line.startswith("```"):
-            if inside and line.strip() == "```":
-                if lang in ("bash", "sh", ""):
-                    blocks.append((first, body))
-                inside = False
-            elif not inside:
-                inside, lang, first, body = True, line[3:].strip(), n + 1, []
-        elif inside:
-            body.append(line)
+        if current is None and line.startswith("```"):
+            current = (line[3:].strip(), n + 1, [])
+        elif current is not None and line.strip() == "```":
+            if current[0] in ("bash", "sh", ""):
+                blocks.append(current[1:])
+            current = None
+        elif current is not None:
+            current[2].append(line)
     return blocks
 
 
@@ -198,7 +198,7 @@ def _command_lines(page: Path) -> list[tuple[int, list[str]]]:
     text = page.read_text(encoding="utf-8")
     found = []
     for first, lines in _shell_blocks(text):
-        joined = ""
+        joined, start = "", first
         for offset, raw in enumerate(lines):
             start = first + offset if not joined else start
             joined += raw[:-1] + " " if raw.endswith("\\") else raw
