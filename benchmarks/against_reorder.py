@@ -16,7 +16,7 @@ import math
 import sys
 from pathlib import Path
 
-from qgpm.eval.stats import mcnemar_exact
+from qgpm.eval.significance import mcnemar_exact
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grid_table import load_rows, parse_range, wins_losses  # noqa: E402  (the sibling table: the same rows and pairs)

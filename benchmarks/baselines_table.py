@@ -21,7 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-from qgpm.eval.stats import mcnemar_exact
+from qgpm.eval.significance import mcnemar_exact
 
 ROWS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test" / "rows.jsonl"
 BASELINES = ("string", "ms-poe", "self-extend")

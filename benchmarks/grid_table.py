@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from qgpm.eval.scoring import is_correct
-from qgpm.eval.stats import mcnemar_exact
+from qgpm.eval.significance import mcnemar_exact
 
 
 def parse_series(spec: str) -> dict[str, str]:

@@ -25,7 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from qgpm.eval.stats import mcnemar_exact
+from qgpm.eval.significance import mcnemar_exact
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines_table import total_cell  # noqa: E402  (the sibling table: same totals-row cells)

@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from qgpm.eval.stats import content_sign_flip, mcnemar_exact
+from qgpm.eval.significance import content_sign_flip, mcnemar_exact
 from qgpm.samples.nolima import NEEDLES, needle_combos
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

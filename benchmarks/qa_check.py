@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from qgpm.eval.scoring import is_correct
-from qgpm.eval.stats import mcnemar_exact
+from qgpm.eval.significance import mcnemar_exact
 from qgpm.segment import split_sentences
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

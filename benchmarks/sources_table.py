@@ -22,7 +22,7 @@ from pathlib import Path
 
 from qgpm.config import QGPMConfig
 from qgpm.eval.hashes import config_dict
-from qgpm.eval.stats import mcnemar_exact
+from qgpm.eval.significance import mcnemar_exact
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "eval_smollm2_test"
 SOURCES = ("heads", "minilm", "bm25", "heads+bm25")

@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from qgpm.eval.stats import mcnemar_exact
+from qgpm.eval.significance import mcnemar_exact
 
 KEY = ("task", "length", "depth", "seed")
 SHOWN = ("anchor_ratio", "s_low", "k_sharp", "t_sharp", "k_broad", "t_broad", "eps", "local_window", "unmodulated_layers", "split_layer", "tau", "remap", "z_window", "lead_tokens", "solo_margin", "placement", "local_layers", "term_ratio", "moved_order")

@@ -28,16 +28,8 @@ from qgpm.eval.rows import merge_rows, read_rows, row_key
 from qgpm.eval.answering import answer_sample, answer_stop, gold_continuation
 from qgpm.eval.hashes import method_fingerprint
 from qgpm.eval.runner import run_eval
-from qgpm.eval.stats import (
-    accuracy,
-    bootstrap_ci,
-    group_accuracy,
-    group_paired,
-    mcnemar_exact,
-    paired,
-    paired_bootstrap_diff,
-    wilson_interval,
-)
+from qgpm.eval.significance import bootstrap_ci, mcnemar_exact, paired_bootstrap_diff, wilson_interval
+from qgpm.eval.stats import accuracy, group_accuracy, group_paired, paired
 from qgpm.samples.base import split_seed
 from qgpm.samples.tasks import TASKS, generate
 
@@ -261,7 +253,7 @@ def test_scipy_statistics_match_the_closed_forms():
     import numpy as np
     from scipy.stats import norm
 
-    from qgpm.eval.stats import _rng
+    from qgpm.eval.significance import _rng
 
     z = float(norm.ppf(0.975))
     for n in (1, 3, 10, 75, 150):
@@ -332,7 +324,7 @@ def test_paired_stats_on_hand_made_rows():
 
 
 def test_content_sign_flip_counts_needle_contents_not_pairs():
-    from qgpm.eval.stats import content_sign_flip
+    from qgpm.eval.significance import content_sign_flip
 
     # two contents, each won at five depths: McNemar sees 10 independent wins, the contents are two
     d = [1.0] * 10

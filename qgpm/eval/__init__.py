@@ -3,7 +3,8 @@ RULER / NoLiMa scorers), writes rows (:mod:`qgpm.eval.runner`, which answers the
 :mod:`qgpm.eval.work` with :mod:`qgpm.eval.answering`, hashes each method's settings with
 :mod:`qgpm.eval.hashes` and splits the items with :mod:`qgpm.eval.processes`;
 :mod:`qgpm.eval.rows` reads and merges them),
-statistics and reports (:mod:`qgpm.eval.stats`, :mod:`qgpm.eval.report`), tunes
+statistics and reports (:mod:`qgpm.eval.significance`, :mod:`qgpm.eval.stats`,
+:mod:`qgpm.eval.report`), tunes
 hyperparameters (:mod:`qgpm.eval.tune`) and holds the evaluation subcommands
 (:mod:`qgpm.eval.cli`).
 

@@ -13,7 +13,7 @@ import math
 from typing import Sequence
 
 from qgpm.config import QGPMConfig
-from qgpm.eval.stats import mcnemar_exact
+from qgpm.eval.significance import mcnemar_exact
 
 __all__ = ["SHAPING_FIELDS", "mean", "trial_summary", "objective_key", "fmt", "summary_md"]
 
