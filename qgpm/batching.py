@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import logging
 import numbers
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -26,18 +25,6 @@ from contextlib import aclosing
 from typing import Any, Callable, Sequence, TypeVar
 
 __all__ = ["answer_many", "aanswer", "iterate_in_thread", "ASYNC_WORKERS"]
-
-logger = logging.getLogger("qgpm")
-
-
-def _add_note(exc: BaseException, note: str) -> None:
-    """``exc.add_note(note)``. Python 3.10 has no exception notes: there the note goes into
-    ``exc.__notes__`` (where 3.11 keeps it) and, as its tracebacks do not show it, on logger ``qgpm``."""
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-        return
-    exc.__notes__ = [*getattr(exc, "__notes__", []), note]
-    logger.warning("%s: %s: %s", note, type(exc).__name__, exc)
 
 
 def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concurrency: int = 8) -> list[Any]:
@@ -62,7 +49,7 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
         try:
             engine.check_request(**r)
         except (TypeError, ValueError) as exc:  # PromptError and ContextTooLongError are ValueErrors too
-            _add_note(exc, f"in request {i} of answer_many()")
+            exc.add_note(f"in request {i} of answer_many()")
             raise
     with ThreadPoolExecutor(max_workers=min(max_concurrency, len(reqs)), thread_name_prefix="qgpm-call") as pool:
         futures = [pool.submit(functools.partial(engine.answer, **r)) for r in reqs]
@@ -72,7 +59,7 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
             for f in futures:
                 f.cancel()  # not started yet: never runs; running ones finish as the pool closes
             exc = futures[failed[0]].exception()
-            _add_note(exc, f"in request {failed[0]} of answer_many()")
+            exc.add_note(f"in request {failed[0]} of answer_many()")
             raise exc
         return [f.result() for f in futures]
 

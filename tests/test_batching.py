@@ -121,27 +121,6 @@ def test_a_failing_call_cancels_the_requests_not_started(engine, monkeypatch):
     assert engine.answer_many(reqs[2:6], max_concurrency=2) == ["q2", "q3", "q4", "q5"]
 
 
-def test_the_request_note_reaches_the_caller_where_exceptions_have_no_add_note(caplog):
-    """Python 3.10 exceptions have no add_note (3.11+): the note still lands in __notes__, and on
-    logger 'qgpm' since 3.10 tracebacks do not print notes; on 3.11 the note is added once, unlogged."""
-    from qgpm.batching import _add_note
-
-    class Legacy:  # an exception as Python 3.10 builds it: no add_note
-        def __str__(self):
-            return "no vLLM server answers"
-
-    legacy = Legacy()
-    with caplog.at_level("WARNING", logger="qgpm"):
-        _add_note(legacy, "in request 3 of answer_many()")
-    assert legacy.__notes__ == ["in request 3 of answer_many()"]
-    assert "in request 3 of answer_many(): Legacy: no vLLM server answers" in caplog.text
-    caplog.clear()
-    modern = ValueError("bad")
-    with caplog.at_level("WARNING", logger="qgpm"):
-        _add_note(modern, "in request 0 of answer_many()")
-    assert modern.__notes__ == ["in request 0 of answer_many()"] and not caplog.text
-
-
 def test_cancelling_aanswer_stops_the_generation(engine):
     """A caller that gives up (a client disconnecting, asyncio.wait_for) stops the call: the
     model's forwards stop soon after, instead of running to max_new_tokens in a thread nobody
