@@ -20,31 +20,15 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shlex
-import sys
 import time
 from typing import Sequence
 
-from qgpm._cliutil import (
-    CONFIG_HELP,
-    DEVICE_HELP,
-    DTYPE_HELP,
-    HEADS_HELP,
-    RERANKER_HELP,
-    VLLM_MODEL_HELP,
-    VLLM_URL_HELP,
-    QGPMArgumentParser,
-    csv_list,
-    methods_arg,
-    remote_call_config,
-    run_cli,
-    split_config_args,
-    tasks_arg,
-)
+from qgpm._cliutil import RERANKER_HELP, QGPMArgumentParser, methods_arg, remote_call_config, run_cli, split_config_args
 from qgpm.baselines import options_from_strings
 from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options
 from qgpm.config_files import check_config_args, load_config
-from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
+from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_RERANKER, METHODS
+from qgpm.eval.cli_args import add_config_args, add_model_args, add_sample_args, command_line, lengths_arg, positive_int, shard_arg
 from qgpm.eval.processes import partial_state
 from qgpm.eval.report import report
 from qgpm.eval.rows import read_rows
@@ -53,112 +37,8 @@ from qgpm.eval.tune import parse_grid, tune
 from qgpm.eval.work import read_sample_ids
 from qgpm.heads import HeadSet, head_set_file_name, stored_head_set_path, user_head_dir
 from qgpm.samples import calibration_samples, check_data_packages
-from qgpm.samples.resources import HAYSTACKS
 
 __all__ = ["register", "main", "main_eval", "main_tune", "main_calibrate", "main_report", "build_parser"]
-
-
-_csv = csv_list
-_tasks = tasks_arg
-
-
-def _depths(s: str) -> list[float] | None:
-    if s.strip().lower() in ("none", "random"):
-        return None
-    return [float(x) for x in _csv(s)]
-
-
-_depths.__name__ = "depths (comma list of numbers, or 'random')"  # argparse names the type in its error
-
-
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in _csv(s)]
-
-
-_ints.__name__ = "lengths (comma list of ints)"
-
-
-def _shard(s: str | None) -> tuple[int, int] | None:
-    """``i/N``, checked when the arguments are parsed (before any model loads)."""
-    if not s:
-        return None
-    a, sep, b = s.partition("/")
-    try:
-        i, n = int(a), int(b)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not i/N (this job's shard i of N, e.g. 0/2)") from None
-    if not sep or n < 1 or not 0 <= i < n:
-        raise argparse.ArgumentTypeError(f"{s!r}: a shard is i/N with N >= 1 and 0 <= i < N, e.g. 0/2 and 1/2")
-    return i, n
-
-
-_shard.__name__ = "shard"
-
-
-def _haystack(s: str) -> str:
-    """A haystack name of :data:`qgpm.samples.resources.HAYSTACKS`, checked before any model loads."""
-    if s not in HAYSTACKS:
-        raise argparse.ArgumentTypeError(f"unknown haystack {s!r}; one of {', '.join(sorted(HAYSTACKS))}")
-    return s
-
-
-_haystack.__name__ = "haystack"
-
-
-def _positive(s: str) -> int:
-    value = int(s)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-_positive.__name__ = "int >= 1"
-
-
-def _command(args=None) -> str:
-    """The command line as run (``qgpm ...`` via the entry point, else ``python -m qgpm.eval.cli ...``)."""
-    argv = getattr(args, "argv", None)
-    if argv is None:
-        argv = sys.argv[1:]
-    prog = "qgpm" if sys.argv and os.path.basename(sys.argv[0]) == "qgpm" else "python -m qgpm.eval.cli"
-    launcher = ""
-    world = os.environ.get("WORLD_SIZE")
-    if world and world != "1":
-        launcher = f"accelerate launch --num_processes {world} "
-    return launcher + prog + " " + " ".join(shlex.quote(a) for a in argv)
-
-
-def _model_args(p: argparse.ArgumentParser, heads: bool = True, answers: bool = True) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument("--model", default=DEFAULT_MODEL, help=f"{DEFAULT_MODEL} (the embedded {DEFAULT_MODEL_NAME}), an HF id, a local folder or a .gguf file")
-    g.add_argument("--device", default="auto", help=DEVICE_HELP)
-    g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
-    g.add_argument("--attn-implementation", default=None, help="eager | sdpa | flash_attention_2 (default: transformers' choice)")
-    if answers:
-        g.add_argument("--vllm-url", default=None, metavar="URL", help=VLLM_URL_HELP)
-        g.add_argument("--vllm-model", default=None, metavar="NAME", help=VLLM_MODEL_HELP)
-        g.add_argument("--no-reuse-prefill", dest="reuse_prefill", action="store_false",
-                       help="QGPM calls always stop pass 1 at the deepest head's layer and prefill the whole prompt in pass 2 "
-                            "(QGPM(reuse_prefill=False); rows made before the reuse existed were computed so)")
-    if heads:
-        g.add_argument("--heads", default=None, help=HEADS_HELP)
-
-
-def _sample_args(p: argparse.ArgumentParser, *, split_choices: Sequence[str], default_split: str, default_n: int) -> None:
-    g = p.add_argument_group("samples")
-    g.add_argument("--tasks", type=tasks_arg, default=None, help="comma list or 'all' (default: niah_multikey_1,nolima_direct)")
-    g.add_argument("--lengths", type=_ints, default=[2048], help="token budgets, comma list (default 2048)")
-    g.add_argument("--depths", type=_depths, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths, comma list, or 'random' (default 0,0.25,0.5,0.75,1)")
-    g.add_argument("--n", type=int, default=default_n, help=f"samples per (task, length, depth) (default {default_n})")
-    g.add_argument("--split", choices=list(split_choices), default=default_split, help=f"seed split (default {default_split})")
-    g.add_argument("--haystack", type=_haystack, default=None, help="haystack for NoLiMa / essay NIAH tasks (essays, squad)")
-    g.add_argument("--max-new-tokens", type=int, default=None, help="override every task's generation budget")
-
-
-def _config_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("QGPM config")
-    g.add_argument("--config", action="append", default=None, metavar="FILE|FIELD=VALUE", help=CONFIG_HELP)
-    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help="same as --config FIELD=VALUE (repeatable)")
 
 
 def register(subparsers) -> None:
@@ -167,8 +47,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("eval", help="run methods on benchmark samples and write rows + report",
                               description="Run every method on the same seeded benchmark samples; write rows.jsonl, report.md, plots. "
                               "Data-parallel with `accelerate launch -m qgpm.eval.cli eval ...`.")
-    _model_args(p)
-    _sample_args(p, split_choices=("test", "dev"), default_split="test", default_n=10)
+    add_model_args(p)
+    add_sample_args(p, split_choices=("test", "dev"), default_split="test", default_n=10)
     p.add_argument("--methods", type=methods_arg(), default=list(COMPARISON_METHODS),
                    help=f"comma list of {', '.join(METHODS)} (default: {','.join(COMPARISON_METHODS)}; the baselines run when listed)")
     p.add_argument("--reranker", default=DEFAULT_RERANKER, help=RERANKER_HELP)
@@ -176,12 +56,12 @@ def register(subparsers) -> None:
     p.add_argument("--option", dest="options", action="append", default=[], metavar="METHOD.FIELD=VALUE",
                    help="a baseline setting, e.g. string.local_window=256, self-extend.group_size=4, ms-poe.max_ratio=2, "
                    "llmlingua-2.model=PATH (repeatable; fields of qgpm.StringOptions / SelfExtendOptions / MsPoEOptions / LLMLingua2Options)")
-    _config_args(p)
+    add_config_args(p)
     p.add_argument("--out", required=True, help="output folder (resumed if it holds rows)")
     p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob (scored in the answer's own prefill; saves little)")
     p.add_argument("--no-resume", dest="resume", action="store_false", help="start afresh (deletes the folder's rows)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    p.add_argument("--shard", type=_shard, default=None, help="manual sharding i/N (separate jobs); accelerate launch shards by itself")
+    p.add_argument("--shard", type=shard_arg, default=None, help="manual sharding i/N (separate jobs); accelerate launch shards by itself")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first error (default: record it in the row and go on)")
     p.add_argument("--only", default=None, metavar="FILE",
                    help="answer only the samples named in FILE (JSONL, one {task, length, depth, index} object a line, "
@@ -191,11 +71,11 @@ def register(subparsers) -> None:
     # ---- tune
     p = subparsers.add_parser("tune", help="search QGPM hyperparameters on the dev split",
                               description="Grid / random search over QGPMConfig fields on dev-split samples (never test).")
-    _model_args(p)
-    _sample_args(p, split_choices=("dev",), default_split="dev", default_n=8)
-    _config_args(p)
+    add_model_args(p)
+    add_sample_args(p, split_choices=("dev",), default_split="dev", default_n=8)
+    add_config_args(p)
     p.add_argument("--grid", default=None, help="'field=v1,v2;field=v1,v2' (default: qgpm.eval.tune.DEFAULT_GRID)")
-    p.add_argument("--trials", type=_positive, default=None, help="random sample of this many grid points (base config included); default: the whole grid")
+    p.add_argument("--trials", type=positive_int, default=None, help="random sample of this many grid points (base config included); default: the whole grid")
     p.add_argument("--search-seed", type=int, default=0, help="seed of the random choice of --trials grid points (default 0)")
     p.add_argument("--objective", choices=["accuracy", "logprob", "guarded"], default="accuracy",
                    help="accuracy (tie-break: gold log-prob), logprob, or guarded (no task below vanilla first)")
@@ -203,7 +83,7 @@ def register(subparsers) -> None:
     p.add_argument("--oracle", action="store_true", help="also answer every trial with the Oracle (evidence labels in place of the heads)")
     p.add_argument("--methods", type=methods_arg(("qgpm", "oracle")), default=None,
                    help="what answers each trial: qgpm (default), qgpm,oracle (= --oracle) or oracle (the remapping's ceiling alone); the first ranks trials")
-    p.add_argument("--shard", type=_shard, default=None, help="answer only samples i, i+N, ... (i/N); merge the shards' tune_rows.jsonl and rerun without it for the summary")
+    p.add_argument("--shard", type=shard_arg, default=None, help="answer only samples i, i+N, ... (i/N); merge the shards' tune_rows.jsonl and rerun without it for the summary")
     p.add_argument("--out", required=True, help="output folder (tune_rows.jsonl, trials.jsonl, best_config.json, tune_summary.md; resumed)")
     p.add_argument("--no-logprob", dest="logprob", action="store_false", help="skip the gold log-prob (the tie-break of --objective accuracy)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -213,11 +93,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="select retrieval heads by MRR calibration (paper App. A)",
                               description="Score every (layer, head) on calibration-split samples, keep the best --top, "
                               "and store the head set where the engine finds it by the model's fingerprint.")
-    _model_args(p, heads=False, answers=False)
+    add_model_args(p, heads=False, answers=False)
     p.add_argument("--n", type=int, default=None, help="calibration samples (default 36; not with --scores-from)")
     p.add_argument("--holdout", type=int, default=18, help="held-out samples for the fused-MRR check (default 18)")
     p.add_argument("--top", type=int, default=8, help="heads to keep (default 8)")
-    p.add_argument("--lengths", type=_ints, default=[1024, 2048], help="token lengths of the calibration samples, comma list (default 1024,2048)")
+    p.add_argument("--lengths", type=lengths_arg, default=[1024, 2048], help="token lengths of the calibration samples, comma list (default 1024,2048)")
     p.add_argument("--max-layer", type=int, default=None,
                    help="only heads in layers < this (pass 1 then stops there: a cheaper extra prefill)")
     p.add_argument("--shallow-tolerance", type=float, default=None,
@@ -287,7 +167,7 @@ def main_eval(args) -> int:
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, out_dir=args.out,
         split=args.split, config=config, reranker=args.reranker, k=args.k, logprob=args.logprob, resume=args.resume,
         progress=args.progress, shard=args.shard, haystack=args.haystack, max_new_tokens=args.max_new_tokens,
-        on_error="raise" if args.fail_fast else "record", command=_command(args), options=options, only=only,
+        on_error="raise" if args.fail_fast else "record", command=command_line(args), options=options, only=only,
     )
     state = partial_state()
     if state is None or state.is_main_process:
@@ -307,7 +187,7 @@ def main_tune(args) -> int:
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, out_dir=args.out,
         grid=grid, trials=args.trials, search_seed=args.search_seed, base_config=base,
         split=args.split, objective=args.objective, guard=args.guard, logprob=args.logprob, progress=args.progress,
-        haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=_command(args), oracle=args.oracle,
+        haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=command_line(args), oracle=args.oracle,
         methods=args.methods, shard=args.shard,
     )
     b, v = summary["best"], summary["vanilla"]
@@ -352,7 +232,7 @@ def main_calibrate(args) -> int:
                 and [list(h) for h in earlier.heads] == [list(h) for h in hs.heads]):
             # no sample scored now (--holdout 0): the same heads keep the threshold measured with them
             hs.meta["confidence"] = {**before, "from": str(args.scores_from)}
-    hs.meta["command"] = _command(args)
+    hs.meta["command"] = command_line(args)
     hs.meta["lengths"] = list(args.lengths)
     hs.meta["seconds"] = round(time.time() - t, 1)
     out = args.out or os.path.join(user_head_dir(), head_set_file_name(engine.fingerprint))
