@@ -119,6 +119,28 @@ def test_bm25_does_not_print_debug_lines_at_info(bm25, caplog):
     assert logging.getLogger("bm25s").getEffectiveLevel() == logging.getLogger().getEffectiveLevel()
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_bm25_keeps_a_level_the_application_sets_on_its_logger(bm25, monkeypatch, when):
+    """Only bm25s's own DEBUG-on-import is put back, and only the first time: a level the
+    application sets on the ``bm25s`` logger, before the first BM25 call or after it, is kept."""
+    import logging
+
+    from qgpm import lexical
+
+    log = logging.getLogger("bm25s")
+    monkeypatch.setattr(log, "level", log.level)  # restored after the test
+    if when == "before":
+        monkeypatch.setattr(lexical, "_QUIETED", False)  # as in a process that has not scored with BM25 yet
+        log.setLevel(logging.ERROR)
+        bm25.score(QUERY, PASSAGES)
+        assert log.level == logging.ERROR
+    else:
+        bm25.score(QUERY, PASSAGES)
+        log.setLevel(logging.DEBUG)  # the application asks for bm25s's debug lines
+        bm25.score(QUERY, PASSAGES)
+        assert log.level == logging.DEBUG
+
+
 def test_minilm_no_overlap_is_finite(minilm):
     scores = minilm.score("xylophone zeppelin quokka", PASSAGES)
     assert len(scores) == len(PASSAGES) and all(math.isfinite(s) for s in scores)
