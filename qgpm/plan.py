@@ -107,7 +107,8 @@ def check_local_layers(config: QGPMConfig, rotary: RotaryInfo) -> None:
 def is_flat(z: torch.Tensor, config: QGPMConfig) -> bool:
     """Confidence rule: the head signal is too flat to act on when the top sentence's fused
     z-score (Eq. 5; standard deviations above the mean sentence) is below
-    ``config.min_top_z`` (``None``: never), or when no score is finite. A signal that ranks no
+    ``config.min_top_z`` (``None``: never), or when ``z`` holds sentences but no finite score
+    (no sentences: not flat, there is no signal to judge). A signal that ranks no
     sentence above another is flat whatever ``min_top_z`` (:func:`is_tied`; :func:`build_plan`
     applies both, the tie only where the short-context rule does not keep vanilla positions)."""
     if z.numel() == 0 or config.min_top_z is None:

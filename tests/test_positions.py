@@ -732,6 +732,9 @@ def test_rank_ties_keep_text_order_and_the_flat_rule_is_strictly_below():
     assert rank_sentences(torch.tensor([1.0, 2.0, 1.0])).tolist() == [1, 0, 2]
     assert not is_flat(torch.tensor([2.0, 0.0, -2.0]), QGPMConfig(min_top_z=2.0))  # at the threshold is not below it
     assert is_flat(torch.tensor([1.999, 0.0, -1.999]), QGPMConfig(min_top_z=2.0))
+    assert is_flat(torch.tensor([float("-inf"), float("nan")]), QGPMConfig(min_top_z=2.0))  # sentences, no finite score
+    assert not is_flat(torch.tensor([]), QGPMConfig(min_top_z=2.0))  # no sentences: no signal to judge
+    assert not is_flat(torch.tensor([float("-inf")]), QGPMConfig(min_top_z=None))  # None: never
 
 
 def test_a_score_exactly_at_the_midpoint_is_relevant_and_ends_the_protected_prefix():
