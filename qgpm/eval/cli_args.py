@@ -23,15 +23,27 @@ def depths_arg(s: str) -> list[float] | None:
     """Needle depths: a comma list of numbers, or ``random`` / ``none`` (``None``: random depths)."""
     if s.strip().lower() in ("none", "random"):
         return None
-    return [float(x) for x in csv_list(s)]
+    depths = [float(x) for x in csv_list(s)]
+    if not depths:
+        raise argparse.ArgumentTypeError("no depth given: a comma list of numbers in [0, 1], or 'random'")
+    bad = [d for d in depths if not 0.0 <= d <= 1.0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"depths lie in [0, 1] (0 = start of the context, 1 = end), got {', '.join(map(str, bad))}")
+    return depths
 
 
 depths_arg.__name__ = "depths (comma list of numbers, or 'random')"  # argparse names the type in its error
 
 
 def lengths_arg(s: str) -> list[int]:
-    """Token budgets: a comma list of ints."""
-    return [int(x) for x in csv_list(s)]
+    """Token budgets: a comma list of ints >= 1."""
+    lengths = [int(x) for x in csv_list(s)]
+    if not lengths:
+        raise argparse.ArgumentTypeError("no length given: a comma list of token budgets, e.g. 2048,4096")
+    bad = [n for n in lengths if n < 1]
+    if bad:
+        raise argparse.ArgumentTypeError(f"lengths are token budgets >= 1, got {', '.join(map(str, bad))}")
+    return lengths
 
 
 lengths_arg.__name__ = "lengths (comma list of ints)"
@@ -112,10 +124,10 @@ def add_sample_args(p: argparse.ArgumentParser, *, split_choices: Sequence[str],
     g.add_argument("--tasks", type=tasks_arg, default=None, help="comma list or 'all' (default: niah_multikey_1,nolima_direct)")
     g.add_argument("--lengths", type=lengths_arg, default=[2048], help="token budgets, comma list (default 2048)")
     g.add_argument("--depths", type=depths_arg, default=[0.0, 0.25, 0.5, 0.75, 1.0], help="needle depths, comma list, or 'random' (default 0,0.25,0.5,0.75,1)")
-    g.add_argument("--n", type=int, default=default_n, help=f"samples per (task, length, depth) (default {default_n})")
+    g.add_argument("--n", type=positive_int, default=default_n, help=f"samples per (task, length, depth) (default {default_n})")
     g.add_argument("--split", choices=list(split_choices), default=default_split, help=f"seed split (default {default_split})")
     g.add_argument("--haystack", type=haystack_arg, default=None, help="haystack for NoLiMa / essay NIAH tasks (essays, squad)")
-    g.add_argument("--max-new-tokens", type=int, default=None, help="override every task's generation budget")
+    g.add_argument("--max-new-tokens", type=positive_int, default=None, help="override every task's generation budget")
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
