@@ -377,6 +377,20 @@ def test_report_from_hand_made_rows(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_draws_no_plot_for_a_task_whose_answers_all_errored(tmp_path, recwarn):
+    """A (task, length) where every answer errored has nothing to plot: no empty figure and no
+    legend warning; the other task's plot and the errors section are still written."""
+    rows = _hand_rows()
+    base = dict(task="qa_1", length=1024, depth=0.5, seed=0, index=0, split="test", correct=False, score=0.0, error="ValueError: x")
+    rows += [dict(base, method=m, config_hash=h) for m, h in (("vanilla", "v0"), ("qgpm", "q0"))]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report(tmp_path).read_text()
+    assert (tmp_path / "plots" / "depth_niah_multikey_1_1024.png").exists()
+    assert not (tmp_path / "plots" / "depth_qa_1_1024.png").exists()
+    assert "## Errors" in text and "qa_1 @1024" in text
+    assert not [w for w in recwarn if "legend" in str(w.message)]
+
+
 def test_merge_dedupes_and_prefers_successful_rows(tmp_path):
     good = dict(task="qa_1", length=512, depth=None, seed=0, index=0, method="vanilla", config_hash="h", correct=True, score=1.0)
     bad = dict(good, correct=False, score=0.0, error="E")
@@ -544,6 +558,25 @@ def test_cli_parses_eval_arguments():
     assert args.tasks == list(TASKS) and args.depths is None
     with pytest.raises(SystemExit):
         build_parser().parse_args(["tune", "--split", "test", "--out", "x"])
+
+
+@pytest.mark.parametrize("command", ["eval", "tune"])
+@pytest.mark.parametrize("bad, message", [
+    (["--n", "0"], "argument --n: must be >= 1, got 0"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be >= 1, got 0"),
+    (["--depths", "0.5,2"], "argument --depths: depths lie in [0, 1]"),
+    (["--depths", ","], "argument --depths: no depth given"),
+    (["--lengths", "0,2048"], "argument --lengths: lengths are token budgets >= 1, got 0"),
+    (["--lengths", ","], "argument --lengths: no length given"),
+])
+def test_cli_sample_arguments_out_of_range_fail_as_the_command_line_is_parsed(command, bad, message, capsys):
+    """Samples a run cannot build, and a generation budget of nothing, are refused by the
+    parser (exit code 2, the argument named), before any model loads."""
+    from qgpm.eval.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([command, *bad, "--out", "x"])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_cli_calibrate_writes_head_set_found_by_model_name(tiny_dir, tmp_path, monkeypatch, capsys):

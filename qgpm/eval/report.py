@@ -94,6 +94,9 @@ def plot_depth_curves(rows: Sequence[dict], out_dir: str | Path, *, labels: dict
     if len({r["task"] for r in rows}) > 1:
         groups += [("all", L, pooled) for L in sorted({int(r["length"]) for r in rows})]
     for task, length, table in groups:
+        n = max((v.n for k, v in table.items() if k[0] == task and k[1] == length), default=0)
+        if not n:  # every answer errored: nothing to plot (report.md lists the errors)
+            continue
         fig, ax = plt.subplots(figsize=(5.2, 3.4), dpi=110)
         for j, lab in enumerate(order):
             pts = sorted((k[2], v) for k, v in table.items() if k[0] == task and k[1] == length and k[3] == lab and v.n)
@@ -104,7 +107,6 @@ def plot_depth_curves(rows: Sequence[dict], out_dir: str | Path, *, labels: dict
             ys = [100 * v.acc for _, v in pts]
             err = [[100 * (v.acc - v.lo) for _, v in pts], [100 * (v.hi - v.acc) for _, v in pts]]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, linewidth=1.5, label=lab, alpha=0.9)
-        n = max((v.n for k, v in table.items() if k[0] == task and k[1] == length), default=0)
         ax.set_title(f"{task} @ {length} tokens (n={n} per depth)", fontsize=10)
         ax.set_xlabel("needle / gold depth (0 = start, 1 = end)")
         ax.set_ylabel("accuracy %")
