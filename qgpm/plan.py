@@ -225,13 +225,16 @@ def build_plan(
     """
     n_units = unit_relevance.numel()
     ranks = dense_ranks(unit_relevance) if dense else rank_sentences(unit_relevance)
-    # The two confidence rules read the head signal only; the Oracle's labels are not one.
     context_s_low = effective_s_low(int((token_unit >= 0).sum()), config)  # 1: keep_length (or s_low 1) keeps vanilla positions
-    tied = not dense and context_s_low < 1 and is_tied(unit_relevance)
-    flat = tied or (not dense and is_flat(unit_relevance, config))
-    decisive = is_decisive(unit_relevance, config) if not (dense or flat) else False
+    # The confidence rules read the relevance signal only (the Oracle's labels are not one), and
+    # only where the context would be modulated: a context kept by keep_length (or s_low 1) keeps
+    # vanilla positions whatever the signal, and says so (kept_reason), not that it was flat.
+    rules = not dense and context_s_low < 1
+    tied = rules and is_tied(unit_relevance)
+    flat = tied or (rules and is_flat(unit_relevance, config))
+    decisive = rules and not flat and is_decisive(unit_relevance, config)
     vanilla = flat or decisive
-    solo = is_solo(unit_relevance, config) if not (dense or vanilla) else False
+    solo = rules and not vanilla and is_solo(unit_relevance, config)
     s_low = 1.0 if vanilla else context_s_low
     unit_scores = []
     window = within_z_window(unit_relevance, config.z_window)  # the Oracle's 0/1 labels: every evidence unit ties with the top

@@ -191,7 +191,7 @@ def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfi
     ranked = qgpm_relevance(eng.model, prompt, question, cfg, heads, plan_from, n_layers=eng.n_layers, precision=precision,
                            reuse_prefill=precision is None and bool(heads) and eng.prefill_reuse_on())
     timings.pass1_s, timings.plan_s = ranked.pass1_s, ranked.plan_s
-    warn_vanilla_kept(ranked.planned, rules)
+    warn_vanilla_kept(eng, ranked.planned, rules)
     details.update(ranked.details)
     details.update(layers_run=ranked.layers_run, heads=ranked.heads, **view["details"], pass1_continued=ranked.prefill is not None)
     if ranked.source != "heads":
@@ -216,12 +216,16 @@ def confidence_config(eng: ModelView, cfg: QGPMConfig) -> QGPMConfig:
 _NOTED: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
 
 
-def _note_once(eng: ModelView, message: str) -> None:
-    """Log ``message`` once per engine."""
+def _note_once(eng: ModelView, message: str, *, key: str | None = None, again: str | None = None) -> None:
+    """Log ``message`` as a warning once per engine and ``key`` (default: the message itself);
+    with ``again`` (said in the warning), the later ones at DEBUG."""
     seen = _NOTED.setdefault(eng, set())
-    if message not in seen:
-        seen.add(message)
-        logger.warning(message)
+    key = message if key is None else key
+    if key not in seen:
+        seen.add(key)
+        logger.warning(message if again is None else f"{message} {again}")
+    elif again is not None:
+        logger.debug(message)
 
 
 def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, capacity: int, *, units: torch.Tensor | None = None,
@@ -237,7 +241,7 @@ def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, 
     else:
         planned = build_plan(units, z, config=cfg, rotary=eng.rotary, n_layers=eng.n_layers, dense=True, capacity=capacity)
     if note:
-        warn_vanilla_kept(planned, cfg)
+        warn_vanilla_kept(eng, planned, cfg)
     details: dict[str, Any] = dict(boundary_plane=planned.boundary_plane, anchor_length=planned.anchor_length, s_low=planned.s_low,
                                    kept_reason=planned.kept_reason)
     if units is None:
@@ -275,35 +279,33 @@ def replan(eng: ModelView, call: PreparedCall, config: QGPMConfig) -> PreparedCa
                         prefill=call.prefill)
 
 
-def warn_vanilla_kept(planned: PlanOutcome, config: QGPMConfig) -> None:
-    """Log the three rules that make a call keep vanilla positions: the confidence rule
-    (``config.min_top_z``), the dominance rule (``config.decisive_margin``) and the
-    short-context rule (``config.keep_length``)."""
+def warn_vanilla_kept(eng: ModelView, planned: PlanOutcome, config: QGPMConfig) -> None:
+    """Log the rule that made a call keep vanilla positions: the tie and the confidence rule
+    (``config.min_top_z``), the dominance rule (``config.decisive_margin``) or the short-context
+    rule (``config.keep_length``). Each rule is logged as a warning the first time it fires on
+    an engine and at DEBUG after that; ``result.details["kept_reason"]`` names it on every call."""
     if planned.flat and planned.tied:
-        logger.warning(
+        rule, message = "tied", (
             "qgpm: the relevance ranks no sentence above another (every sentence scores the same: e.g. a lexical source "
             "that found none of the question's words in the context), so this call keeps vanilla positions; "
-            "result.details['flat_relevance'] is True. Rank with relevance='minilm' or 'heads' for a signal."
-        )
+            "result.details['flat_relevance'] is True. Rank with relevance='minilm' or 'heads' for a signal.")
     elif planned.flat:
-        logger.warning(
-            "qgpm: the relevance is flat (top sentence z below min_top_z=%s), so this call keeps vanilla "
-            "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None) to always modulate.",
-            config.min_top_z,
-        )
+        rule, message = "flat", (
+            f"qgpm: the relevance is flat (top sentence z below min_top_z={config.min_top_z}), so this call keeps vanilla "
+            "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None) to always modulate.")
     elif planned.decisive:
-        logger.warning(
-            "qgpm: one sentence already stands out (top z exceeds the next by at least decisive_margin=%s), so this "
-            "call keeps vanilla positions; result.details['decisive_relevance'] is True. Set decisive_margin=None in "
-            "QGPMConfig to modulate such calls too.",
-            config.decisive_margin,
-        )
-    elif config.keep_length > 0 and planned.s_low >= 1.0:
-        logger.warning(
-            "qgpm: the context is no longer than keep_length=%s tokens, so this call keeps vanilla positions "
-            "(result.details['s_low'] is 1.0). Set keep_length=0 in QGPMConfig to modulate short contexts too.",
-            config.keep_length,
-        )
+        rule, message = "decisive", (
+            f"qgpm: one sentence already stands out (top z exceeds the next by at least decisive_margin={config.decisive_margin}), "
+            "so this call keeps vanilla positions; result.details['decisive_relevance'] is True. Set decisive_margin=None in "
+            "QGPMConfig to modulate such calls too.")
+    elif planned.kept_reason == "keep_length":
+        rule, message = "keep_length", (
+            f"qgpm: the context is no longer than keep_length={config.keep_length} tokens, so this call keeps vanilla positions "
+            "(result.details['s_low'] is 1.0). Set keep_length=0 in QGPMConfig to modulate short contexts too.")
+    else:
+        return
+    _note_once(eng, message, key=f"vanilla kept: {rule}",
+               again="(logged once per engine; later calls log it at DEBUG, and result.details['kept_reason'] names the rule on each)")
 
 
 def _unit_lexical(prompt: Prompt, config: QGPMConfig) -> torch.Tensor | None:

@@ -383,6 +383,29 @@ def test_flat_relevance_fallback_is_logged_and_vanilla(tiny, caplog):
     assert normal.details["flat_relevance"] is False and not any("flat" in r.getMessage() for r in caplog.records)
 
 
+def test_a_rule_that_keeps_vanilla_positions_warns_once_per_engine_then_logs_at_debug(tiny, caplog):
+    """The first call a rule keeps at vanilla positions logs a warning that says it is logged
+    once; later calls on the same engine log it at DEBUG; a new engine warns again."""
+    import logging
+
+    ctx = "Alice lives in Paris. Bob works at the bank. The sky is blue today. Carol plays the violin. Dave owns a red car."
+    fresh = QGPM(tiny.model, tiny.tokenizer, heads=tiny.head_set, config=tiny.config.with_(keep_length=1e6))
+
+    def levels() -> list[int]:
+        return [r.levelno for r in caplog.records if "no longer than keep_length" in r.getMessage()]
+
+    with caplog.at_level(logging.DEBUG, logger="qgpm"):
+        for _ in range(3):
+            assert fresh.answer(ctx, "Which instrument does Carol play?", max_new_tokens=2).details.kept_reason == "keep_length"
+    assert levels() == [logging.WARNING, logging.DEBUG, logging.DEBUG]
+    assert "logged once per engine" in [r for r in caplog.records if r.levelno == logging.WARNING][0].getMessage()
+    caplog.clear()
+    other = QGPM(tiny.model, tiny.tokenizer, heads=tiny.head_set, config=tiny.config.with_(keep_length=1e6))
+    with caplog.at_level(logging.DEBUG, logger="qgpm"):
+        other.answer(ctx, "Which instrument does Carol play?", max_new_tokens=2)
+    assert levels() == [logging.WARNING]
+
+
 def test_bm25_with_no_question_word_in_the_context_keeps_vanilla_positions_and_says_so(tiny, caplog):
     """BM25 scores every sentence 0 when the question shares no word with the context: that
     ranks nothing, so the call keeps vanilla positions (and says why) instead of moving the
@@ -391,7 +414,7 @@ def test_bm25_with_no_question_word_in_the_context_keeps_vanilla_positions_and_s
 
     ctx = "Alice lives in Paris. Bob works at the bank. The sky is blue today. Carol plays the violin. Dave owns a red car."
     cfg = tiny.config.with_(relevance="bm25", keep_length=0, min_top_z=None)
-    with caplog.at_level(logging.WARNING, logger="qgpm"):
+    with caplog.at_level(logging.DEBUG, logger="qgpm"):  # a warning the first time on this engine, DEBUG after
         res = tiny.answer(ctx, "What is it?", method="qgpm", config=cfg, max_new_tokens=4)
     assert res.details.flat_relevance is True and res.details.kept_reason == "flat" and res.details.promoted == 0
     assert not any(s.promoted for s in res.relevance)

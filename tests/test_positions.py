@@ -280,9 +280,12 @@ def test_a_signal_that_ranks_no_sentence_keeps_vanilla_positions(min_top_z, rema
     one_up[4] = 3.0
     out = build_plan(ts, one_up, config=cfg, rotary=rot, n_layers=2)
     assert not out.flat and not out.tied and 4 in out.promoted
-    # a context the short-context rule keeps: no tie rule, the threshold alone (no finite score is below any)
-    short = build_plan(ts, torch.full((10,), float("-inf"), dtype=torch.float64), config=cfg.with_(keep_length=1e6), rotary=rot, n_layers=2)
-    assert not short.tied and short.flat == (min_top_z is not None) and short.kept_reason in ("flat", "keep_length")
+    # a context the short-context rule keeps: vanilla positions for that reason, whatever the signal (no confidence rule fires)
+    for z in (torch.full((10,), float("-inf"), dtype=torch.float64), torch.zeros(10, dtype=torch.float64), one_up):
+        short = build_plan(ts, z, config=cfg.with_(keep_length=1e6, decisive_margin=0.5, solo_margin=0.5), rotary=rot, n_layers=2)
+        assert (short.tied, short.flat, short.decisive, short.solo) == (False, False, False, False)
+        assert short.kept_reason == "keep_length" and short.promoted == () and short.s_low == 1.0
+        assert all(torch.equal(p[m], ar) for p in short.plan.positions for m in range(p.shape[0]))
 
 
 def test_decisive_margin_keeps_vanilla_positions_when_one_sentence_stands_out():
