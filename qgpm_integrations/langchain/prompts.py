@@ -28,7 +28,7 @@ message conversion, and any other chat model simply reads the blocks as text.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
@@ -92,21 +92,23 @@ def _text_of(item: Any) -> str:
 def document_texts(context: Any) -> list[str]:
     """Normalize a context to a list of non-empty document strings.
 
-    Accepts a string, a ``Document``, or an iterable of strings / ``Document`` objects.
-    Whitespace-only documents are dropped; ``None`` gives ``[]``.
+    Accepts a string, a ``Document`` (or its dict form, with ``page_content``), or an iterable
+    of those. Whitespace-only documents are dropped; ``None`` gives ``[]``. Another mapping, or
+    bytes, raises ``TypeError`` (their keys or byte values are not documents).
     """
     if context is None:
         return []
     if isinstance(context, (str, Document)):
         items: Iterable[Any] = [context]
-    elif isinstance(context, dict) and "page_content" in context:
+    elif isinstance(context, Mapping) and "page_content" in context:
         items = [context]
-    elif isinstance(context, Iterable):
+    elif isinstance(context, Iterable) and not isinstance(context, (Mapping, bytes, bytearray, memoryview)):
         items = context
     else:
+        hint = " (decode it to a string first)" if isinstance(context, (bytes, bytearray, memoryview)) else ""
         raise TypeError(
             "context must be a string, a Document, or a list of strings/Documents, "
-            f"got {type(context).__name__}"
+            f"got {type(context).__name__}{hint}"
         )
     return [t for t in (_text_of(i) for i in items) if t.strip()]
 

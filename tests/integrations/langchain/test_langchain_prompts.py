@@ -117,6 +117,18 @@ def test_document_texts_normalizes_and_rejects():
         document_texts(42)
     with pytest.raises(TypeError):
         document_texts([1, 2])
+    assert document_texts({"page_content": "a doc", "metadata": {}}) == ["a doc"]  # a Document's dict form
+    assert document_texts(t for t in ("a", "b")) == ["a", "b"]
+
+
+@pytest.mark.parametrize("value, named", [({"text": "The secret word is marmalade."}, "got dict"),
+                                          (b"The secret word is marmalade.", "got bytes (decode it to a string first)"),
+                                          (bytearray(b"abc"), "got bytearray")])
+def test_document_texts_refuses_a_mapping_or_bytes_instead_of_reading_keys_or_byte_values(value, named):
+    """A dict without page_content would give its keys as documents, bytes their integer values."""
+    with pytest.raises(TypeError, match="context must be a string, a Document, or a list") as exc:
+        document_texts(value)
+    assert named in str(exc.value)
 
 
 # --------------------------------------------------------------------------- parsing
