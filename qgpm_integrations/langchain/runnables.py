@@ -7,7 +7,8 @@ call arguments), so no prompt is rendered and parsed back:
     chain = {"context": retriever, "question": RunnablePassthrough()} | qgpm_answer(llm) | StrOutputParser()
 
 It returns the chat model's ``AIMessage`` (``response_metadata["qgpm"]`` included); callbacks,
-tags and ``batch`` / ``ainvoke`` go through the chat model.
+tags, ``batch`` / ``ainvoke`` and ``stream`` / ``astream`` (the answer piece by piece) go through
+the chat model.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from langchain_core.messages import AIMessage, HumanMessage
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langchain_core.messages import HumanMessage
+from langchain_core.runnables import Runnable, RunnableLambda
 
+from .call_args import check_call_kwargs
 from .chat_models import QGPMChatModel
 
 __all__ = ["qgpm_answer"]
@@ -34,6 +36,7 @@ def qgpm_answer(llm: QGPMChatModel, *, context_key: str = "context", question_ke
     for name in ("context", "question", "messages"):
         if name in call_kwargs:
             raise TypeError(f"qgpm_answer takes the {name} from its input, not as {name}=")
+    check_call_kwargs({k: v for k, v in call_kwargs.items() if k != "stop"})  # an unknown name fails here, not at the first call
 
     def split(inputs: Any) -> tuple[Any, str]:
         if not isinstance(inputs, Mapping) or context_key not in inputs or question_key not in inputs:
@@ -44,12 +47,10 @@ def qgpm_answer(llm: QGPMChatModel, *, context_key: str = "context", question_ke
             raise TypeError(f"{question_key!r} must be a string, got {type(question).__name__}")
         return inputs[context_key], question
 
-    def answer(inputs: Any, config: RunnableConfig) -> AIMessage:
+    def answer(inputs: Any) -> Runnable:
+        # A runnable returned here runs with this step's config and callbacks, and streams when the chain does.
         docs, question = split(inputs)
-        return llm.invoke([HumanMessage(question)], config=config, context=docs, question=question, **call_kwargs)
+        message = RunnableLambda(lambda _: [HumanMessage(question)], name="question")
+        return message | llm.bind(context=docs, question=question, **call_kwargs)
 
-    async def aanswer(inputs: Any, config: RunnableConfig) -> AIMessage:
-        docs, question = split(inputs)
-        return await llm.ainvoke([HumanMessage(question)], config=config, context=docs, question=question, **call_kwargs)
-
-    return RunnableLambda(answer, afunc=aanswer, name="qgpm_answer")
+    return RunnableLambda(answer, name="qgpm_answer")

@@ -43,3 +43,35 @@ def test_bad_input_is_named(lc_engine):
         qgpm_answer(llm, question="x")
     with pytest.raises(TypeError, match="QGPMChatModel"):
         qgpm_answer(object())
+
+
+def test_the_runnable_streams_the_answer_piece_by_piece_with_callbacks(lc_engine):
+    """In a streamed chain the answer comes as the chat model's chunks (not one message at the end),
+    on_llm_new_token sees each, and the pieces join to the invoked answer."""
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    class Tokens(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.tokens: list[str] = []
+
+        def on_llm_new_token(self, token: str, **kwargs) -> None:
+            self.tokens.append(token)
+
+    llm = QGPMChatModel(engine=lc_engine, max_new_tokens=16)
+    chain = {"context": RunnableLambda(lambda q: DOCS), "question": RunnablePassthrough()} | qgpm_answer(llm) | StrOutputParser()
+    seen = Tokens()
+    pieces = list(chain.stream(QUESTION, config={"callbacks": [seen]}))
+    assert len(pieces) > 1 and "".join(pieces) == chain.invoke(QUESTION)
+    assert "".join(seen.tokens) == "".join(pieces)
+
+    async def astream() -> list[str]:
+        return [p async for p in chain.astream(QUESTION)]
+
+    assert asyncio.run(astream()) == pieces
+
+
+def test_an_unknown_call_argument_fails_when_the_runnable_is_built():
+    llm = QGPMChatModel(max_new_tokens=4)  # lazy: nothing loads
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['foo'\]"):
+        qgpm_answer(llm, foo=1)
+    qgpm_answer(llm, method="vanilla", stop=["\n"])  # call settings and stop strings are taken
