@@ -7,7 +7,12 @@ text is a question-answering prompt, :func:`read_prompt` finds its parts, in thi
    in their completion and chat versions, taken from ``llama_index.core.prompts``): the
    text is matched against the template, so the context and the question come out exactly
    as the synthesizer put them in. On refine steps the earlier answer comes out too.
-2. **Any other template** is read by the core's prompt-shape reader
+2. **The context templates of LlamaIndex's chat engines** (``context`` and
+   ``condense_plus_context``, answer and refine, from ``llama_index.core.chat_engine``), as
+   :func:`messages_to_prompt` joins a chat turn: the engine's system message opens the text,
+   the user's message is its last paragraph and the question; the engine's system prompt and
+   the earlier turns between them go to ``system_text``, never to the documents.
+3. **Any other template** is read by the core's prompt-shape reader
    (:func:`qgpm.chat_prompt.find_context_block`): a context after a marker (a ``Context:``
    label, also inside the instruction's first paragraph, a ``<context>`` tag, a rule line
    after an instruction that mentions the context) and a labelled question at the end
@@ -49,6 +54,7 @@ __all__ = ["PromptParts", "read_prompt", "split_documents", "split_context", "me
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _RULE_LINE = re.compile(r"[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*")
 _CONTEXT_VARS = ("context_str", "context_msg")
+_HISTORY_HEAD = "Conversation so far:"  # how qgpm.chat_prompt.history_text opens the earlier turns
 
 
 @dataclass(frozen=True)
@@ -105,19 +111,20 @@ def _default_templates() -> list[str]:
     return list(dict.fromkeys(texts))
 
 
-def _template_pattern(template: str) -> re.Pattern[str]:
-    """A pattern that matches ``template`` formatted with any values, after any leading lines.
+def _template_pattern(template: str, *, then_rest: bool = False) -> re.Pattern[str]:
+    """A pattern that matches ``template`` formatted with any values, after any leading lines
+    (``then_rest``: at the start of the text, with any text after it as the group ``rest``).
 
     Literal text must match exactly (trailing whitespace aside); the context variable takes
     as much text as it can (the template's own closing text is the last of its kind), every
     other variable as little.
     """
-    out = [r"(?:\A|(?<=\n))"]
+    out = [r"\A" if then_rest else r"(?:\A|(?<=\n))"]
     for literal, name, _, _ in string.Formatter().parse(template.rstrip()):
         out.append(re.escape(literal))
         if name is not None:
             out.append(f"(?P<{name}>.*)" if name in _CONTEXT_VARS else f"(?P<{name}>.*?)")
-    out.append(r"\s*\Z")
+    out.append(r"(?P<rest>.*)\Z" if then_rest else r"\s*\Z")
     return re.compile("".join(out), re.S)
 
 
@@ -161,6 +168,45 @@ def _from_default_template(text: str) -> Optional[PromptParts]:
     return None
 
 
+# --------------------------------------------------------------------------- the chat engines' context templates
+
+
+def _chat_engine_templates() -> list[str]:
+    """The system-message templates of LlamaIndex's ``context`` and ``condense_plus_context`` chat
+    engines (answer and refine), stripped as :func:`messages_to_prompt` strips a message."""
+    from llama_index.core.chat_engine import condense_plus_context, context
+
+    texts = [context.DEFAULT_CONTEXT_TEMPLATE, context.DEFAULT_REFINE_TEMPLATE,
+             condense_plus_context.DEFAULT_CONTEXT_PROMPT_TEMPLATE, condense_plus_context.DEFAULT_CONTEXT_REFINE_PROMPT_TEMPLATE]
+    return list(dict.fromkeys(t.strip() for t in texts))
+
+
+@lru_cache(maxsize=1)
+def _chat_engine_patterns() -> tuple[re.Pattern[str], ...]:
+    return tuple(_template_pattern(t, then_rest=True) for t in _chat_engine_templates())
+
+
+def _from_chat_engine_template(text: str) -> Optional[PromptParts]:
+    """A chat engine's turn as :func:`messages_to_prompt` joins it: the engine's system message
+    (its context template, then the engine's ``system_prompt``), the earlier turns as
+    conversation text, the user's message last. The documents come from the template, the
+    question is the last paragraph, and the system prompt and the conversation go to
+    ``system_text``: earlier answers are never ranked as context."""
+    for pattern in _chat_engine_patterns():
+        m = pattern.match(text)
+        if m is None:
+            continue
+        values = m.groupdict()
+        documents = split_documents(values.get("context_str", values.get("context_msg")) or "")
+        rest = _BLANK_LINE.split(values["rest"].strip())
+        question = rest.pop().strip() if rest else ""
+        if not documents or not question or question.startswith(_HISTORY_HEAD):
+            return None
+        existing = values.get("existing_answer")
+        return PromptParts(tuple(documents), question, None if existing is None else existing.strip(), "template", _kept_text(*rest))
+    return None
+
+
 # --------------------------------------------------------------------------- any other template: the core's shape reader
 
 
@@ -198,7 +244,7 @@ def read_prompt(text: str) -> Optional[PromptParts]:
     """The documents and the question of a question-answering prompt, or ``None`` (see the module docs)."""
     if not isinstance(text, str) or not has_visible_text(text):
         return None
-    return _from_default_template(text) or _from_shape(text)
+    return _from_default_template(text) or _from_chat_engine_template(text) or _from_shape(text)
 
 
 # --------------------------------------------------------------------------- node texts in a joined context

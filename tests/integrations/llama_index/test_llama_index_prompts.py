@@ -97,3 +97,43 @@ def test_split_documents():
     # simple_summarize formats its context as a Python list of strings
     assert split_documents(str(["A.\n\nB.", "C."])) == ["A.", "B.", "C."]
     assert split_documents("[not a list]") == ["[not a list]"]
+
+
+def _chat_engine_turn(template: str, system_prompt: str, history: list, **values) -> str:
+    """One turn of a LlamaIndex chat engine, formatted as its response synthesizer formats it
+    for a completion model: the engine's messages joined by messages_to_prompt."""
+    from llama_index.core.base.llms.types import MessageRole
+    from llama_index.core.chat_engine.utils import get_prefix_messages_with_context
+    from llama_index.core.prompts import ChatPromptTemplate
+
+    messages = get_prefix_messages_with_context(PromptTemplate(template), system_prompt, [], history, MessageRole.SYSTEM)
+    return messages_to_prompt(ChatPromptTemplate.from_messages(messages).format_messages(**values))
+
+
+def _chat_engine_templates():
+    from llama_index.core.chat_engine import condense_plus_context, context
+
+    return [pytest.param(context.DEFAULT_CONTEXT_TEMPLATE, None, id="context"),
+            pytest.param(context.DEFAULT_REFINE_TEMPLATE, "It has 30 beds.", id="context_refine"),
+            pytest.param(condense_plus_context.DEFAULT_CONTEXT_PROMPT_TEMPLATE, None, id="condense_plus_context"),
+            pytest.param(condense_plus_context.DEFAULT_CONTEXT_REFINE_PROMPT_TEMPLATE, "It has 30 beds.", id="condense_plus_context_refine")]
+
+
+@pytest.mark.parametrize("template, existing", _chat_engine_templates())
+@pytest.mark.parametrize("system_prompt", ["", "Answer in one sentence."])
+def test_a_chat_engine_turn_ranks_only_the_retrieved_nodes(template, existing, system_prompt):
+    """The chat engines' context templates: the nodes are the documents, the user's message the
+    question; the template's own text is no document, and the engine's system prompt and the
+    earlier turns (an earlier answer included) go to the system text, never to the documents."""
+    from llama_index.core.base.llms.types import ChatMessage, MessageRole
+
+    history = [ChatMessage(role=MessageRole.USER, content="Where is the Fernside Wing?"),
+               ChatMessage(role=MessageRole.ASSISTANT, content="The Fernside Wing is at the county hospital.")]
+    values = dict(query_str=QUESTION, **({"context_msg": CONTEXT, "existing_answer": existing} if existing else {"context_str": CONTEXT}))
+    parts = read_prompt(_chat_engine_turn(template, system_prompt, history, **values))
+    assert parts is not None and (parts.documents, parts.question, parts.existing_answer) == (DOCS, QUESTION, existing)
+    assert parts.system_text == "\n\n".join(
+        p for p in (system_prompt, "Conversation so far:\nUser: Where is the Fernside Wing?\n"
+                                   "Assistant: The Fernside Wing is at the county hospital.") if p)
+    first_turn = read_prompt(_chat_engine_turn(template, system_prompt, [], **values))
+    assert (first_turn.documents, first_turn.question, first_turn.system_text) == (DOCS, QUESTION, system_prompt or None)
