@@ -169,3 +169,26 @@ def test_token_counting_used_the_models_tokenizer(li_engine, li_index, tiktoken_
     sizes = [len(llama_index.core.Settings.tokenizer(n.get_content())) for n in li_index.docstore.docs.values()]
     assert max(sizes) <= 128
     assert tiktoken_calls == []
+
+
+@pytest.mark.parametrize("chat_mode", ["context", "condense_plus_context"])
+def test_a_chat_engine_ranks_the_retrieved_nodes_and_keeps_the_conversation_out_of_them(chat_mode, li_index, li_llm, li_engine, monkeypatch):
+    """Two turns of LlamaIndex's chat engines: each answer runs QGPM over the retrieved nodes alone;
+    the earlier turns reach the model in the system message."""
+    systems = []
+    answer = li_engine.answer
+
+    def spy(*args, **kwargs):
+        systems.append(kwargs.get("system"))
+        return answer(*args, **kwargs)
+
+    monkeypatch.setattr(li_engine, "answer", spy)
+    chat = li_index.as_chat_engine(llm=li_llm, chat_mode=chat_mode, similarity_top_k=TOP_K)
+    for question in (QUESTION, "And what else is in that wing?"):
+        chat.chat(question)
+        result = li_llm.last_result
+        assert result.method == "qgpm" and result.question == question
+        assert result.details["llama_index"]["prompt"] == "template"
+        for template_text in ("Conversation so far", "relevant documents for the context", "context information below", QUESTION):
+            assert template_text not in result.context
+    assert "Conversation so far" not in (systems[0] or "") and f"User: {QUESTION}" in systems[-1]
