@@ -40,6 +40,7 @@ their scores, and timings.
 from __future__ import annotations
 
 import logging
+import numbers
 from contextlib import aclosing
 from typing import Any, AsyncIterator, Iterator, Literal
 
@@ -204,11 +205,13 @@ class QGPMChatModel(BaseChatModel):
 
     @field_validator("max_tokens", "temperature", "top_p", "seed", "k", "explain_k", "timeout", mode="before")
     @classmethod
-    def _no_bool(cls, v: Any, info: Any) -> Any:
-        # pydantic would read True as 1 (temperature=True: sampling at 1.0)
-        if isinstance(v, bool):
-            raise TypeError(f"QGPMChatModel: {info.field_name} must be a number, got bool {v!r}")
-        return v
+    def _a_number(cls, v: Any, info: Any) -> Any:
+        # nothing coerced, as in a call: pydantic would read True as 1 (temperature=True: sampling
+        # at 1.0), "0.5" as 0.5 and 2.0 as the int 2
+        ints = info.field_name in ("max_tokens", "seed", "k", "explain_k")
+        if v is None or (isinstance(v, numbers.Integral if ints else numbers.Real) and not isinstance(v, bool)):
+            return v
+        raise TypeError(f"QGPMChatModel: {info.field_name} must be {'an int' if ints else 'a number'}, got {type(v).__name__} {v!r}")
 
     @model_validator(mode="after")
     def _check(self) -> "QGPMChatModel":

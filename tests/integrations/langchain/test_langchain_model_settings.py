@@ -231,10 +231,24 @@ def test_a_call_setting_given_as_none_is_the_models_own(tiny_llm):
     assert tiny_llm.invoke(QUESTION, context=CONTEXT, max_tokens=2).usage_metadata["output_tokens"] <= 2
 
 
-@pytest.mark.parametrize("field", ["temperature", "max_tokens", "k", "seed"])
-def test_a_bool_is_no_number_for_the_constructor(field, load_calls):
-    with pytest.raises(TypeError, match=f"{field} must be a number, got bool True"):
+@pytest.mark.parametrize("field, kind", [("temperature", "a number"), ("max_tokens", "an int"), ("k", "an int"), ("seed", "an int")])
+def test_a_bool_is_no_number_for_the_constructor(field, kind, load_calls):
+    with pytest.raises(TypeError, match=f"{field} must be {kind}, got bool True"):
         QGPMChatModel(method="topk", **{field: True})
+
+
+@pytest.mark.parametrize("field, value, kind", [
+    ("temperature", "0.5", "a number"), ("top_p", "0.9", "a number"), ("timeout", "30", "a number"),
+    ("max_tokens", "5", "an int"), ("max_tokens", 5.0, "an int"), ("seed", "3", "an int"), ("k", 2.0, "an int"),
+    ("explain_k", "3", "an int"),
+])
+def test_the_constructor_coerces_no_string_or_float_into_a_setting(field, value, kind, load_calls):
+    """As a call refuses temperature="0.5", so does the constructor (pydantic would convert it);
+    an int where a number is asked for is taken as it is."""
+    with pytest.raises(TypeError, match=f"{field} must be {kind}, got {type(value).__name__} {value!r}"):
+        QGPMChatModel(method="topk", **{field: value})
+    llm = QGPMChatModel(method="topk", temperature=1, top_p=1, timeout=30, max_tokens=5, seed=3, k=2, explain_k=0)
+    assert (llm.temperature, llm.top_p, llm.timeout, llm.max_tokens, llm.seed, llm.k) == (1, 1, 30, 5, 3, 2)
 
 
 def test_hosted_model_settings_are_named_as_unused(load_calls, caplog):
