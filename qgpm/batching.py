@@ -41,8 +41,12 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
         raise TypeError("requests must be a list of dicts, each with 'context' and 'question' (and answer()'s keyword arguments)")
     reqs = list(requests)
     for i, r in enumerate(reqs):
-        if not isinstance(r, Mapping) or "context" not in r or "question" not in r:
+        if not isinstance(r, Mapping):
             raise TypeError(f"request {i} must be a dict with 'context' and 'question', got {type(r).__name__}")
+        missing = [key for key in ("context", "question") if key not in r]
+        if missing:
+            raise TypeError(f"request {i} has no {' and no '.join(repr(k) for k in missing)} (its keys: {sorted(map(str, r))}); "
+                            "each request needs 'context' and 'question', beside answer()'s keyword arguments")
     if not reqs:
         return []
     for i, r in enumerate(reqs):

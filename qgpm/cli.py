@@ -84,6 +84,9 @@ def _read_context(spec: str) -> str:
             return f.read()
     except OSError as exc:
         raise UsageError(f"--context {spec}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--context {spec}: not UTF-8 text ({exc.reason} at byte offset {exc.start}); convert it first, "
+                         f"e.g. iconv -f latin1 -t utf-8 {spec}") from None
 
 
 def _check_heads_before_loading(args: argparse.Namespace, heads, config_file, overrides: Sequence[str]) -> None:

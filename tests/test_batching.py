@@ -27,8 +27,12 @@ def test_answer_many_keeps_order_and_answers(engine):
 
 def test_bad_batches_fail_before_any_call(engine, monkeypatch):
     monkeypatch.setattr(engine, "answer", lambda **kw: (_ for _ in ()).throw(AssertionError("a call ran")))
-    with pytest.raises(TypeError, match="request 1"):
+    with pytest.raises(TypeError, match=r"request 1 has no 'context' \(its keys: \['question'\]\)"):
         engine.answer_many([{"context": "a", "question": "b"}, {"question": "b"}])
+    with pytest.raises(TypeError, match=r"request 0 has no 'context' and no 'question' \(its keys: \['query'\]\)"):
+        engine.answer_many([{"query": "b"}])
+    with pytest.raises(TypeError, match="request 0 must be a dict with 'context' and 'question', got tuple"):
+        engine.answer_many([("a", "b")])
     with pytest.raises(TypeError, match="list of dicts"):
         engine.answer_many({"context": "a", "question": "b"})
     with pytest.raises(ValueError, match="max_concurrency"):

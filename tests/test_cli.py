@@ -181,6 +181,13 @@ def test_bad_input_is_one_line_exit_2_before_loading(argv, fragments, capsys, no
     _one_line_error(capsys, main(argv), *fragments)
 
 
+def test_a_context_file_that_is_not_utf8_is_named_before_loading(tmp_path, capsys, no_load):
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes("The caf\u00e9 opened in 1990.".encode("latin-1"))
+    _one_line_error(capsys, main(["ask", "--context", str(notes), "Q?"]), f"--context {notes}: not UTF-8 text (invalid continuation byte at byte offset 7)",
+                    "iconv -f latin1 -t utf-8")
+
+
 def test_ask_own_gguf_without_head_set_fails_before_loading(tmp_path, monkeypatch, capsys, no_load):
     """Ranking with the heads (--config relevance=heads) needs a stored head set: refused before
     loading. The recipe and every preset rank with a reranker, so without that setting the check

@@ -394,6 +394,13 @@ class QGPMChatModel(BaseChatModel):
         """Refused: this chat model answers from text and makes no tool calls."""
         raise NotImplementedError(TOOLS_REFUSED)
 
+    def with_structured_output(self, schema: Any, **kwargs: Any) -> Any:
+        """Refused: structured output needs tool calling or a JSON mode, and this chat model has neither."""
+        raise NotImplementedError(
+            "QGPMChatModel has no with_structured_output: it needs tool calling or a JSON mode, and this model answers "
+            "in text. Ask for the format in the prompt and parse the answer with an output parser "
+            "(langchain_core.output_parsers.PydanticOutputParser or JsonOutputParser) at the end of the chain")
+
     async def _agenerate(
         self,
         messages: list[BaseMessage],

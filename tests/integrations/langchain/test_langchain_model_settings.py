@@ -375,6 +375,8 @@ def test_tool_calling_is_refused_clearly(tiny_llm):
 
     with pytest.raises(NotImplementedError, match="does not take part in tool calling"):
         tiny_llm.bind_tools([])
+    with pytest.raises(NotImplementedError, match="no with_structured_output.*PydanticOutputParser"):
+        tiny_llm.with_structured_output({"title": "Answer", "type": "object", "properties": {"city": {"type": "string"}}})
     history = [HumanMessage(QUESTION), AIMessage("", tool_calls=[{"name": "search", "args": {}, "id": "1"}]),
                ToolMessage("found 2 docs", tool_call_id="1")]
     with pytest.raises(ValueError, match="message 1 is a AIMessage with tool_calls.*tool calling"):
