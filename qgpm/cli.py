@@ -287,7 +287,7 @@ def _ask(args: argparse.Namespace) -> int:
         for m in methods:
             if m in legend:
                 print(f"  {m}: {legend[m]}")
-    results = []
+    calls = []
     for method, spec in zip(methods, specs):
         kw = dict(method=method, max_new_tokens=args.max_new_tokens, config=config)
         if spec.reranker:
@@ -298,6 +298,10 @@ def _ask(args: argparse.Namespace) -> int:
             kw["evidence"] = evidence
         if method in options:
             kw["options"] = options[method]
+        engine.check_request(text, question, **kw)  # every method's call, before any answers (a family qgpm cannot patch)
+        calls.append(kw)
+    results = []
+    for method, kw in zip(methods, calls):
         result = engine.answer(text, question, **kw)
         results.append((method, result))
         if quiet:

@@ -181,6 +181,23 @@ def test_bad_input_is_one_line_exit_2_before_loading(argv, fragments, capsys, no
     _one_line_error(capsys, main(argv), *fragments)
 
 
+def test_ask_on_a_family_qgpm_cannot_patch_refuses_before_any_answer(tokenizer, tmp_path, capsys):
+    """--methods vanilla,qgpm on a GPT-2: the qgpm call is refused before the vanilla answer is
+    printed (vanilla alone still runs on it)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2, n_positions=512, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    capsys.readouterr()  # the save's progress bar
+    context = tmp_path / "notes.txt"
+    context.write_text("The telescope was made in Dundee. The library opened in 1890.")
+    argv = ["ask", "--model", str(folder), "--context", str(context), "Where was the telescope made?", "--max-new-tokens", "2", "--heads", "0:0"]
+    _one_line_error(capsys, main([*argv, "--methods", "vanilla,qgpm", "--quiet"]), "UnsupportedModelError", "model family 'gpt2'")
+    assert main([*argv, "--methods", "vanilla", "--quiet"]) == 0
+
+
 def test_a_context_file_that_is_not_utf8_is_named_before_loading(tmp_path, capsys, no_load):
     notes = tmp_path / "notes.txt"
     notes.write_bytes("The caf\u00e9 opened in 1990.".encode("latin-1"))
