@@ -194,7 +194,9 @@ def test_ask_on_a_family_qgpm_cannot_patch_refuses_before_any_answer(tokenizer, 
     context = tmp_path / "notes.txt"
     context.write_text("The telescope was made in Dundee. The library opened in 1890.")
     argv = ["ask", "--model", str(folder), "--context", str(context), "Where was the telescope made?", "--max-new-tokens", "2", "--heads", "0:0"]
-    _one_line_error(capsys, main([*argv, "--methods", "vanilla,qgpm", "--quiet"]), "UnsupportedModelError", "model family 'gpt2'")
+    rc = main([*argv, "--methods", "vanilla,qgpm", "--quiet"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and "UnsupportedModelError" in err and "model family 'gpt2'" in err
     assert main([*argv, "--methods", "vanilla", "--quiet"]) == 0
 
 
