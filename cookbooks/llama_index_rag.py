@@ -137,11 +137,12 @@ def run(questions: Sequence[dict], engines: dict[str, Any], show: int = 3, out=s
             trace = (response.metadata or {}).get("qgpm")
             if m == "qgpm" and trace:
                 result = trace.result
-                print(f"           QGPM ranked highest (of {len(result.relevance)} sentences in {len(files)} nodes):", file=out)
+                print(f"           QGPM ranked highest (of {len(result.relevance)} sentences in {len(files)} nodes; paragraph: "
+                      "the paragraph of the context, a node's own paragraphs counted apart):", file=out)
                 for s in result.top_sentences(show):
                     star = "*" if q.get("evidence") and s.text.strip() in q["evidence"] else " "
                     plan = "promoted" if s.promoted else "term filter" if s.term_dropped else "left in place"
-                    print(f"           {star}#{s.rank + 1} z={s.z:+.2f} node={s.doc} {plan:<13} {s.text[:100]}", file=out)
+                    print(f"           {star}#{s.rank + 1} z={s.z:+.2f} paragraph={s.doc} {plan:<13} {s.text[:100]}", file=out)
                 note = decision_note(result.details, "qgpm")
                 if note:
                     print(f"           note: {note}", file=out)
