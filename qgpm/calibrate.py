@@ -13,6 +13,7 @@ every evaluation split. This module imports neither :mod:`qgpm.samples` nor :mod
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import random
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -26,6 +27,8 @@ from .pass1 import sentence_heads_logits
 from .rerank import get_reranker
 from .shaping import fuse_heads
 from .sources import HEADS, parse_source, reranker_relevance
+
+logger = logging.getLogger("qgpm")
 
 __all__ = ["HeadScores", "score_heads", "calibrate_heads", "flat_relevance_threshold", "separating_cut", "check_depth_options", "fused_mrr", "sample_head_logits", "evidence_sentences"]
 
@@ -226,6 +229,11 @@ def calibrate_heads(
         draws = [fused_mrr(per_sample, rng.sample(range(len(every)), top)) for _ in range(random_draws)]
         random_mrr = sum(draws) / len(draws)
         meta["random_draws"] = random_draws
+        if meta["holdout_fused_mrr"] < random_mrr:
+            logger.warning("qgpm: the chosen heads find the evidence worse than random %d-head sets on the %d held-out samples "
+                           "(fused MRR %.3f against %.3f): this model's heads carry little retrieval signal on these samples. "
+                           "Calibrate on more samples (n, holdout), or rank with a reranker (relevance='minilm', the recipe's) "
+                           "instead of the heads", top, len(holdout), meta["holdout_fused_mrr"], random_mrr)
     # the flat-relevance threshold in this model's z units, from every sample whose evidence is known
     meta["confidence"] = flat_relevance_threshold(engine, [*samples, *(holdout or [])], chosen)
     mrr = [float(scores.mrr[l, h]) for l, h in chosen]

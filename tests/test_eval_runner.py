@@ -1016,3 +1016,28 @@ def test_a_model_without_a_head_set_runs_the_recipe_in_the_harness(tokenizer, tm
                    grid={"k_sharp": [2.0, 4.0]}, base_config=RECIPE.with_(keep_length=0), max_new_tokens=NEW, progress=False,
                    command="test")
     assert summary["trials"] == 2 and summary["heads"] is None
+
+
+@pytest.mark.parametrize("chosen, warned", [(0.1, True), (0.9, False)])
+def test_calibration_warns_when_the_chosen_heads_do_worse_than_random_sets(tiny_dir, monkeypatch, caplog, chosen, warned):
+    """A head set whose held-out fused MRR is below the random sets' mean is stored, and said to
+    carry little signal, with what to do instead."""
+    import logging
+
+    import torch
+
+    import qgpm.calibrate as cal
+
+    engine = QGPM.from_pretrained(str(tiny_dir), heads=[(0, 0)])
+    scores = cal.HeadScores(torch.rand(engine.n_layers, engine.model.config.num_attention_heads), 2)
+    values = iter([chosen] + [0.5] * 100)  # the chosen set first, then the random draws
+    monkeypatch.setattr(cal, "fused_mrr", lambda per_sample, heads: next(values))
+    monkeypatch.setattr(cal, "sample_head_logits", lambda *a, **k: [])
+    monkeypatch.setattr(cal, "flat_relevance_threshold", lambda *a, **k: {"min_top_z": None})
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        hs = cal.calibrate_heads(engine, [], scores=scores, top=2, holdout=["h1", "h2"], progress=False)
+    assert hs.heads == scores.best(2) and hs.random_mrr == pytest.approx(0.5)
+    said = [r.getMessage() for r in caplog.records if "worse than random" in r.getMessage()]
+    assert bool(said) == warned
+    if warned:
+        assert "fused MRR 0.100 against 0.500" in said[0] and "relevance='minilm'" in said[0]
