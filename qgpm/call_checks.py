@@ -202,15 +202,18 @@ class EngineView(Protocol):
 def check_call(eng: EngineView, spec: MethodSpec, context: Any, question: Any, opts: CallOptions) -> tuple[Any, QGPMConfig, list[str] | None]:
     """A call's arguments checked before any model work, cheapest first: the method's settings
     and arguments (:func:`check_options`), the texts and their size (a bound on characters, then a bounded token count),
-    then the config against the model (:func:`check_config`, which loads the relevance source's
-    reranker) and the engine's generator. Returns ``(options, config, evidence)``."""
+    then the engine's generator (what it cannot run at all comes before what this engine would
+    need to run it) and the config against the model (:func:`check_config`, which loads the
+    relevance source's reranker). Returns ``(options, config, evidence)``."""
     options, evidence = check_options(spec, opts)
     docs = check_prompt_inputs(context, question, instruction=opts.instruction, system=opts.system, answer_prefix=opts.answer_prefix)
     others = [question, opts.instruction or "", opts.system or "", opts.answer_prefix or ""]
     check_input_size(eng.tokenizer, eng.max_length, others, opts.max_new_tokens, context=docs, exact=not spec.shortens)
-    cfg = check_config(eng, eng.config if opts.config is None else opts.config, spec)
+    cfg = eng.config if opts.config is None else opts.config
+    if not isinstance(cfg, QGPMConfig):
+        raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(cfg).__name__}")
     eng.generator.check(spec, cfg)  # a generator that cannot run this method's pass 2 says so before any work
-    return options, cfg, evidence
+    return options, check_config(eng, cfg, spec), evidence
 
 
 # ----------------------------------------------------------------------------- the engine's own settings

@@ -65,7 +65,10 @@ def check_heads_fit(heads: Sequence[tuple[int, int]], model: torch.nn.Module, *,
         raise ValueError(f"heads {bad} are outside this model ({n_layers} layers x {n_heads} heads)")
     deep = [h for h in heads if h[0] >= n_loaded] if loaded else []
     if deep:
-        raise NoLocalGenerator(n_loaded, n_layers).refuse(f"pass 1 over heads {deep}")
+        raise LayersNotLoadedError(
+            f"pass 1 over heads {deep} needs decoder layers this engine did not load: it holds {n_loaded} of {n_layers}, "
+            "the layers its config read when it loaded (pass1_layers_only, the default with a remote generator). Load the "
+            "engine with the config these calls use (from_pretrained(..., config=...)), or with pass1_layers_only=False")
 
 
 def pass1_depth(heads: Sequence[tuple[int, int]] | None, config: QGPMConfig) -> int:
