@@ -141,10 +141,11 @@ def test_the_advice_to_run_in_process_fits_the_engine(tokenizer):
     assert "use_generator(None)" not in str(info.value)
     with pytest.raises(LayersNotLoadedError):
         partial.use_generator(None)
-    # the paper's method reads deeper heads and needs per-plane positions: the server's refusal comes first
+    partial.set_heads([(2, 0)])  # a head in a layer not loaded
+    # the paper's method reads it and needs per-plane positions: the server's refusal comes first
     with pytest.raises(RemoteGenerationUnsupported, match="remap='stride'"):
         partial.answer(CONTEXT, "What about topic 7?", config=QGPMConfig.paper())
-    partial.set_heads([(2, 0)])  # a head in a layer not loaded, under a plan the server can run
+    # under a plan the server can run, the missing layer is named
     with pytest.raises(LayersNotLoadedError, match=r"pass 1 over heads \[\(2, 0\)\].*holds 1 of 3.*config=\.\.\.\)\), or with "
                                                    "pass1_layers_only=False"):
         partial.answer(CONTEXT, "What about topic 7?", config=RECIPE.with_(relevance="heads"))
