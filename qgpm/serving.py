@@ -85,6 +85,20 @@ class ServedModelMismatchError(ServingError):
     served model with ``model=`` to check the name too."""
 
 
+def _engine_names(engine: Any) -> list[Any]:
+    """What the engine's model is called: its name, the folder or id it was loaded from."""
+    source = getattr(engine, "source", None)
+    return [engine.name, getattr(source, "path", None), getattr(getattr(engine.model, "config", None), "_name_or_path", None)]
+
+
+def _names_meet(ours: list[Any], theirs: list[Any]) -> bool:
+    """Whether a name or path of one list names the same model as one of the other (last path part, case aside)."""
+    def last(name: Any) -> str:
+        return str(name).replace("\\", "/").rstrip("/").rpartition("/")[2].lower()
+
+    return bool({last(n) for n in ours if n} & {last(n) for n in theirs if n})
+
+
 class RemoteGenerationUnsupported(ValueError):
     """This method or setting needs per-plane positions or masks, which the server cannot apply."""
 
@@ -137,7 +151,8 @@ class VLLMServer:
         checked per call: a prompt that does not fit raises :class:`~qgpm.limits.ContextTooLongError`."""
         listed = self._request("GET", "/v1/models").get("data") or []
         names = [m.get("id") for m in listed]
-        if self.model is None:
+        chosen = self.model is None
+        if chosen:
             if len(names) != 1:
                 raise ServedModelMismatchError(f"the server at {self.base_url} serves {names or 'no models'}: pass model=<name> to VLLMServer")
             self.model = names[0]
@@ -151,6 +166,11 @@ class VLLMServer:
             raise ServedModelMismatchError(f"the server's model {self.model!r} tokenizes text differently from the engine's {engine.name!r}: "
                                            "it serves another model. Serve the engine's model folder (scripts/vllm_server.sh, "
                                            "qgpm.loading.model_folder) or build the engine from the served model.")
+        if chosen and not _names_meet(_engine_names(engine), [entry.get("id"), entry.get("root")]):
+            logger.warning("qgpm: the server at %s serves %r (from %r) and the engine's model is %r: their tokenizers agree, as "
+                           "those of checkpoints sharing a tokenizer do, so if the server runs another checkpoint the answers come "
+                           "from it. Pass model=%r to VLLMServer to confirm it serves the engine's model (that silences this)",
+                           self.base_url, self.model, entry.get("root"), engine.name, self.model)
         self.max_model_len = entry.get("max_model_len")
         self._n_layers = engine.n_layers
         self._in_process = ("engine.use_generator(None)" if engine.layers_loaded == engine.n_layers else

@@ -149,3 +149,25 @@ def test_the_advice_to_run_in_process_fits_the_engine(tokenizer):
     with pytest.raises(LayersNotLoadedError, match=r"pass 1 over heads \[\(2, 0\)\].*holds 1 of 3.*config=\.\.\.\)\), or with "
                                                    "pass1_layers_only=False"):
         partial.answer(CONTEXT, "What about topic 7?", config=RECIPE.with_(relevance="heads"))
+
+
+def test_a_server_whose_only_model_has_another_name_is_named_in_a_warning(tokenizer, caplog):
+    """The tokenizer check cannot tell apart checkpoints that share a tokenizer: when the server's
+    only model is taken without model= and its name is not the engine's, a warning says so;
+    model= given, or a served name that is the engine's, says nothing."""
+    import logging
+
+    from qgpm.serving import _names_meet
+
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        engine, _ = mock_engine(tokenizer, lambda b: httpx.Response(200, text=""))
+    said = [r.getMessage() for r in caplog.records if "serves 'm'" in r.getMessage()]
+    assert len(said) == 1 and f"the engine's model is {engine.name!r}" in said[0] and "Pass model='m'" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        mock_engine(tokenizer, lambda b: httpx.Response(200, text=""), model="m")
+    assert not [r for r in caplog.records if "serves 'm'" in r.getMessage()]
+    assert _names_meet(["SmolLM2-135M-Instruct", None], ["SmolLM2-135M-Instruct", "/root/.cache/qgpm/models/x"])
+    assert _names_meet(["mymodel", "/tmp/trial/mymodel/"], ["/tmp/trial/MyModel", None])
+    assert _names_meet(["Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B"], ["Qwen/Qwen2.5-1.5B"])
+    assert not _names_meet(["mymodel", "/tmp/mymodel"], ["SmolLM2-135M-Instruct", "/cache/models/smollm2-abc"])
