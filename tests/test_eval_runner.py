@@ -28,6 +28,7 @@ from qgpm.eval.rows import merge_rows, read_rows, row_key
 from qgpm.eval.answering import answer_sample, answer_stop, gold_continuation
 from qgpm.eval.hashes import method_fingerprint
 from qgpm.eval.runner import run_eval
+from qgpm.plan import KEPT_REASONS
 from qgpm.eval.significance import bootstrap_ci, mcnemar_exact, paired_bootstrap_diff, wilson_interval
 from qgpm.eval.stats import accuracy, group_accuracy, group_paired, paired
 from qgpm.samples.base import split_seed
@@ -86,14 +87,20 @@ def test_runner_writes_a_row_per_sample_and_method(tiny_engine, tmp_path):
     for r in by_method["qgpm"]:
         assert 1 <= len(r["top_sentences"]) <= 3 and r["timings"]["pass1_s"] > 0
         assert r["evidence_rank"] is not None and 0 <= r["evidence_rank"] < r["num_sentences"]
+    for r in by_method["qgpm"] + by_method["oracle"]:  # what the plan did: sentences moved, or the rule that kept none
+        assert r["kept_reason"] in (None, *KEPT_REASONS) and (r["promoted"] == 0) == (r["kept_reason"] is not None)
+    assert all("kept_reason" not in r for r in by_method["vanilla"])
     assert {r["depth"] for r in rows} == {0.0, 1.0}
     # vanilla's hash ignores the QGPM config; qgpm's includes config and heads
     assert len({r["config_hash"] for r in rows}) == len(ALL_METHODS)
     man = json.loads((out / "manifest.json").read_text())
     assert set(man["latest"]["config_hashes"]) == set(ALL_METHODS)
     assert man["configs"][man["latest"]["config_hashes"]["qgpm"]]["heads"] == [list(h) for h in HEADS]
-    # the report is written with the run
+    # the report is written with the run; its header names the relevance source, also the default one
     assert (out / "report.md").is_file() and (out / "stats.json").is_file()
+    assert f"relevance source: `{tiny_engine.config.relevance}`" in (out / "report.md").read_text()
+    heads = _run(tiny_engine, tmp_path / "heads", methods=["vanilla"], depths=[0.0], config=tiny_engine.config.with_(relevance="heads"))
+    assert "relevance source: `heads`" in (heads / "report.md").read_text()  # the default, left out of the stored config
     assert (out / "plots" / f"depth_kv_retrieval_{LENGTH}.png").stat().st_size > 1000
 
 
@@ -389,6 +396,22 @@ def test_report_draws_no_plot_for_a_task_whose_answers_all_errored(tmp_path, rec
     assert not (tmp_path / "plots" / "depth_qa_1_1024.png").exists()
     assert "## Errors" in text and "qa_1 @1024" in text
     assert not [w for w in recwarn if "legend" in str(w.message)]
+
+
+def test_report_counts_the_calls_a_rule_kept_at_vanilla_positions(tmp_path):
+    """Rows that record kept_reason: a section counts, per task, length and series, the calls
+    that moved nothing and the rule that kept each; rows without it (older runs) add nothing."""
+    rows = _hand_rows()
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "kept the model's own positions" not in report(tmp_path, plots=False).read_text()
+    for i, r in enumerate(x for x in rows if x["method"] == "qgpm"):
+        r["kept_reason"] = ["keep_length", "flat", None, None][i % 4]
+        r["promoted"] = 0 if r["kept_reason"] else 2
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report(tmp_path, plots=False).read_text()
+    assert "## Calls that kept the model's own positions" in text
+    assert "| task | length | series | calls | flat | keep_length |" in text
+    assert "| niah_multikey_1 | 1024 | qgpm | 20 | 5 | 5 |" in text
 
 
 def test_merge_dedupes_and_prefers_successful_rows(tmp_path):

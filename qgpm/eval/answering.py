@@ -123,6 +123,8 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         out["s_low"] = d.s_low
         out["flat_relevance"] = bool(d.flat_relevance)
         out["decisive_relevance"] = bool(d.decisive_relevance)
+        out["promoted"] = int(d.promoted or 0)
+        out["kept_reason"] = d.kept_reason  # why the call kept vanilla positions (qgpm.plan.KEPT_REASONS); None: it moved sentences
         if d.solo_relevance:
             out["solo_relevance"] = True
         if d.term_dropped is not None:

@@ -23,7 +23,7 @@ from qgpm.methods import Stage, method_spec
 from qgpm.sources import parse_source
 from qgpm.thresholds import calibrated_min_top_z
 
-__all__ = ["method_fingerprint", "config_hash", "config_dict", "check_options", "engine_dtype", "engine_heads", "reranker_name"]
+__all__ = ["method_fingerprint", "config_hash", "config_dict", "config_value", "check_options", "engine_dtype", "engine_heads", "reranker_name"]
 
 
 def engine_dtype(engine) -> str:
@@ -55,6 +55,12 @@ def config_dict(config) -> dict:
         if d.get(name) == off:
             d.pop(name, None)
     return d
+
+
+def config_value(stored: dict, name: str) -> Any:
+    """A field of a config stored by :func:`config_dict`: its value, or the value it had when
+    :func:`config_dict` left it out (the field's "off" setting, e.g. ``relevance="heads"``)."""
+    return stored[name] if name in stored else _HASHED_WHEN_SET.get(name)
 
 
 def method_fingerprint(

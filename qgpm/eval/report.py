@@ -19,9 +19,11 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
+from qgpm.eval.hashes import config_value
 from qgpm.eval.rows import METHOD_ORDER, dedupe_rows, read_manifest, read_rows
 from qgpm.eval.stats import base_for, group_accuracy, group_paired, series_labels, summarize
 from qgpm.eval.targets import check_targets, diagnose, targets_markdown
+from qgpm.plan import KEPT_REASONS
 from qgpm.samples.tasks import TASKS
 
 __all__ = ["report", "plot_depth_curves", "REPORT_FILE", "STATS_FILE"]
@@ -70,6 +72,28 @@ def _tasks_lengths(rows: Sequence[dict]) -> list[tuple[str, int]]:
 
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
+
+
+def _kept_vanilla_section(rows: Sequence[dict], labels: dict, order: Sequence[str]) -> list[str]:
+    """How many calls of each position-changing series kept the model's own positions, and by
+    which rule (rows that record ``kept_reason``); nothing when none did."""
+    counts: dict[tuple, dict[str, int]] = {}
+    for r in rows:
+        if r.get("error") or "kept_reason" not in r:
+            continue
+        c = counts.setdefault((r["task"], int(r["length"]), labels[(r["method"], r["config_hash"])]), {"calls": 0})
+        c["calls"] += 1
+        if r["kept_reason"] is not None:
+            c[r["kept_reason"]] = c.get(r["kept_reason"], 0) + 1
+    reasons = [k for k in KEPT_REASONS if any(k in c for c in counts.values())]
+    if not reasons:
+        return []
+    body = [[t, L, lab, c["calls"], *[c.get(k, 0) for k in reasons]]
+            for (t, L, lab), c in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1], list(order).index(kv[0][2])))]
+    return ["## Calls that kept the model's own positions", "",
+            "Calls of the series that change positions which moved no sentence, by the rule that kept them "
+            "(`result.details.kept_reason`; keep_length: a context within `keep_length` tokens). Such a call answers as vanilla does.", "",
+            *_table(["task", "length", "series", "calls", *reasons], body), ""]
 
 
 def plot_depth_curves(rows: Sequence[dict], out_dir: str | Path, *, labels: dict | None = None) -> list[Path]:
@@ -151,7 +175,7 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
     if latest:
         md += [
             f"- model: `{latest.get('model')}` ({latest.get('dtype')}, {latest.get('device')}); heads: `{latest.get('heads')}`; "
-            f"relevance source: `{(latest.get('config') or {}).get('relevance')}`",
+            f"relevance source: `{config_value(latest.get('config') or {}, 'relevance')}`",
             f"- split: **{latest.get('split')}**; n = {latest.get('n')} per (task, length, depth); depths: {latest.get('depths')}",
             f"- methods: {', '.join(latest.get('methods') or [])}; reranker (topk/reorder): {latest.get('reranker')}, k={latest.get('k')}",
             f"- QGPM config: `{json.dumps(latest.get('config'))}` ({latest.get('config_provenance')})",
@@ -269,6 +293,7 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
                "topk: share of samples whose evidence survived the edit.", ""]
         md += _table(["task", "length", "method", "n", "evidence MRR", "evidence top-1 %", "evidence kept %"], diag) + [""]
 
+    md += _kept_vanilla_section(rows, labels, order)
     md += targets_markdown(rows, baseline=baseline, n_boot=n_boot, seed=seed)
     summary["targets"] = [c.to_dict() for c in check_targets(rows, baseline=baseline, n_boot=n_boot, seed=seed)]
     summary["diagnosis"] = diagnose(rows, baseline=baseline, n_boot=n_boot, seed=seed)
