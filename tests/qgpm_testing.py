@@ -89,6 +89,18 @@ def spy_load_model(monkeypatch) -> list:
 
 
 # A needle among filler sentences, for behaviour tests of pass 1 and its reuse.
+def with_llama3_tokens(tokenizer, chat_template: str):
+    """A copy of ``tokenizer`` with Llama 3's special tokens added and ``chat_template`` set."""
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens(
+        {"bos_token": "<|begin_of_text|>", "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}
+    )
+    tok.chat_template = chat_template
+    return tok
+
+
 NEEDLE_FILLER = [
     "The morning market opened early and the stalls filled with fresh bread.",
     "Several visitors walked along the river to watch the boats pass by.",

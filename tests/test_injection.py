@@ -18,7 +18,7 @@ from qgpm import QGPM, QGPMConfig
 from qgpm.prompt import PromptError, PromptSpec, build_prompt
 from qgpm.tokens import encode_plain, encode_prompt, special_token_ids
 
-from qgpm_testing import tiny_model
+from qgpm_testing import tiny_model, with_llama3_tokens
 
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}"
@@ -41,12 +41,7 @@ QUESTION = "What did the band play near the fountain?"
 
 @pytest.fixture(scope="module")
 def llama3_tokenizer(tokenizer):
-    tok = copy.deepcopy(tokenizer)
-    tok.add_special_tokens(
-        {"bos_token": "<|begin_of_text|>", "additional_special_tokens": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]}
-    )
-    tok.chat_template = LLAMA3_TEMPLATE
-    return tok
+    return with_llama3_tokens(tokenizer, LLAMA3_TEMPLATE)
 
 
 @pytest.fixture(scope="module")

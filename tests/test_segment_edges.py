@@ -46,14 +46,16 @@ def test_a_line_break_leads_the_next_unit():
     assert [text[s.start] for s in sents[1:]] == ["\n", "\n"]
 
 
-def test_a_cut_at_whitespace_leaves_the_space_to_the_next_piece():
-    words = " ".join(["word"] * 30)
-    sents = split_sentences(words, max_chars=40)
+@pytest.mark.parametrize("gap, max_chars", [(" ", 40), ("\t", 42)])
+def test_a_cut_at_whitespace_leaves_it_to_the_next_piece(gap, max_chars):
+    """A long unit without sentence ends is cut at a space or a tab, which opens the next piece."""
+    words = gap.join(["word"] * 30)
+    sents = split_sentences(words, max_chars=max_chars)
     _tiles(sents, words)
     assert len(sents) > 1
     for s in sents:
-        assert s.end - s.start <= 40 and set(s.text.split(" ")) == {"word"}
-    assert all(words[s.start] == " " for s in sents[1:])
+        assert s.end - s.start <= max_chars and set(s.text.split(gap)) == {"word"}
+    assert all(words[s.start] == gap for s in sents[1:])
 
 
 def test_trailing_whitespace_joins_the_last_sentence():
@@ -61,15 +63,6 @@ def test_trailing_whitespace_joins_the_last_sentence():
     sents = split_sentences(text, offset=7)
     assert [s.text for s in sents] == ["One here.", "Two there."]
     assert sents[0].start == 7 and sents[0].end == sents[1].start and sents[-1].end == 7 + len(text)
-
-
-def test_text_separated_by_tabs_is_cut_at_a_tab():
-    text = "\t".join(["word"] * 30)
-    sents = split_sentences(text, max_chars=42)
-    _tiles(sents, text)
-    assert len(sents) > 1
-    for s in sents:
-        assert s.end - s.start <= 42 and set(s.text.split("\t")) == {"word"}
 
 
 @pytest.mark.parametrize("unit", ["x" * 40, " ".join(["abcd"] * 8) + "!"])
