@@ -193,7 +193,10 @@ def _preview(text: str, width: int = 60) -> str:
 
 
 def _strip_question_label(text: str) -> tuple[str, str]:
-    """(label, question) of a question message such as ``"Question: ..."``."""
+    """(label, question) of a question message such as ``"Question: ..."``, after any leading
+    whitespace (blank lines included). A label with nothing visible after it is no label: the
+    text is the question as it stands."""
+    text = text.lstrip()
     m = QUESTION_LABEL.match(text)
     if m and has_visible_text(text[m.end() :]):
         return text[: m.end()], text[m.end() :].strip()

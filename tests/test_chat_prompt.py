@@ -84,6 +84,19 @@ def test_question_label_of_a_separate_question_message_stays_in_the_template():
     assert render(parts).endswith(f"\n\nQuestion: {QUESTION}")
 
 
+@pytest.mark.parametrize("lead", ["", "  ", "\n\n ", "\t\n"])
+def test_a_separate_question_message_is_found_after_leading_blank_lines(lead):
+    """The question label is read after any leading whitespace, and question_chars locate the
+    question in its message; a label with nothing after it is taken as the question's text."""
+    message = f"{lead}Question:  {QUESTION}  "
+    parts = read_chat([{"role": "system", "content": f"Context:\n{CONTEXT}"}, {"role": "user", "content": message}])
+    assert parts.shape == "system_context" and parts.question == QUESTION
+    q0, q1 = parts.found["question_chars"]
+    assert message[q0:q1] == QUESTION
+    bare = read_chat([{"role": "system", "content": f"Context:\n{CONTEXT}"}, {"role": "user", "content": f"{lead}Question:  "}])
+    assert bare.question == "Question:"
+
+
 def test_history_is_kept_as_conversation_not_context():
     msgs = [
         {"role": "system", "content": f"Use the context to answer.\n\n{CONTEXT}"},
