@@ -20,6 +20,7 @@ the recorded size; anything else (a crash mid-write, a truncated file) is rebuil
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import importlib.util
@@ -272,10 +273,34 @@ def load_model(source: ModelSource, *, dtype: torch.dtype | str | None = None, d
             extra["dtype"] = dtype
         if device_map is not None:
             extra["device_map"] = device_map
-        return AutoModelForCausalLM.from_pretrained(path, **kw, **extra).eval()
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, **kw, **extra).eval()
+        except TypeError as err:
+            name = _unexpected_keyword(err, kwargs)
+            if name is None:
+                raise
+            raise TypeError(f"{name!r} is not an argument of AutoModelForCausalLM.from_pretrained or of the model's class "
+                            f"({err}). {_did_you_mean(name)}Check the loading keywords (model_kwargs in the adapters).") from err
 
     key = ("model", source.path, source.gguf_file, str(dtype), repr(device_map), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
     return _cached(key, source, build)
+
+
+# The from_pretrained arguments a typo most often aims at (their names in transformers 5).
+_LOAD_ARGUMENTS = ("device_map", "dtype", "torch_dtype", "attn_implementation", "quantization_config", "trust_remote_code",
+                   "revision", "cache_dir", "local_files_only", "low_cpu_mem_usage", "max_memory", "offload_folder",
+                   "token", "subfolder", "use_safetensors", "variant", "gguf_file", "config", "tp_plan")
+
+
+def _unexpected_keyword(err: TypeError, given: dict[str, Any]) -> str | None:
+    """The caller's keyword that ``err`` ("... got an unexpected keyword argument 'x'") names, if any."""
+    found = re.search(r"unexpected keyword argument '([^']+)'", str(err))
+    return found.group(1) if found and found.group(1) in given else None
+
+
+def _did_you_mean(name: str) -> str:
+    close = difflib.get_close_matches(name, _LOAD_ARGUMENTS, n=1)
+    return f"Did you mean {close[0]!r}? " if close else ""
 
 
 def load_model_and_tokenizer(model: str | os.PathLike[str] | None = None, **kwargs: Any):

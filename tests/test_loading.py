@@ -1,4 +1,5 @@
-"""The GGUF de-quantization cache: same model and tokenizer as the GGUF, built once, rebuilt when broken."""
+"""The GGUF de-quantization cache: same model and tokenizer as the GGUF, built once, rebuilt when broken;
+loading keywords that no loader takes are named."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 import torch
 
-from qgpm import loading
+from qgpm import QGPM, loading
 
 
 @pytest.mark.real_model
@@ -62,3 +63,20 @@ def test_gguf_cache_can_be_turned_off(monkeypatch):
     assert loading._load_path(src) == ("/nowhere", {"gguf_file": "x.gguf"})
     plain = loading.ModelSource(path="some/hf-id")
     assert loading._load_path(plain) == ("some/hf-id", {})
+
+
+def test_a_misspelt_loading_keyword_is_named_with_the_argument_it_resembles(tiny_dir):
+    with pytest.raises(TypeError, match=r"'devce_map' is not an argument of AutoModelForCausalLM.from_pretrained.*Did you mean 'device_map'\?"):
+        QGPM.from_pretrained(str(tiny_dir), devce_map="cpu")
+    with pytest.raises(TypeError, match=r"'zzqq' is not an argument") as err:
+        loading.load_model(loading.resolve_source(str(tiny_dir)), zzqq=1)
+    assert "Did you mean" not in str(err.value)
+    model = loading.load_model(loading.resolve_source(str(tiny_dir)))  # nothing half-made was cached
+    assert not model.training
+
+
+def test_a_type_error_that_names_no_given_keyword_passes_through_unchanged():
+    err = TypeError("LlamaForCausalLM.__init__() got an unexpected keyword argument 'other'")
+    assert loading._unexpected_keyword(err, {"device_map": "cpu"}) is None
+    assert loading._unexpected_keyword(err, {"other": 1}) == "other"
+    assert loading._unexpected_keyword(TypeError("bad operand"), {"other": 1}) is None
