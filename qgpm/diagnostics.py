@@ -75,6 +75,16 @@ class Diagnostics(MutableMapping):
         """An independent copy (its own ``settings`` and ``extra``)."""
         return dataclasses.replace(self, settings=dict(self.settings), extra=dict(self.extra))
 
+    def __getattr__(self, name: str) -> Any:  # only reached for a name that is not a field
+        if name.startswith("_") or name in ("settings", "extra"):
+            raise AttributeError(name)
+        where = "a baseline's setting" if name in self.__dict__.get("settings", {}) else \
+            "an adapter's record" if name in self.__dict__.get("extra", {}) else None
+        if where:
+            raise AttributeError(f"{name!r} is {where}, not a named fact: read it with details.get({name!r}) or details[{name!r}]")
+        raise AttributeError(f"Diagnostics has no fact {name!r}: the named facts are qgpm.diagnostics.FIELDS (None where a call "
+                             f"did not set them); a baseline's settings and an adapter's records are read with details.get({name!r})")
+
     # ------------------------------------------------------------------ the mapping of set facts
     def __getitem__(self, key: str) -> Any:
         if key in FIELDS:

@@ -3,7 +3,9 @@ the facts set for metadata and JSON, baseline settings and adapter notes kept ap
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 
 import pytest
 
@@ -38,6 +40,20 @@ def test_fields_and_the_mapping_of_set_facts_agree():
     assert isinstance(r.details, Diagnostics) and r.details.empty_context is True
     with pytest.raises(TypeError, match="mapping"):
         Diagnostics.of(["s_low"])
+
+
+def test_a_key_that_is_not_a_named_fact_says_how_to_read_it():
+    d = Diagnostics(s_low=0.45)
+    d.settings.update(shift=3)
+    d["llama_index"] = {"step": "qa"}
+    with pytest.raises(AttributeError, match=r"'shift' is a baseline's setting, not a named fact: read it with details.get\('shift'\)"):
+        d.shift
+    with pytest.raises(AttributeError, match=r"'llama_index' is an adapter's record"):
+        d.llama_index
+    with pytest.raises(AttributeError, match=r"no fact 'kept_reasn': the named facts are qgpm.diagnostics.FIELDS"):
+        d.kept_reasn
+    assert d.kept_reason is None and not hasattr(d, "shift") and d.get("shift") == 3
+    assert copy.deepcopy(d) == d and pickle.loads(pickle.dumps(d)) == d  # copying never reaches the message
 
 
 def test_a_call_reports_typed_facts(tokenizer, one_thread):
