@@ -255,8 +255,7 @@ class ChatRequest:
                     "kept": list(getattr(result.edit, "kept", [])),
                     "chunks": len(getattr(result.edit, "chunks", [])),
                 }
-            if result.details:
-                info["details"] = dict(result.details)
+            info["details"] = dict(result.details)  # {} for a call that set no fact (a Top-K / Reorder edit)
         t = result.timings
         info["timings"] = {
             "total_s": round(t.total_s, 4), "first_token_s": round(t.first_token_s, 4),

@@ -237,6 +237,7 @@ def test_methods_via_call_kwargs(llm, prompt_value, method):
         assert info["top_sentences"][0]["text"] == EVIDENCE and info["top_sentences"][0]["z"] is None
     if method in ("topk", "reorder"):
         assert info["edit"]["mode"] == method and info["edit"]["chunks"] >= 1
+    assert isinstance(info["details"], dict)  # present for every method ({} where a call sets no fact)
     assert msg.usage_metadata["output_tokens"] <= 3
 
 
