@@ -45,7 +45,7 @@ from .baselines import options_from_strings, resolve_options
 from .config import PRESETS, RECIPE, QGPMConfig
 from .config_files import check_config_args, load_config
 from .editing import check_k
-from .explain import clip, decision_note, no_ranking_note, sentence_rows, term_note
+from .explain import clip, decision_note, no_ranking_note, printable, ranked_by, sentence_rows, term_note
 from .fingerprint import gguf_shape
 from .heads import find_head_set, has_head_set_for_shape, parse_heads
 from .loading import parse_dtype, resolve_device, resolve_source, source_fingerprint
@@ -143,7 +143,7 @@ def _print_answer(method: str, result, *, width: int, expected: str | None = Non
     t = result.timings
     stage = "pass 1" if parse_source(result.details.relevance_source or "heads").heads else "ranking"
     timing = f"{t.total_s:.1f} s, first token {t.first_token_s:.1f} s" + (f" ({stage} {t.pass1_s:.1f} s)" if t.pass1_s else "")
-    answer = " ".join(result.text.split()) or "(empty answer)"
+    answer = printable(" ".join(result.text.split())) or "(empty answer)"
     if expected is not None:
         answer += "   <- has the expected answer" if expected.lower() in result.text.lower() else "   <- not the expected answer"
     print(f"\n{method:<{width}}  {answer}\n{'':<{width}}  [{result.usage.prompt_tokens} prompt tokens, {result.usage.answer_tokens} answer tokens; {timing}]")
@@ -156,8 +156,9 @@ def _print_why(method: str, result, top: int) -> None:
     if result.relevance:
         rows = sorted(sentence_rows(result), key=lambda r: r["rank"])[:top]
         d = result.details
-        source = d.relevance_source
-        ranked = f", ranked by {source}" if source else ""
+        by = ranked_by(result)
+        said = d.relevance_source or method_spec(method).stage is Stage.EVIDENCE  # the heads, the default, go unsaid
+        ranked = f", {by}" if by and said else ""
         print(f"\n{method} ranked (top {len(rows)} of {len(result.relevance)} sentences{ranked}; {d.promoted or 0} promoted):")
         print("  z: how far the sentence's relevance to the question stands above the context's average, in standard deviations")
         print("  score: its weight in the position plan, 1 = a full position step; lower: compressed on the fast rotary planes "
@@ -170,7 +171,7 @@ def _print_why(method: str, result, top: int) -> None:
             z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
             did = "promoted" if r["promoted"] else "term filter" if r["term_dropped"] else ""
             print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {did:<11}  {100 * r['depth']:4.0f} %  {clip(r['text'], 110)}")
-        note = decision_note(d, method)
+        note = decision_note(d, method, top_z=rows[0]["z"] if rows else None)
         if note:
             print(f"  ({note})")
         if d.term_dropped:
@@ -279,7 +280,7 @@ def _ask(args: argparse.Namespace) -> int:
     config = remote or load_config(config_file, overrides, base=engine.config)
     quiet = args.quiet
     if not quiet:
-        print(f"question: {question}")
+        print(f"question: {printable(question)}")
         if bundled:
             print(f"(bundled example; expected answer: {questions[args.example]['answer']})")
         legend = {"vanilla": "the model as it is, the context in its own order and positions",
@@ -305,7 +306,7 @@ def _ask(args: argparse.Namespace) -> int:
         result = engine.answer(text, question, **kw)
         results.append((method, result))
         if quiet:
-            print(result.text.strip() if len(methods) == 1 else f"{method}\t{' '.join(result.text.split())}", flush=True)
+            print(printable(result.text.strip() if len(methods) == 1 else f"{method}\t{' '.join(result.text.split())}"), flush=True)
         else:
             _print_answer(method, result, width=max(len(m) for m in methods), expected=questions[args.example]["answer"] if bundled else None)
     if not quiet:

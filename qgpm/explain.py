@@ -8,7 +8,9 @@ Both read only the result: the context as the prompt held it, the question, the 
 every sentence's rank, relevance ``z``, map scores (``broad`` in the lower layers, ``sharp``
 in the upper ones) and whether the plan promoted it (moved it next to the question, or kept it
 a full step under ``remap="stride"``) or the query-term filter left it in place. All text is
-escaped: nothing from the context can become markup or script.
+escaped: nothing from the context can become markup or script, and a control character (an
+escape sequence's ESC, a carriage return) is shown as its symbol on the page, in ``explain()``
+and in ``qgpm ask``'s output, never sent to the terminal.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any, Protocol, Sequence
 from .diagnostics import Diagnostics
 from .methods import METHOD_SPECS, Stage
 
-__all__ = ["render_html", "plot_relevance", "sentence_rows", "decision_note", "term_note", "no_ranking_note", "clip", "Explained"]
+__all__ = ["render_html", "plot_relevance", "sentence_rows", "decision_note", "term_note", "no_ranking_note", "ranked_by", "clip", "printable",
+           "Explained"]
 
 
 class Explained(Protocol):
@@ -59,21 +62,38 @@ def term_note(n: int) -> str:
             "(BM25), so they were not promoted and kept their place")
 
 
+# C0 controls but line feed and tab, and DEL, as Unicode's control pictures (ESC -> "␛"); C1 controls as U+FFFD.
+_CONTROLS = {c: 0x2400 + c for c in range(0x20) if chr(c) not in "\n\t"} | {0x7F: 0x2421} | {c: 0xFFFD for c in range(0x80, 0xA0)}
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but line feed and tab shown as a visible symbol
+    (one character for one, so offsets still hold): context or answer text printed to a terminal
+    cannot move the cursor, recolour it or run an escape sequence."""
+    return text.translate(_CONTROLS)
+
+
 def clip(text: str, n: int) -> str:
-    """``text`` cut to ``n`` characters, with "…" where it was cut."""
+    """``text`` cut to ``n`` characters, with "…" where it was cut, control characters shown (:func:`printable`)."""
+    text = printable(text)
     return text if len(text) <= n else text[: n - 1].rstrip() + "…"
 
 
-def decision_note(details: Diagnostics, method: str) -> str | None:
+def decision_note(details: Diagnostics, method: str, top_z: float | None = None) -> str | None:
     """Why a call kept vanilla positions (``details.kept_reason``: the confidence rules of
     :class:`qgpm.settings.ConfidenceRules`, the short-context rule, or nothing left relevant) or
     promoted one sentence alone, for ``explain()``, ``qgpm ask`` and the page; ``None`` where the
-    call promoted sentences as its ranking and maps say."""
+    call promoted sentences as its ranking and maps say. ``top_z``: the best-ranked sentence's z,
+    set beside the threshold when the flat rule fired."""
     reason = details.kept_reason
-    if reason == "flat" and details.min_top_z is None:  # no threshold applied: the flat call was a tie
+    threshold = details.min_top_z
+    if reason == "flat" and threshold is None:  # no threshold applied: the flat call was a tie
         return f"the relevance ranked no sentence above another (every score the same), so {method} kept vanilla positions"
     if reason == "flat" or (reason is None and details.flat_relevance):
-        return f"the relevance was flat (top z below min_top_z, or every score the same), so {method} kept vanilla positions"
+        if top_z is not None and threshold is not None and top_z < threshold:
+            return f"the relevance was flat (the top z, {top_z:+.2f}, is below min_top_z {threshold:g}), so {method} kept vanilla positions"
+        below = f"min_top_z {threshold:g}" if threshold is not None else "min_top_z"
+        return f"the relevance was flat (top z below {below}, or every score the same), so {method} kept vanilla positions"
     if reason == "decisive" or (reason is None and details.decisive_relevance):
         return f"one sentence stood out (its z at least decisive_margin above the next), so {method} kept vanilla positions"
     if reason == "keep_length":
@@ -85,6 +105,22 @@ def decision_note(details: Diagnostics, method: str) -> str | None:
                 "kept vanilla positions")
     if details.solo_relevance:
         return f"the top sentence stood out (its z at least solo_margin above the next), so {method} promoted it alone"
+    return None
+
+
+def ranked_by(result: Explained) -> str | None:
+    """What ranked a result's sentences, for ``explain()``, ``qgpm ask`` and the page: the
+    reranker source, the model's heads, or the Oracle's given evidence (whose other sentences
+    carry no ranking: they follow in context order); ``None`` for a method without a ranking."""
+    source = result.details.relevance_source
+    if source:
+        return f"ranked by {source}"
+    spec = METHOD_SPECS.get(result.method)
+    stage = spec.stage if spec is not None else None
+    if stage is Stage.HEADS:
+        return "ranked by the model's heads"
+    if stage is Stage.EVIDENCE:
+        return "ranked by the given evidence: the sentences holding it first, the others in context order"
     return None
 
 
@@ -136,6 +172,12 @@ def sentence_rows(result: Explained) -> list[dict[str, Any]]:
     return out
 
 
+# The key to the context's shading and outlines (a page without a ranking shades nothing, so has none).
+_LEGEND = ("<p class=\"legend meta\"><span style=\"background:" + _shade(1.0) + "\">most relevant</span>"
+           "<span style=\"background:" + _shade(0.0) + "\">least relevant</span><span class=\"promoted\">promoted (moved next to the question; "
+           "under remap stride, kept a full step)</span><span class=\"dropped\">top-ranked, left in place by the term filter</span></p>")
+
+
 def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why this answer") -> str:
     """A self-contained HTML page (inline CSS, no script, no network) for ``result``.
 
@@ -145,7 +187,9 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
     best-ranked sentences with rank, z, broad/sharp scores, what the plan did and depth in
     the context. A method without a ranking gets a line saying what it did instead.
     """
-    esc = html.escape
+    def esc(text: str) -> str:
+        return html.escape(printable(text))
+
     rows = sentence_rows(result)
     ctx = result.context or ""
     parts: list[str] = []
@@ -173,13 +217,13 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
     d = result.details
     meta = [f"method <b>{esc(result.method)}</b>", f"{result.usage.prompt_tokens} prompt tokens", f"{result.usage.answer_tokens} answer tokens",
             f"{result.timings.total_s:.2f} s"]
-    if d.relevance_source:
-        meta.append(f"ranked by {esc(d.relevance_source)}")
+    if rows and ranked_by(result):
+        meta.append(esc(ranked_by(result)))
     if d.pass2:
         meta.append(f"pass 2: {esc(d.pass2)}")
     if d.anchor_length is not None and d.pass2 == "positions":  # per-plane positions: the gate decided which planes moved
         meta.append(f"frequency gate at wavelength {d.anchor_length:.0f} tokens")
-    note = decision_note(d, result.method) if rows else None
+    note = decision_note(d, result.method, top_z=min(rows, key=lambda r: r["rank"])["z"]) if rows else None
     if note:
         meta.append(esc(note))
     if d.term_dropped:
@@ -196,10 +240,8 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         f"<h2>Answer</h2><div class=\"box answer\">{esc(result.text)}</div>"
         f"<h2>Top sentences</h2>{no_rank}"
         + (f"<table><tr><th>rank</th><th>z</th><th>broad</th><th>sharp</th><th>plan</th><th>depth</th><th>sentence</th></tr>{table}</table>" if rows else "")
-        + "<h2>Context</h2><p class=\"legend meta\"><span style=\"background:" + _shade(1.0) + "\">most relevant</span>"
-        "<span style=\"background:" + _shade(0.0) + "\">least relevant</span><span class=\"promoted\">promoted (moved next to the question; "
-        "under remap stride, kept a full step)</span><span class=\"dropped\">top-ranked, left in place by the term filter</span></p>"
-        f"<div class=\"box ctx\">{''.join(parts)}</div></body></html>\n"
+        + "<h2>Context</h2>" + (_LEGEND if rows else "")
+        + f"<div class=\"box ctx\">{''.join(parts)}</div></body></html>\n"
     )
 
 

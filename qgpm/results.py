@@ -15,10 +15,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .methods import METHOD_SPECS, Stage
 from .config import QGPMConfig
 from .diagnostics import Diagnostics
-from .explain import clip, decision_note, no_ranking_note, plot_relevance, render_html, term_note
+from .explain import clip, decision_note, no_ranking_note, plot_relevance, ranked_by, render_html, term_note
 from .prompt import Prompt
 
 __all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
@@ -114,8 +113,9 @@ class QGPMResult:
             self.details = Diagnostics.of(self.details)
 
     def to_html(self, *, top: int = 10) -> str:
-        """A self-contained HTML page showing why this answer came out (see :mod:`qgpm.explain`)."""
-        return render_html(self, top=top)
+        """A self-contained HTML page showing why this answer came out (see :mod:`qgpm.explain`);
+        ``top``: the rows of its table of best-ranked sentences."""
+        return render_html(self, top=_count(top, "top"))
 
     def plot(self, *, evidence: Sequence[str] | None = None, ax: Any = None):
         """A matplotlib figure of sentence relevance against position in the context."""
@@ -123,23 +123,35 @@ class QGPMResult:
 
     def top_sentences(self, k: int = 5) -> list[SentenceRelevance]:
         """The ``k`` sentences ranked most relevant (best first)."""
-        return sorted(self.relevance, key=lambda s: s.rank)[:k]
+        return sorted(self.relevance, key=lambda s: s.rank)[: _count(k, "k")]
 
     def explain(self, k: int = 5) -> str:
-        """A short human-readable account of the ranking."""
+        """A short human-readable account of the ranking: the ``k`` best-ranked sentences (0: the
+        header and notes only) and why positions were kept where a rule kept them."""
+        _count(k, "k")
         if not self.relevance:
             return f"method={self.method}: {no_ranking_note(self)}"
-        source = self.details.relevance_source
-        ranked = f", ranked by {source}" if source else (", ranked by the model's heads" if self.method in METHOD_SPECS and METHOD_SPECS[self.method].stage is Stage.HEADS else "")
+        by = ranked_by(self)
+        ranked = f", {by}" if by else ""
         top = self.top_sentences(k)
         lines = [f"method={self.method}: top {len(top)} of {len(self.relevance)} sentences{ranked}"]
         for s in top:
             z = "" if s.z is None else f" z={s.z:+.2f}"
             did = " promoted" if s.promoted else " (term filter: left in place)" if s.term_dropped else ""
             lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}{did}  {clip(s.text, 120)}")
-        notes = [decision_note(self.details, self.method), term_note(self.details.term_dropped) if self.details.term_dropped else None]
+        best = self.top_sentences(1)
+        notes = [decision_note(self.details, self.method, top_z=best[0].z if best else None), term_note(self.details.term_dropped) if self.details.term_dropped else None]
         lines += [f"  ({n})" for n in notes if n]
         return "\n".join(lines)
+
+
+def _count(k: Any, name: str) -> int:
+    """``k`` checked as a count of sentences (an int >= 0; a negative one would slice from the end)."""
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"{name} must be an int >= 0 (how many top-ranked sentences), got {type(k).__name__} {k!r}")
+    if k < 0:
+        raise ValueError(f"{name} must be >= 0 (how many top-ranked sentences), got {k}")
+    return k
 
 
 @dataclass

@@ -50,6 +50,7 @@ def test_html_for_a_method_without_ranking(engine):
     res = engine.answer(CONTEXT, QUESTION, method="vanilla", max_new_tokens=3)
     page = res.to_html()
     assert "no relevance ranking, standard positions" in page and "<table>" not in page
+    assert "most relevant" not in page and "most relevant" in engine.answer(CONTEXT, QUESTION, max_new_tokens=2).to_html()  # no legend to unshaded text
 
 
 def test_relevance_plot_marks_evidence_and_question(engine, tmp_path):
@@ -113,7 +114,8 @@ def test_explain_says_why_positions_were_kept_and_counts_what_it_shows(engine):
     assert text.splitlines()[0].startswith("method=qgpm: top 2 of 2 sentences")
     assert "(the context is no longer than keep_length, so qgpm kept vanilla positions)" in text
     flat = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig(min_top_z=1e6, keep_length=0))
-    assert "(the relevance was flat (top z below min_top_z, or every score the same), so qgpm kept vanilla positions)" in flat.explain(3)
+    top_z = flat.top_sentences(1)[0].z
+    assert f"(the relevance was flat (the top z, {top_z:+.2f}, is below min_top_z 1e+06), so qgpm kept vanilla positions)" in flat.explain(3)
     assert "kept vanilla positions" in flat.to_html()
     tied = engine.answer("Alice lives in Paris. Bob works at the bank. Carol plays the violin.", "What is it?", max_new_tokens=2,
                          config=QGPMConfig(relevance="bm25", min_top_z=None, keep_length=0))
@@ -187,3 +189,55 @@ def test_methods_without_a_ranking_say_what_they_did(engine):
     short = engine.answer("The gate opens at six.", QUESTION, method="string", options=StringOptions(shift=None), max_new_tokens=2)
     assert short.details.settings.get("remapped") is False and "standard positions: the prompt is too short" in short.explain()
     assert clip("x" * 200, 120).endswith("…") and len(clip("x" * 200, 120)) == 120 and clip("short", 120) == "short"
+
+
+def test_control_characters_from_the_context_reach_no_terminal(engine, capsys):
+    """An escape sequence in a document (or an answer) is shown as its symbols in explain(),
+    the page and qgpm ask's lines, one character for one, so offsets and clipping still hold."""
+    from qgpm import cli
+    from qgpm.explain import clip, printable
+
+    hostile = "The vault code is 7731 \x1b[31mRED\x1b[0m\r and more. "
+    res = engine.answer(hostile * 3 + CONTEXT, QUESTION, max_new_tokens=3, config=QGPMConfig.paper().with_(keep_length=0))
+    assert "\x1b" in res.context and "\x1b[31m" in "".join(s.text for s in res.relevance)
+    text = res.explain(len(res.relevance))
+    assert "\x1b" not in text and "\r" not in text and "␛[31mRED␛[0m" in text
+    page = res.to_html()
+    assert "\x1b" not in page and "\r" not in page and "␛[31mRED␛[0m␍" in page
+    cli._print_why("qgpm", res, top=len(res.relevance))
+    res.text = "answer \x1b]0;title\x07 end"
+    cli._print_answer("qgpm", res, width=4)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "␛[31mRED" in out and "␛]0;title␇ end" in out
+    assert printable("tab\tand\nline ÿ é") == "tab\tand\nline ÿ é" and printable("\x85\x7f") == "\ufffd␡"
+    assert clip("\x1b" * 5, 3) == "␛␛…"
+
+
+def test_the_count_of_top_sentences_is_checked(engine):
+    res = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))
+    for bad in (-1, -3):
+        for call in (lambda: res.top_sentences(bad), lambda: res.explain(bad), lambda: res.to_html(top=bad)):
+            with pytest.raises(ValueError, match="must be >= 0"):
+                call()
+    for bad in (True, 2.0, "3"):
+        with pytest.raises(TypeError, match="must be an int >= 0"):
+            res.explain(bad)
+    assert res.top_sentences(0) == [] and res.explain(0).splitlines()[0].startswith(f"method=qgpm: top 0 of {len(res.relevance)} sentences")
+    assert len(res.explain(0).splitlines()) == 1 + bool(res.details.kept_reason)
+
+
+def test_the_oracle_says_its_ranking_is_the_evidence_and_the_rest_is_context_order(engine, capsys):
+    from qgpm import cli
+
+    gold = "The tide gauge was calibrated by Ottilie Brandvold."
+    res = engine.answer(CONTEXT, QUESTION, method="oracle", evidence=[gold], max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))
+    top = res.top_sentences(len(res.relevance))
+    assert top[0].text == gold and [s.index for s in top[1:]] == sorted(s.index for s in top[1:])  # context order after the evidence
+    said = "ranked by the given evidence: the sentences holding it first, the others in context order"
+    assert said in res.explain(3).splitlines()[0] and html.escape(said) in res.to_html()
+    cli._print_why("oracle", res, top=3)
+    heads = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))
+    assert "ranked by the model's heads" in heads.explain(3)
+    cli._print_why("qgpm", heads, top=3)
+    oracle_head, qgpm_head = [line for line in capsys.readouterr().out.splitlines() if " ranked (top " in line]
+    assert said in oracle_head and "ranked by" not in qgpm_head  # qgpm ask leaves the default source, the heads, unsaid
