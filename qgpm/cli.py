@@ -45,7 +45,7 @@ from .baselines import options_from_strings, resolve_options
 from .config import PRESETS, RECIPE, QGPMConfig
 from .config_files import check_config_args, load_config
 from .editing import check_k
-from .explain import clip, decision_note, no_ranking_note, printable, ranked_by, sentence_rows, term_note
+from .explain import best_chunks, clip, decision_note, no_ranking_note, printable, ranked_by, sentence_rows, term_note
 from .fingerprint import gguf_shape
 from .heads import find_head_set, has_head_set_for_shape, parse_heads
 from .loading import parse_dtype, resolve_device, resolve_source, source_fingerprint
@@ -178,6 +178,8 @@ def _print_why(method: str, result, top: int) -> None:
             print(f"  ({term_note(d.term_dropped)})")
         return
     print(f"\n{method}: {no_ranking_note(result)}")
+    for line in best_chunks(result, top):
+        print(f"  {line}")
     settings = result.details.settings
     if method_spec(method).options and settings:
         print(f"{method} settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))

@@ -21,8 +21,8 @@ from typing import Any, Protocol, Sequence
 from .diagnostics import Diagnostics
 from .methods import METHOD_SPECS, Stage
 
-__all__ = ["render_html", "plot_relevance", "sentence_rows", "decision_note", "term_note", "no_ranking_note", "ranked_by", "clip", "printable",
-           "Explained"]
+__all__ = ["render_html", "plot_relevance", "sentence_rows", "decision_note", "term_note", "no_ranking_note", "best_chunks", "ranked_by",
+           "clip", "printable", "Explained"]
 
 
 class Explained(Protocol):
@@ -108,6 +108,17 @@ def decision_note(details: Diagnostics, method: str, top_z: float | None = None)
     return None
 
 
+def best_chunks(result: Explained, k: int) -> list[str]:
+    """One line per chunk of a Top-K / Reorder edit that scored best (at most ``k``, best first):
+    its index, its reranker score and its first characters; ``[]`` for any other result."""
+    edit = result.edit
+    scores = getattr(edit, "scores", None)
+    if not scores or not getattr(edit, "kept", None):
+        return []
+    best = sorted(edit.kept, key=lambda i: (-scores[i], i))[:k]
+    return [f"chunk {i} (score {scores[i]:.2f}): {clip(edit.chunks[i].text, 100)}" for i in best]
+
+
 def ranked_by(result: Explained) -> str | None:
     """What ranked a result's sentences, for ``explain()``, ``qgpm ask`` and the page: the
     reranker source, the model's heads, or the Oracle's given evidence (whose other sentences
@@ -135,8 +146,9 @@ def no_ranking_note(result: Explained) -> str:
     spec = METHOD_SPECS.get(result.method)
     stage = spec.stage if spec is not None else None
     if stage is Stage.EDIT and edit is not None:
-        how = "kept the best chunks" if edit.mode == "topk" else "sorted every chunk, the best next to the question"
-        return f"the reranker {how}: chunks {list(edit.kept)} of {len(edit.chunks)} are in the prompt, standard positions"
+        if edit.mode == "topk":
+            return f"the reranker kept the best chunks: chunks {list(edit.kept)} of {len(edit.chunks)} are in the prompt, standard positions"
+        return f"the reranker sorted all {len(edit.chunks)} chunks, the best next to the question, standard positions"
     if stage is Stage.COMPRESS and edit is not None:
         return f"the context was compressed from {edit.original_tokens} to {edit.compressed_tokens} tokens, standard positions"
     if stage is Stage.ATTENTION:
@@ -230,7 +242,8 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         meta.append(esc(term_note(d.term_dropped)))
     if d.prefill_reused:
         meta.append(f"{d.prefill_reused} prompt tokens' prefill taken from pass 1 (reuse_prefill)")
-    no_rank = "" if rows else f'<p class="meta">{esc(no_ranking_note(result))}.</p>'
+    chunk_list = "".join(f"<li>{esc(line)}</li>" for line in best_chunks(result, top))
+    no_rank = "" if rows else f'<p class="meta">{esc(no_ranking_note(result))}.</p>' + (f"<ul>{chunk_list}</ul>" if chunk_list else "")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"

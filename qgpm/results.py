@@ -17,7 +17,7 @@ import torch
 
 from .config import QGPMConfig
 from .diagnostics import Diagnostics
-from .explain import clip, decision_note, no_ranking_note, plot_relevance, ranked_by, render_html, term_note
+from .explain import best_chunks, clip, decision_note, no_ranking_note, plot_relevance, ranked_by, render_html, term_note
 from .prompt import Prompt
 
 __all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
@@ -129,8 +129,8 @@ class QGPMResult:
         """A short human-readable account of the ranking: the ``k`` best-ranked sentences (0: the
         header and notes only) and why positions were kept where a rule kept them."""
         _count(k, "k")
-        if not self.relevance:
-            return f"method={self.method}: {no_ranking_note(self)}"
+        if not self.relevance:  # Top-K / Reorder: the chunks the reranker scored best
+            return "\n".join([f"method={self.method}: {no_ranking_note(self)}"] + [f"  {line}" for line in best_chunks(self, k)])
         by = ranked_by(self)
         ranked = f", {by}" if by else ""
         top = self.top_sentences(k)

@@ -184,6 +184,15 @@ def test_methods_without_a_ranking_say_what_they_did(engine):
     topk = engine.answer(CONTEXT, QUESTION, method="topk", reranker="bm25", k=1, max_new_tokens=2)
     assert f"chunks {topk.edit.kept} of {len(topk.edit.chunks)} are in the prompt" in topk.explain()
     assert html.escape(f"chunks {topk.edit.kept} of {len(topk.edit.chunks)}") in topk.to_html()
+    (kept,) = topk.edit.kept  # the kept chunk, named with its score and text
+    assert topk.explain().splitlines()[1] == f"  chunk {kept} (score {topk.edit.scores[kept]:.2f}): {clip(topk.edit.chunks[kept].text, 100)}"
+    docs = [f"Paragraph {i} tells of the harbour's {i} boats." for i in range(6)] + ["The tide gauge was calibrated by Ottilie Brandvold."]
+    reorder = engine.answer(docs, QUESTION, method="reorder", reranker="bm25", max_new_tokens=2)
+    lines = reorder.explain(2).splitlines()
+    assert lines[0] == "method=reorder: the reranker sorted all 7 chunks, the best next to the question, standard positions"
+    best = sorted(range(7), key=lambda i: (-reorder.edit.scores[i], i))[:2]
+    assert best[0] == 6 and len(lines) == 3 and [line.split(" (")[0] for line in lines[1:]] == [f"  chunk {i}" for i in best]
+    assert reorder.to_html(top=2).count("<li>chunk ") == 2 and reorder.explain(0) == lines[0]
     poe = engine.answer(CONTEXT, QUESTION, method="ms-poe", max_new_tokens=2)
     assert "query-agnostic positions inside attention" in poe.explain() and "query-agnostic" in poe.to_html()
     short = engine.answer("The gate opens at six.", QUESTION, method="string", options=StringOptions(shift=None), max_new_tokens=2)
