@@ -14,6 +14,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from qgpm.config import QGPMConfig
 from qgpm.config_files import load_config
 from qgpm.defaults import METHODS
+from qgpm.explain import printable
 from qgpm.loading import resolve_source, source_fingerprint
 from qgpm.samples.tasks import TASKS
 
@@ -50,7 +51,8 @@ class QGPMArgumentParser(argparse.ArgumentParser):
 
 
 def _one_line(msg: Any) -> str:
-    return " ".join(str(msg).split())
+    """An error message on one line, its control characters shown (it may quote a document)."""
+    return printable(" ".join(str(msg).split()))
 
 
 def csv_list(s: str) -> list[str]:

@@ -282,7 +282,7 @@ def _ask(args: argparse.Namespace) -> int:
     config = remote or load_config(config_file, overrides, base=engine.config)
     quiet = args.quiet
     if not quiet:
-        print(f"question: {printable(question)}")
+        print(f"question: {printable(' '.join(question.split()))}")
         if bundled:
             print(f"(bundled example; expected answer: {questions[args.example]['answer']})")
         legend = {"vanilla": "the model as it is, the context in its own order and positions",
@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--reranker", default=None, help=RERANKER_HELP)
     ask.add_argument("--k", type=int, default=None, help=f"chunks kept by topk (default {DEFAULT_K})")
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")
-    ask.add_argument("--top", type=int, default=3, help="how many top-ranked sentences to show (default 3)")
+    ask.add_argument("--top", type=int, default=3, help="how many top-ranked sentences (or Top-K / Reorder chunks) to show (default 3)")
     meta = _sample_meta()  # read once for the default and the range shown in the help
     ask.add_argument("--example", type=int, default=None,
                      help=f"which bundled example question (0-{len(meta['questions']) - 1}, default {int(meta['default_question'])})")

@@ -14,6 +14,7 @@ the call (a key that is not a field lands there).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,8 +83,10 @@ class Diagnostics(MutableMapping):
             "an adapter's record" if name in self.__dict__.get("extra", {}) else None
         if where:
             raise AttributeError(f"{name!r} is {where}, not a named fact: read it with details.get({name!r}) or details[{name!r}]")
-        raise AttributeError(f"Diagnostics has no fact {name!r}: the named facts are qgpm.diagnostics.FIELDS (None where a call "
-                             f"did not set them); a baseline's settings and an adapter's records are read with details.get({name!r})")
+        close = difflib.get_close_matches(name, FIELDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise AttributeError(f"Diagnostics has no fact {name!r}: {hint}the named facts are qgpm.diagnostics.FIELDS (None where a call "
+                             "did not set them); a baseline's settings and an adapter's records are keys, read with details.get(key)")
 
     # ------------------------------------------------------------------ the mapping of set facts
     def __getitem__(self, key: str) -> Any:

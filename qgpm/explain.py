@@ -16,13 +16,14 @@ and in ``qgpm ask``'s output, never sent to the terminal.
 from __future__ import annotations
 
 import html
+import numbers
 from typing import Any, Protocol, Sequence
 
 from .diagnostics import Diagnostics
 from .methods import METHOD_SPECS, Stage
 
 __all__ = ["render_html", "plot_relevance", "sentence_rows", "decision_note", "term_note", "no_ranking_note", "best_chunks", "ranked_by",
-           "clip", "printable", "Explained"]
+           "clip", "printable", "check_count", "Explained"]
 
 
 class Explained(Protocol):
@@ -62,21 +63,35 @@ def term_note(n: int) -> str:
             "(BM25), so they were not promoted and kept their place")
 
 
-# C0 controls but line feed and tab, and DEL, as Unicode's control pictures (ESC -> "␛"); C1 controls as U+FFFD.
-_CONTROLS = {c: 0x2400 + c for c in range(0x20) if chr(c) not in "\n\t"} | {0x7F: 0x2421} | {c: 0xFFFD for c in range(0x80, 0xA0)}
+# Control characters as visible symbols: C0 as Unicode's control pictures (ESC -> "␛"), DEL as "␡", C1 as U+FFFD.
+_PICTURES = {c: 0x2400 + c for c in range(0x20)} | {0x7F: 0x2421} | {c: 0xFFFD for c in range(0x80, 0xA0)}
+_TERMINAL_KEEPS = "\n\t"
+_HTML_KEEPS = "\n\t\r\x0c"  # HTML's own whitespace: harmless on a page, and every CRLF line end would show a symbol
 
 
-def printable(text: str) -> str:
-    """``text`` with every control character but line feed and tab shown as a visible symbol
-    (one character for one, so offsets still hold): context or answer text printed to a terminal
-    cannot move the cursor, recolour it or run an escape sequence."""
-    return text.translate(_CONTROLS)
+def printable(text: str, keep: str = _TERMINAL_KEEPS) -> str:
+    """``text`` with every control character but those in ``keep`` (line feed and tab) shown as
+    a visible symbol, one character for one, so offsets still hold: context or answer text
+    printed to a terminal cannot move the cursor, recolour it or run an escape sequence."""
+    table = _PICTURES if not keep else {c: v for c, v in _PICTURES.items() if chr(c) not in keep}
+    return text.translate(table)
 
 
 def clip(text: str, n: int) -> str:
-    """``text`` cut to ``n`` characters, with "…" where it was cut, control characters shown (:func:`printable`)."""
-    text = printable(text)
+    """``text`` on one line (its whitespace runs folded to one space, control characters shown:
+    :func:`printable`), cut to ``n`` characters with "…" where it was cut."""
+    text = printable(" ".join(text.split()))
     return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+
+
+def check_count(k: Any, name: str) -> int:
+    """``k`` checked as a count of top-ranked sentences or chunks to show: an integer >= 0 (a
+    negative one would slice from the end); raises ``TypeError`` / ``ValueError`` saying so."""
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= 0 (how many top-ranked sentences or chunks to show), got {type(k).__name__} {k!r}")
+    if k < 0:
+        raise ValueError(f"{name} must be >= 0 (how many top-ranked sentences or chunks to show), got {k}")
+    return int(k)
 
 
 def decision_note(details: Diagnostics, method: str, top_z: float | None = None) -> str | None:
@@ -197,10 +212,15 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
     evidence for oracle), outlined when the plan promoted it and dashed when the query-term
     filter left it in place; then the question, the answer, and a table of the ``top``
     best-ranked sentences with rank, z, broad/sharp scores, what the plan did and depth in
-    the context. A method without a ranking gets a line saying what it did instead.
+    the context. A method without a ranking gets a line saying what it did instead (for Top-K /
+    Reorder, a list of the ``top`` chunks the reranker scored best) and no shading legend.
+    Control characters show as symbols (:func:`printable`; line breaks, tabs, carriage returns
+    and form feeds stay the page's whitespace).
     """
+    top = check_count(top, "top")
+
     def esc(text: str) -> str:
-        return html.escape(printable(text))
+        return html.escape(printable(text, keep=_HTML_KEEPS))
 
     rows = sentence_rows(result)
     ctx = result.context or ""

@@ -280,16 +280,18 @@ def load_model(source: ModelSource, *, dtype: torch.dtype | str | None = None, d
             if name is None:
                 raise
             raise TypeError(f"{name!r} is not an argument of AutoModelForCausalLM.from_pretrained or of the model's class "
-                            f"({err}). {_did_you_mean(name)}Check the loading keywords (model_kwargs in the adapters).") from err
+                            f"({err}). {_did_you_mean(name)}Check the keywords given to QGPM.from_pretrained (model_kwargs in the adapters).") from err
 
     key = ("model", source.path, source.gguf_file, str(dtype), repr(device_map), tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
     return _cached(key, source, build)
 
 
-# The from_pretrained arguments a typo most often aims at (their names in transformers 5).
+# The from_pretrained arguments a typo most often aims at (their names in transformers 5), and
+# QGPM.from_pretrained's own keywords (a misspelt one arrives here among the loading keywords).
 _LOAD_ARGUMENTS = ("device_map", "dtype", "torch_dtype", "attn_implementation", "quantization_config", "trust_remote_code",
                    "revision", "cache_dir", "local_files_only", "low_cpu_mem_usage", "max_memory", "offload_folder",
-                   "token", "subfolder", "use_safetensors", "variant", "gguf_file", "config", "tp_plan")
+                   "token", "subfolder", "use_safetensors", "variant", "gguf_file", "config", "tp_plan",
+                   "heads", "reuse_prefill", "generator", "pass1_layers_only")
 
 
 def _unexpected_keyword(err: TypeError, given: dict[str, Any]) -> str | None:

@@ -17,7 +17,7 @@ import torch
 
 from .config import QGPMConfig
 from .diagnostics import Diagnostics
-from .explain import best_chunks, clip, decision_note, no_ranking_note, plot_relevance, ranked_by, render_html, term_note
+from .explain import best_chunks, check_count, clip, decision_note, no_ranking_note, plot_relevance, ranked_by, render_html, term_note
 from .prompt import Prompt
 
 __all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
@@ -113,9 +113,9 @@ class QGPMResult:
             self.details = Diagnostics.of(self.details)
 
     def to_html(self, *, top: int = 10) -> str:
-        """A self-contained HTML page showing why this answer came out (see :mod:`qgpm.explain`);
-        ``top``: the rows of its table of best-ranked sentences."""
-        return render_html(self, top=_count(top, "top"))
+        """A self-contained HTML page showing why this answer came out (:func:`qgpm.explain.render_html`);
+        ``top``: how many best-ranked sentences (or Top-K / Reorder chunks) it lists."""
+        return render_html(self, top=top)
 
     def plot(self, *, evidence: Sequence[str] | None = None, ax: Any = None):
         """A matplotlib figure of sentence relevance against position in the context."""
@@ -123,12 +123,12 @@ class QGPMResult:
 
     def top_sentences(self, k: int = 5) -> list[SentenceRelevance]:
         """The ``k`` sentences ranked most relevant (best first)."""
-        return sorted(self.relevance, key=lambda s: s.rank)[: _count(k, "k")]
+        return sorted(self.relevance, key=lambda s: s.rank)[: check_count(k, "k")]
 
     def explain(self, k: int = 5) -> str:
         """A short human-readable account of the ranking: the ``k`` best-ranked sentences (0: the
         header and notes only) and why positions were kept where a rule kept them."""
-        _count(k, "k")
+        check_count(k, "k")
         if not self.relevance:  # Top-K / Reorder: the chunks the reranker scored best
             return "\n".join([f"method={self.method}: {no_ranking_note(self)}"] + [f"  {line}" for line in best_chunks(self, k)])
         by = ranked_by(self)
@@ -143,15 +143,6 @@ class QGPMResult:
         notes = [decision_note(self.details, self.method, top_z=best[0].z if best else None), term_note(self.details.term_dropped) if self.details.term_dropped else None]
         lines += [f"  ({n})" for n in notes if n]
         return "\n".join(lines)
-
-
-def _count(k: Any, name: str) -> int:
-    """``k`` checked as a count of sentences (an int >= 0; a negative one would slice from the end)."""
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"{name} must be an int >= 0 (how many top-ranked sentences), got {type(k).__name__} {k!r}")
-    if k < 0:
-        raise ValueError(f"{name} must be >= 0 (how many top-ranked sentences), got {k}")
-    return k
 
 
 @dataclass

@@ -104,6 +104,12 @@ def _one_line_error(capsys, rc, *fragments):
     return lines[0]
 
 
+def test_an_error_message_reaches_the_terminal_on_one_line_with_its_control_characters_shown():
+    from qgpm._cliutil import _one_line
+
+    assert _one_line("bad \x1b[2J document\r\n  text\x07") == "bad ␛[2J document text␇"
+
+
 @pytest.fixture
 def no_load(monkeypatch):
     """Fail the test if a model or tokenizer starts loading."""

@@ -50,8 +50,10 @@ def test_a_key_that_is_not_a_named_fact_says_how_to_read_it():
         d.shift
     with pytest.raises(AttributeError, match=r"'llama_index' is an adapter's record"):
         d.llama_index
-    with pytest.raises(AttributeError, match=r"no fact 'kept_reasn': the named facts are qgpm.diagnostics.FIELDS"):
+    with pytest.raises(AttributeError, match=r"no fact 'kept_reasn': did you mean 'kept_reason'\? the named facts are qgpm.diagnostics.FIELDS"):
         d.kept_reasn
+    with pytest.raises(AttributeError, match=r"no fact 'zzqq': the named facts"):
+        d.zzqq
     assert d.kept_reason is None and not hasattr(d, "shift") and d.get("shift") == 3
     assert copy.deepcopy(d) == d and pickle.loads(pickle.dumps(d)) == d  # copying never reaches the message
 

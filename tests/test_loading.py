@@ -68,6 +68,8 @@ def test_gguf_cache_can_be_turned_off(monkeypatch):
 def test_a_misspelt_loading_keyword_is_named_with_the_argument_it_resembles(tiny_dir):
     with pytest.raises(TypeError, match=r"'devce_map' is not an argument of AutoModelForCausalLM.from_pretrained.*Did you mean 'device_map'\?"):
         QGPM.from_pretrained(str(tiny_dir), devce_map="cpu")
+    with pytest.raises(TypeError, match=r"'hedas' is not an argument.*Did you mean 'heads'\? Check the keywords given to QGPM.from_pretrained"):
+        QGPM.from_pretrained(str(tiny_dir), hedas=[(1, 0)])
     with pytest.raises(TypeError, match=r"'zzqq' is not an argument") as err:
         loading.load_model(loading.resolve_source(str(tiny_dir)), zzqq=1)
     assert "Did you mean" not in str(err.value)

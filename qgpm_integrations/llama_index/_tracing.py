@@ -29,6 +29,8 @@ from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.synthesis import SynthesizeEndEvent, SynthesizeStartEvent
 
+from qgpm.explain import check_count
+
 __all__ = ["QGPMTrace", "install", "current_trace"]
 
 
@@ -72,10 +74,12 @@ class QGPMTrace(list):
 
     def top_sentences(self, k: int = 5) -> list[Any]:
         """``top_sentences(k)`` of the final call (``[]`` if none finished yet)."""
+        check_count(k, "k")
         return self.result.top_sentences(k) if self else []
 
     def explain(self, k: int = 5) -> str:
         """``explain(k)`` of every call, numbered when there are several."""
+        check_count(k, "k")
         if not self:
             return "no QGPM call has finished yet (a streaming response fills the trace in once read)"
         if len(self) == 1:

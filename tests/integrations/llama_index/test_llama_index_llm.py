@@ -436,6 +436,9 @@ def test_trace_to_html_is_the_final_calls_explanation_page():
     trace = QGPMTrace()
     with pytest.raises(ValueError, match="no QGPM call has finished yet"):
         trace.to_html()
+    for read in (trace.top_sentences, trace.explain):  # the count is checked with no call finished too
+        with pytest.raises(ValueError, match="k must be >= 0"):
+            read(-1)
     trace.add_result(Result("first"))
     trace.add_result(Result("last"))
     assert trace.to_html() == "last:10" and trace.to_html(top=3) == "last:3"
