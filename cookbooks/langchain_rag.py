@@ -25,6 +25,7 @@ question (the human message) by itself. Side by side:
 Everything runs offline on CPU.
 
 Run:  python cookbooks/langchain_rag.py [--limit 2] [--k 24] [--max-tokens 32]
+      (a copy outside the checkout: add --data /path/to/qgpm/cookbooks/data)
 """
 
 from __future__ import annotations
@@ -156,19 +157,23 @@ def main(argv: Sequence[str] | None = None, *, heads: Any = None) -> list[dict]:
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--heads", default=None, help="head-set JSON for QGPM (default: the stored set)")
     ap.add_argument("--json", default=None, help="write the answers to this JSON file")
+    ap.add_argument("--data", type=Path, default=DATA, help=f"the folder of questions.json and corpus/*.md (default: {DATA})")
     ap.add_argument("--vllm-url", default=None, help="generate on this vLLM server (bash scripts/vllm_server.sh --port 8000)")
     args = ap.parse_args(argv)
     if args.json and not Path(args.json).resolve().parent.is_dir():  # before any question is answered
         ap.error(f"--json {args.json}: the folder {Path(args.json).resolve().parent} does not exist")
+    if not (args.data / "questions.json").is_file() or not (args.data / "corpus").is_dir():
+        ap.error(f"--data {args.data}: no questions.json and corpus/ there (the cookbooks' data is cookbooks/data in the "
+                 "qgpm checkout; pass --data PATH to it when the script runs from elsewhere)")
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad:
         ap.error(f"unknown methods {bad}; choose from {METHODS}")
-    questions = json.loads((DATA / "questions.json").read_text(encoding="utf-8"))[: args.limit]
+    questions = json.loads((args.data / "questions.json").read_text(encoding="utf-8"))[: args.limit]
 
     t = time.perf_counter()
-    store = build_vector_store()
+    store = build_vector_store(load_corpus(args.data / "corpus"))
     retriever = store.as_retriever(search_kwargs={"k": args.k})
     chains = build_chains(retriever, max_tokens=args.max_tokens, heads=heads if heads is not None else args.heads, reranker=args.reranker, top_k=args.top_k,
                           vllm_url=args.vllm_url)

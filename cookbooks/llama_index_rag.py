@@ -25,6 +25,7 @@ All LLMs share one loaded model. Everything runs offline on CPU::
     print(response, response.metadata["qgpm"].explain(3))
 
 Run:  python cookbooks/llama_index_rag.py [--limit 2] [--k 10] [--max-tokens 32] [--response-mode compact]
+      (a copy outside the checkout: add --data /path/to/qgpm/cookbooks/data)
 """
 
 from __future__ import annotations
@@ -166,16 +167,20 @@ def main(argv: Sequence[str] | None = None, *, engine: QGPM | None = None) -> li
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     ap.add_argument("--heads", default=None, help="head-set JSON for QGPM (default: the stored set)")
     ap.add_argument("--json", default=None, help="write the answers to this JSON file")
+    ap.add_argument("--data", type=Path, default=DATA, help=f"the folder of questions.json and corpus/*.md (default: {DATA})")
     ap.add_argument("--vllm-url", default=None, help="generate on this vLLM server (bash scripts/vllm_server.sh --port 8000)")
     args = ap.parse_args(argv)
     if args.json and not Path(args.json).resolve().parent.is_dir():  # before any question is answered
         ap.error(f"--json {args.json}: the folder {Path(args.json).resolve().parent} does not exist")
+    if not (args.data / "questions.json").is_file() or not (args.data / "corpus").is_dir():
+        ap.error(f"--data {args.data}: no questions.json and corpus/ there (the cookbooks' data is cookbooks/data in the "
+                 "qgpm checkout; pass --data PATH to it when the script runs from elsewhere)")
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
     if bad:
         ap.error(f"unknown methods {bad}; choose from {METHODS}")
-    questions = json.loads((DATA / "questions.json").read_text(encoding="utf-8"))[: args.limit]
+    questions = json.loads((args.data / "questions.json").read_text(encoding="utf-8"))[: args.limit]
 
     if engine is None:
         generator = VLLMServer(args.vllm_url) if args.vllm_url else None  # pass 2 on the server, pass 1 here
@@ -184,7 +189,7 @@ def main(argv: Sequence[str] | None = None, *, engine: QGPM | None = None) -> li
         raise HeadSetMissingError("no stored head set for this model: pass --heads <head-set.json> or drop qgpm from --methods")
 
     t = time.perf_counter()
-    index = build_index(engine, chunk_size=args.chunk_size)
+    index = build_index(engine, load_documents(args.data / "corpus"), chunk_size=args.chunk_size)
     engines = build_query_engines(
         index, engine, k=args.k, top_n=args.top_n, max_tokens=args.max_tokens, reranker=args.reranker,
         response_mode=args.response_mode, methods=methods,

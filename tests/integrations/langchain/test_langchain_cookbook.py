@@ -31,11 +31,19 @@ def test_vector_store_over_the_corpus(corpus_store):
     assert all(d.metadata["source"].endswith(".md") for d in hits)
 
 
-def test_cookbook_runs_one_question_with_all_methods(capsys):
+def test_cookbook_runs_one_question_with_all_methods(capsys, tmp_path):
+    """Run from a copy of its data (--data): the copy's one question is the one answered."""
+    import json
+    import shutil
+
     cookbook = load_cookbook()
-    rows = cookbook.main(["--limit", "1", "--k", "4", "--max-tokens", "4"], heads=lc_heads())
+    data = tmp_path / "data"
+    shutil.copytree(cookbook.DATA, data)
+    second = json.loads((data / "questions.json").read_text(encoding="utf-8"))[1]
+    (data / "questions.json").write_text(json.dumps([second]), encoding="utf-8")
+    rows = cookbook.main(["--limit", "1", "--k", "4", "--max-tokens", "4", "--data", str(data)], heads=lc_heads())
     out = capsys.readouterr().out
-    assert len(rows) == 1
+    assert len(rows) == 1 and f"[1] {second['question']}" in out
     for m in ("vanilla", "qgpm", "topk", "reorder"):
         assert f"  {m} " in out
         assert isinstance(rows[0][m]["text"], str)
@@ -49,3 +57,9 @@ def test_cookbook_runs_one_question_with_all_methods(capsys):
 def test_cookbook_rejects_unknown_methods():
     with pytest.raises(SystemExit):
         load_cookbook().main(["--methods", "qgpm,nope"])
+
+
+def test_cookbook_run_from_elsewhere_names_its_data_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        load_cookbook().main(["--data", str(tmp_path)])
+    assert stop.value.code == 2 and "no questions.json and corpus/ there" in capsys.readouterr().err

@@ -143,8 +143,7 @@ def test_synthesizer_streaming_and_async_answer_the_same(tiny_retriever, li_llm,
     _same_answer(s.metadata["qgpm"].result, direct_answer)
 
 
-def test_cookbook_smoke(li_engine, capsys):
-    """cookbooks/llama_index_rag.py end to end on one question (kept short: 1 node, 4 tokens)."""
+def _cookbook():
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[3] / "cookbooks" / "llama_index_rag.py"
@@ -152,6 +151,18 @@ def test_cookbook_smoke(li_engine, capsys):
     cookbook = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = cookbook
     spec.loader.exec_module(cookbook)
+    return cookbook
+
+
+def test_cookbook_run_from_elsewhere_names_its_data_folder(li_engine, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        _cookbook().main(["--data", str(tmp_path)], engine=li_engine)
+    assert stop.value.code == 2 and "no questions.json and corpus/ there" in capsys.readouterr().err
+
+
+def test_cookbook_smoke(li_engine, capsys):
+    """cookbooks/llama_index_rag.py end to end on one question (kept short: 1 node, 4 tokens)."""
+    cookbook = _cookbook()
     rows = cookbook.main(["--limit", "1", "--k", "1", "--max-tokens", "4"], engine=li_engine)
     printed = capsys.readouterr().out
     assert len(rows) == 1
