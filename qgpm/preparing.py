@@ -300,7 +300,7 @@ def warn_vanilla_kept(eng: ModelView, planned: PlanOutcome, config: QGPMConfig) 
             "QGPMConfig to modulate such calls too.")
     elif planned.kept_reason == "keep_length":
         rule, message = "keep_length", (
-            f"qgpm: the context is no longer than keep_length={config.keep_length} tokens, so this call keeps vanilla positions "
+            f"qgpm: the context is no longer than keep_length={config.keep_length:g} tokens, so this call keeps vanilla positions "
             "(result.details['s_low'] is 1.0). Set keep_length=0 in QGPMConfig to modulate short contexts too.")
     else:
         return

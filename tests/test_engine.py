@@ -398,7 +398,8 @@ def test_a_rule_that_keeps_vanilla_positions_warns_once_per_engine_then_logs_at_
         for _ in range(3):
             assert fresh.answer(ctx, "Which instrument does Carol play?", max_new_tokens=2).details.kept_reason == "keep_length"
     assert levels() == [logging.WARNING, logging.DEBUG, logging.DEBUG]
-    assert "logged once per engine" in [r for r in caplog.records if r.levelno == logging.WARNING][0].getMessage()
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING][0].getMessage()
+    assert "logged once per engine" in warned and "keep_length=1e+06 tokens" in warned  # formatted with :g (1024, not 1024.0)
     caplog.clear()
     other = QGPM(tiny.model, tiny.tokenizer, heads=tiny.head_set, config=tiny.config.with_(keep_length=1e6))
     with caplog.at_level(logging.DEBUG, logger="qgpm"):
