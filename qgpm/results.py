@@ -240,14 +240,20 @@ class AnswerStream:
         return self
 
     def __next__(self) -> str:
-        return next(self._gen)
+        try:
+            return next(self._gen)
+        except ValueError as exc:  # close() from another thread is finishing the generator: the stream has ended
+            if self._state.closed and "already executing" in str(exc):
+                raise StopIteration from None
+            raise
 
     def close(self) -> None:
         """Stop generation now (waits at most one decoding step) and leave the model unpatched.
 
         From another thread than the one reading the stream (a server's cancel handler), generation
         stops at its next decoding step and the reader's next ``next()`` ends the stream, with
-        ``result`` ``None``; the reader's thread then removes the hooks.
+        ``result`` ``None``: the reader's thread then removes the hooks, or, when the reader was
+        between pieces, this call does, and a ``next()`` meanwhile ends the stream too.
         """
         self._state.close()
         try:

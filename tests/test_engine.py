@@ -633,6 +633,36 @@ def test_close_from_another_thread_stops_a_stream_being_read(tiny):
         assert "".join(again) == full.text  # the next stream on the engine is whole
 
 
+def test_a_reader_that_asks_for_a_piece_while_another_thread_closes_the_stream_sees_it_end():
+    """close() from a cancel handler while the reader is between pieces finishes the generator in
+    the closing thread; a next() of the reader meanwhile ends the stream (it raised ValueError:
+    generator already executing)."""
+    import threading
+
+    from qgpm.results import AnswerStream
+
+    cleaning, release = threading.Event(), threading.Event()
+
+    def run(state):
+        try:
+            yield "first"
+            yield "second"
+        finally:  # the hooks' removal and the worker's join, held open here
+            cleaning.set()
+            release.wait(10)
+
+    stream = AnswerStream(run)
+    assert next(stream) == "first"
+    closer = threading.Thread(target=stream.close)
+    closer.start()
+    assert cleaning.wait(10)
+    with pytest.raises(StopIteration):
+        next(stream)
+    release.set()
+    closer.join(10)
+    assert not closer.is_alive() and stream.result is None and list(stream) == []
+
+
 # ----------------------------------------------------------------------------- seeded sampling
 def test_seeded_sampling_is_reproducible_under_concurrent_calls(tiny):
     """seed= draws from a generator local to the call: other threads (sampling, or using
