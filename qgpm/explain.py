@@ -15,6 +15,7 @@ and in ``qgpm ask``'s output, never sent to the terminal.
 
 from __future__ import annotations
 
+import functools
 import html
 import numbers
 from typing import Any, Protocol, Sequence
@@ -69,12 +70,16 @@ _TERMINAL_KEEPS = "\n\t"
 _HTML_KEEPS = "\n\t\r\x0c"  # HTML's own whitespace: harmless on a page, and every CRLF line end would show a symbol
 
 
+@functools.lru_cache(maxsize=8)
+def _pictures_but(keep: str) -> dict[int, int]:
+    return {c: v for c, v in _PICTURES.items() if chr(c) not in keep}
+
+
 def printable(text: str, keep: str = _TERMINAL_KEEPS) -> str:
     """``text`` with every control character but those in ``keep`` (line feed and tab) shown as
     a visible symbol, one character for one, so offsets still hold: context or answer text
     printed to a terminal cannot move the cursor, recolour it or run an escape sequence."""
-    table = _PICTURES if not keep else {c: v for c, v in _PICTURES.items() if chr(c) not in keep}
-    return text.translate(table)
+    return text.translate(_pictures_but(keep))
 
 
 def clip(text: str, n: int) -> str:
@@ -249,8 +254,9 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
     d = result.details
     meta = [f"method <b>{esc(result.method)}</b>", f"{result.usage.prompt_tokens} prompt tokens", f"{result.usage.answer_tokens} answer tokens",
             f"{result.timings.total_s:.2f} s"]
-    if rows and ranked_by(result):
-        meta.append(esc(ranked_by(result)))
+    by = ranked_by(result) if rows else None
+    if by:
+        meta.append(esc(by))
     if d.pass2:
         meta.append(f"pass 2: {esc(d.pass2)}")
     if d.anchor_length is not None and d.pass2 == "positions":  # per-plane positions: the gate decided which planes moved

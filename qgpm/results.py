@@ -139,8 +139,8 @@ class QGPMResult:
             z = "" if s.z is None else f" z={s.z:+.2f}"
             did = " promoted" if s.promoted else " (term filter: left in place)" if s.term_dropped else ""
             lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}{did}  {clip(s.text, 120)}")
-        best = self.top_sentences(1)
-        notes = [decision_note(self.details, self.method, top_z=best[0].z if best else None), term_note(self.details.term_dropped) if self.details.term_dropped else None]
+        best = min(self.relevance, key=lambda s: s.rank)
+        notes = [decision_note(self.details, self.method, top_z=best.z), term_note(self.details.term_dropped) if self.details.term_dropped else None]
         lines += [f"  ({n})" for n in notes if n]
         return "\n".join(lines)
 
