@@ -9,26 +9,15 @@ its folder.
 Loaded models are cached per process (keyed by source, dtype and device map), so
 building several engines, chat models or rerankers over the same model costs one load.
 
-De-quantizing a GGUF takes transformers many seconds, so the first load of a GGUF writes
-the de-quantized model and its tokenizer once to a per-user cache folder
-(``$QGPM_HOME/models/<sha256 of the GGUF>``, default ``~/.cache/qgpm/models``) as
-safetensors; later processes load that folder and never read the GGUF again. An entry
-is complete only when its ``qgpm-cache.json`` manifest exists and every file it lists has
-the recorded size; anything else (a crash mid-write, a truncated file) is rebuilt.
-``QGPM_GGUF_CACHE=0`` turns the cache off.
+A GGUF source is loaded from its de-quantized copy in a per-user cache folder, built on
+first use (:mod:`qgpm.gguf_cache`).
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
-import hashlib
 import importlib.util
-import json
-import logging
 import os
-import shutil
-import tempfile
 import re
 import threading
 from dataclasses import dataclass
@@ -39,6 +28,7 @@ import torch
 
 from .defaults import DEFAULT_MODEL, DEFAULT_MODEL_NAME, is_default_model
 from .fingerprint import ModelFingerprint, arch_config, fingerprint_key, tokenizer_hash
+from .gguf_cache import cached_folder, gguf_cache_dir
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -57,9 +47,6 @@ __all__ = [
     "model_load_kwargs",
     "source_fingerprint",
 ]
-
-logger = logging.getLogger("qgpm")
-_MANIFEST = "qgpm-cache.json"
 
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -128,91 +115,6 @@ _CACHE: dict[tuple, Any] = {}
 _CACHE_LOCK = threading.RLock()
 
 
-def gguf_cache_dir() -> Path:
-    """Where de-quantized GGUF models are cached (``$QGPM_HOME/models``)."""
-    home = os.environ.get("QGPM_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "qgpm")
-    return Path(home) / "models"
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-@functools.lru_cache(maxsize=32)
-def _gguf_key(path: str, size: int, mtime_ns: int) -> str:
-    """Cache key of a GGUF file: its sha256 prefix, hashed once per process per file version
-    (the tokenizer and the model loads both ask for it)."""
-    return _file_sha256(Path(path))[:32]
-
-
-def _entry_complete(folder: Path) -> bool:
-    """True when ``folder`` holds a manifest and every file it lists, at its recorded size."""
-    try:
-        manifest = json.loads((folder / _MANIFEST).read_text())
-        files = manifest["files"]
-        return bool(files) and all((folder / name).stat().st_size == size for name, size in files.items())
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _cached_gguf_folder(source: ModelSource) -> Path | None:
-    """The cache folder holding ``source``'s GGUF de-quantized (built on first use), or ``None``
-    when the cache is off or cannot be written (then the GGUF is read directly, with a warning)."""
-    if not source.gguf_file or os.environ.get("QGPM_GGUF_CACHE", "1") == "0":
-        return None
-    gguf = Path(source.path) / source.gguf_file
-    if not gguf.is_file():
-        return None
-    st = gguf.stat()
-    key = _gguf_key(str(gguf.resolve()), st.st_size, st.st_mtime_ns)
-    folder = gguf_cache_dir() / key
-    with _CACHE_LOCK:
-        if _entry_complete(folder):
-            return folder
-        try:
-            _build_gguf_entry(source, gguf, folder, key)
-        except OSError as exc:
-            logger.warning("qgpm: could not write the GGUF cache at %s (%s); reading the GGUF directly. "
-                           "Set QGPM_HOME to a writable folder to load faster next time.", folder, exc)
-            return None
-        return folder
-
-
-def _build_gguf_entry(source: ModelSource, gguf: Path, folder: Path, key: str) -> None:
-    """De-quantize ``gguf`` once (model + tokenizer) into ``folder``, atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy: transformers' auto classes, see load_tokenizer
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    if folder.exists():  # an incomplete or corrupt entry: rebuild it
-        logger.warning("qgpm: the GGUF cache entry %s is incomplete or corrupt; rebuilding it", folder)
-        shutil.rmtree(folder, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder.parent))
-    try:
-        logger.info("qgpm: de-quantizing %s once into %s", gguf.name, folder)
-        model = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file)
-        # The weights are plain float tensors now; drop the GGUF "quantizer" marks so that
-        # transformers saves them and the cached config reads as an ordinary float model.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp, safe_serialization=True)
-        del model
-        AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file).save_pretrained(tmp)
-        files = {p.name: p.stat().st_size for p in tmp.iterdir() if p.is_file()}
-        (tmp / _MANIFEST).write_text(json.dumps({"gguf": gguf.name, "sha256_prefix": key, "files": files}, indent=1))
-        try:
-            os.replace(tmp, folder)
-        except OSError:
-            if not _entry_complete(folder):  # not another process finishing first: a real failure
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def model_folder(source: ModelSource) -> Path:
     """A folder in the Hugging Face layout (config, safetensors, tokenizer) holding ``source``,
     for a server that loads models from folders (vLLM): the GGUF cache entry for a GGUF source
@@ -227,7 +129,7 @@ def model_folder(source: ModelSource) -> Path:
 
 def _load_path(source: ModelSource) -> tuple[str, dict[str, Any]]:
     """``(path, extra from_pretrained kwargs)`` to load ``source`` from: the GGUF cache when it applies."""
-    folder = _cached_gguf_folder(source)
+    folder = cached_folder(source.path, source.gguf_file)
     if folder is not None:
         return str(folder), {}
     return source.path, source.load_kwargs()

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from qgpm import QGPM, loading
+from qgpm import QGPM, gguf_cache, loading
 
 
 @pytest.mark.real_model
@@ -18,9 +18,9 @@ def test_gguf_cache_equals_direct_load_and_rebuilds_broken_entries(tmp_path, mon
     monkeypatch.setenv("QGPM_HOME", str(tmp_path))
     monkeypatch.setattr(loading, "_CACHE", {})  # a fresh process's view
     source = loading.default_model_source()
-    folder = loading._cached_gguf_folder(source)
-    assert folder is not None and folder.parent == tmp_path / "models" and loading._entry_complete(folder)
-    manifest = json.loads((folder / loading._MANIFEST).read_text())
+    folder = gguf_cache.cached_folder(source.path, source.gguf_file)
+    assert folder is not None and folder.parent == tmp_path / "models" and gguf_cache.entry_complete(folder)
+    manifest = json.loads((folder / gguf_cache.MANIFEST).read_text())
     assert any(name.endswith(".safetensors") for name in manifest["files"])
 
     direct = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file).eval()
@@ -37,8 +37,8 @@ def test_gguf_cache_equals_direct_load_and_rebuilds_broken_entries(tmp_path, mon
 
     # a second "process" reads the cache, never the GGUF
     monkeypatch.setattr(loading, "_CACHE", {})
-    monkeypatch.setattr(loading, "_build_gguf_entry", lambda *a, **k: pytest.fail("rebuilt a complete entry"))
-    assert loading._cached_gguf_folder(source) == folder
+    monkeypatch.setattr(gguf_cache, "_build_entry", lambda *a, **k: pytest.fail("rebuilt a complete entry"))
+    assert gguf_cache.cached_folder(source.path, source.gguf_file) == folder
     monkeypatch.undo()
     monkeypatch.setenv("QGPM_HOME", str(tmp_path))
 
@@ -46,20 +46,20 @@ def test_gguf_cache_equals_direct_load_and_rebuilds_broken_entries(tmp_path, mon
     weights = next(folder / n for n in manifest["files"] if n.endswith(".safetensors"))
     with open(weights, "r+b") as fh:
         fh.truncate(1000)
-    assert not loading._entry_complete(folder)
+    assert not gguf_cache.entry_complete(folder)
     with caplog.at_level("WARNING", logger="qgpm"):
-        again = loading._cached_gguf_folder(source)
-    assert again == folder and loading._entry_complete(folder)
+        again = gguf_cache.cached_folder(source.path, source.gguf_file)
+    assert again == folder and gguf_cache.entry_complete(folder)
     assert any("incomplete or corrupt" in r.getMessage() for r in caplog.records)
     # a missing manifest (a crash before the last write) is an incomplete entry too
-    (folder / loading._MANIFEST).unlink()
-    assert not loading._entry_complete(folder)
+    (folder / gguf_cache.MANIFEST).unlink()
+    assert not gguf_cache.entry_complete(folder)
 
 
 def test_gguf_cache_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("QGPM_GGUF_CACHE", "0")
     src = loading.ModelSource(path="/nowhere", gguf_file="x.gguf", name="x")
-    assert loading._cached_gguf_folder(src) is None
+    assert gguf_cache.cached_folder(src.path, src.gguf_file) is None
     assert loading._load_path(src) == ("/nowhere", {"gguf_file": "x.gguf"})
     plain = loading.ModelSource(path="some/hf-id")
     assert loading._load_path(plain) == ("some/hf-id", {})
