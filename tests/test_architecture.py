@@ -209,6 +209,15 @@ def test_the_engine_is_a_front_end_over_named_stages():
     assert {"limits", "call_checks", "prompt", "preparing", "generation", "decoding", "streaming", "methods"} <= imported
 
 
+MODULE_MAX_LINES = 450  # a module past ~400 lines is asking to be split by what it owns
+
+
+def test_no_module_grows_past_the_cap():
+    long = {p.relative_to(ROOT).as_posix(): n for p in _modules("qgpm", "qgpm_integrations")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MODULE_MAX_LINES}
+    assert not long, f"modules over {MODULE_MAX_LINES} lines (split them by what they own): {long}"
+
+
 def test_no_import_cycles_counting_every_import():
     import importlib.util
 
