@@ -6,6 +6,8 @@
   generators in ``qgpm/samples/`` and the engine's ``heads="calibrate"`` too) never imports
   ``qgpm_integrations``, and imports ``qgpm.eval`` only in the files listed in
   ``EVAL_IMPORT_EXCEPTIONS`` (the command line's harness subcommands), lazily;
+* every import of the core keeps to the layer table of docs/architecture.md (a module imports
+  only from its own layer and the layers above it; every module is in the table);
 * no module imports or reads a ``_private`` name of another module (a package's own private
   submodules, such as ``qgpm/_cliutil.py``, may be imported; their public names are used).
 """
@@ -228,6 +230,52 @@ def test_no_import_cycles_counting_every_import():
     assert "qgpm.generation" in g["qgpm.engine"] and "qgpm.engine" not in g["qgpm.generation"]
     assert mg.cycles(g) == []
     assert mg.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the check can fail
+
+
+def _module_graph():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("module_graph", ROOT / "scripts" / "module_graph.py")
+    mg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mg)
+    return mg
+
+
+def _doc_layers(text: str) -> dict[str, int]:
+    """``{name: layer index}`` from the layer table of docs/architecture.md (``baselines/``: a package)."""
+    import re
+
+    table = text.split("| layer | modules |", 1)[1].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+    return {name: i for i, row in enumerate(rows) for name in re.findall(r"`([\w/]+)`", row)}
+
+
+def _layer_of(module: str, layers: dict[str, int]) -> int | None:
+    rel = module.removeprefix("qgpm").removeprefix(".")
+    if rel in ("", "__main__"):
+        return layers.get("__init__" if not rel else rel)
+    return layers.get(rel) if rel in layers else layers.get(rel.split(".")[0] + "/")
+
+
+def _layer_breaks(g: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    bad = [f"{m} is in no layer of docs/architecture.md's table" for m in sorted(g) if _layer_of(m, layers) is None]
+    for m in sorted(g):
+        for t in sorted(g[m]):
+            lm, lt = _layer_of(m, layers), _layer_of(t, layers)
+            if lm is not None and lt is not None and lt > lm:
+                bad.append(f"{m} (layer {lm}) imports {t} (layer {lt}, below it)")
+    return bad
+
+
+def test_every_import_keeps_to_the_layers_of_the_architecture_doc():
+    layers = _doc_layers((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    assert {"methods": 0, "prompt": 1, "generation": 2, "engine": 3}.items() <= layers.items()
+    breaks = _layer_breaks(_module_graph().graph(), layers)
+    assert not breaks, "\n".join(breaks)
+    # the check can fail: an import from a lower layer, and a module the table does not name
+    assert _layer_breaks({"qgpm.rope": {"qgpm.engine"}, "qgpm.engine": set()}, layers) == [
+        "qgpm.rope (layer 0) imports qgpm.engine (layer 3, below it)"]
+    assert _layer_breaks({"qgpm.nowhere": set()}, layers) == ["qgpm.nowhere is in no layer of docs/architecture.md's table"]
 
 
 def test_methods_are_asked_through_their_specs_not_compared_by_name():
