@@ -16,7 +16,7 @@ from .positions import boundary_plane, cumulative_positions, ends_placement, fre
 from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, move_order, term_filter, protected_prefix_end, rank_sentences, rank_shape, relevant_mask, sentence_scores, token_scores, within_z_window
 
-__all__ = ["PlanOutcome", "KEPT_REASONS", "promoted_units", "kept_reason", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_tied", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "oracle_units", "reorder_needs_masks"]
+__all__ = ["PlanOutcome", "KEPT_REASONS", "promoted_units", "kept_reason", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_tied", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "inert_fields", "oracle_units", "reorder_needs_masks"]
 
 
 REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (Gemma 3's sliding-window and global layers) "
@@ -83,6 +83,25 @@ def split_layer(n_layers: int, config: QGPMConfig) -> int:
     if not 0 <= ls <= n_layers:
         raise ValueError(f"split_layer must be in [0, {n_layers}], got {ls}")
     return ls
+
+
+_GATE_FIELDS = ("eps", "anchor_ratio", "anchor_basis", "tau", "local_window")
+
+
+def inert_fields(config: QGPMConfig) -> dict[str, str]:
+    """The shaping fields that change no position under ``config``, each with the reason (a search
+    over them repeats one trial): under ``remap="reorder"`` the stride floor and the frequency
+    gate (every plane moves); under ``"move"`` the stride floor; with one map on every layer
+    (``split_layer=0``) the broad map, unless ``anchor_basis="relevant"`` reads it for a remap
+    with a gate."""
+    out: dict[str, str] = {}
+    if config.remap == "reorder":
+        out.update(dict.fromkeys(_GATE_FIELDS, "remap='reorder' moves sentences on every plane: no stride, no frequency gate"))
+    elif config.remap == "move":
+        out["eps"] = "remap='move' sets no strides (eps is the stride floor of remap='stride')"
+    if config.split_layer == 0 and (config.remap == "reorder" or config.anchor_basis == "context"):
+        out.update(dict.fromkeys(("k_broad", "t_broad"), "split_layer=0 runs the sharp map on every layer: no broad map"))
+    return out
 
 
 def reorder_needs_masks(config: QGPMConfig, n_layers: int) -> bool:

@@ -483,6 +483,25 @@ def test_tune_caches_pass1_and_writes_summary(tiny_engine, tmp_path, monkeypatch
         assert torch.equal(a, b)
 
 
+def test_the_default_grid_leaves_out_what_the_base_config_does_not_read(tiny_engine, tmp_path, caplog):
+    from qgpm.config import PRESETS, RECIPE
+    from qgpm.eval.tune import DEFAULT_GRID, default_grid, tune
+
+    assert default_grid(QGPMConfig()) == DEFAULT_GRID  # the paper's two maps under stride read every field of it
+    for base in (RECIPE, *PRESETS.values()):  # one map, remap="reorder": the broad map and the gate are not read
+        assert sorted(default_grid(base)) == ["k_sharp", "s_low", "t_sharp"]
+    base = QGPMConfig(**{**HARD, "split_layer": 0, "remap": "reorder"})
+    with caplog.at_level("WARNING", logger="qgpm"):
+        summary = tune(tiny_engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0], n=1, out_dir=tmp_path,
+                       grid={"eps": [0.05, 0.5], "s_low": [0.1]}, base_config=base, max_new_tokens=NEW, progress=False, command="test")
+    warned = [r.getMessage() for r in caplog.records if "changes no position" in r.getMessage()]
+    assert len(warned) == 1 and "varies eps" in warned[0]
+    assert summary["trials"] >= 2
+    summary = tune(tiny_engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0], n=1, out_dir=tmp_path / "default",
+                   base_config=base, trials=1, max_new_tokens=NEW, progress=False, command="test")
+    assert sorted(summary["grid"]) == ["k_sharp", "s_low", "t_sharp"]  # no grid given: the base config's default
+
+
 def test_tune_oracle_only_in_shards_merges_to_the_unsharded_summary(tiny_engine, tmp_path, monkeypatch):
     from qgpm.eval import tune as tune_mod
     from qgpm.eval.tune import tune

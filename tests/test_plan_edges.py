@@ -70,3 +70,32 @@ def test_promoted_names_the_sentences_of_the_maps_the_layers_read():
     made = P.build_plan(units, f64(5.0, 4.0, 3.0, 2.0, 1.0, 0.0), config=cfg, rotary=ROT, n_layers=4)
     assert made.plan.layer_map == [None, None, 1, 1]  # the broad map (top 4) is read by no layer
     assert made.promoted == (0, 1)
+
+
+def _layer_positions(cfg: QGPMConfig) -> list[torch.Tensor]:
+    """What the layers read under ``cfg``: each layer's position table, and a reorder's slot orders."""
+    units = torch.tensor([-1] + [u for u in range(8) for _ in range(5)] + [-1, -1])
+    made = P.build_plan(units, f64(0.3, 2.5, -0.4, 0.1, 1.2, -1.0, 0.6, 3.0), config=cfg, rotary=ROT, n_layers=4)
+    read = [m for m in made.plan.layer_map if m is not None]
+    return [made.plan.positions[m] for m in read] + [made.plan.orders[m] for m in read if made.plan.orders]
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+OTHER_VALUE = {"eps": 0.5, "anchor_ratio": 4.0, "anchor_basis": "relevant", "tau": 0.0, "local_window": 8.0, "k_broad": 16.0, "t_broad": 8.0}
+
+
+def test_an_inert_field_changes_no_position_and_the_others_do():
+    bases = [QGPMConfig(remap="reorder", split_layer=0, k_sharp=3.0, s_low=0.45), QGPMConfig(remap="move", split_layer=0, k_sharp=3.0, s_low=0.3),
+             QGPMConfig(remap="stride", split_layer=0, k_sharp=3.0, s_low=0.3), QGPMConfig(remap="stride", k_sharp=3.0, s_low=0.3)]
+    assert set(P.inert_fields(bases[0])) == set(OTHER_VALUE)
+    assert set(P.inert_fields(bases[1])) == {"eps", "k_broad", "t_broad"}
+    assert set(P.inert_fields(bases[2])) == {"k_broad", "t_broad"} and P.inert_fields(bases[3]) == {}
+    assert P.inert_fields(bases[1].with_(anchor_basis="relevant")) == {"eps": P.inert_fields(bases[1])["eps"]}
+    for base in bases:
+        ref = _layer_positions(base)
+        for name, value in OTHER_VALUE.items():
+            changed = _layer_positions(base.with_(**{name: value}))
+            assert _same(ref, changed) == (name in P.inert_fields(base)), (base.remap, base.split_layer, name)

@@ -74,7 +74,7 @@ def register(subparsers) -> None:
     add_model_args(p)
     add_sample_args(p, split_choices=("dev",), default_split="dev", default_n=8)
     add_config_args(p)
-    p.add_argument("--grid", default=None, help="'field=v1,v2;field=v1,v2' (default: qgpm.eval.tune.DEFAULT_GRID)")
+    p.add_argument("--grid", default=None, help="'field=v1,v2;field=v1,v2' (default: qgpm.eval.tune.default_grid of the base config: the shaping fields it reads)")
     p.add_argument("--trials", type=positive_int, default=None, help="random sample of this many grid points (base config included); default: the whole grid")
     p.add_argument("--search-seed", type=int, default=0, help="seed of the random choice of --trials grid points (default 0)")
     p.add_argument("--objective", choices=["accuracy", "logprob", "guarded"], default="accuracy",

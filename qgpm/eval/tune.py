@@ -35,13 +35,14 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
 from qgpm.config import QGPMConfig
 from qgpm.config_files import coerce_value, load_config  # load_config re-exported
 from qgpm.defaults import PASS1_FIELDS
+from qgpm.plan import inert_fields
 from qgpm.eval.answering import answer_sample, prepare_kwargs
 from qgpm.eval.hashes import config_hash, engine_dtype, engine_heads, method_fingerprint
 from qgpm.eval.work import DEFAULT_DEPTHS, make_sample, work_items
@@ -52,6 +53,7 @@ from qgpm.eval.trials import SHAPING_FIELDS, fmt, mean, objective_key, summary_m
 __all__ = [
     "tune",
     "DEFAULT_GRID",
+    "default_grid",
     "PASS1_FIELDS",
     "SHAPING_FIELDS",
     "expand_grid",
@@ -68,7 +70,26 @@ DEFAULT_GRID: dict[str, list] = {
     "s_low": [0.05, 0.1, 0.3],
     "anchor_ratio": [0.5, 1.0],
 }
-"""A small default space (216 points); ``trials=`` samples from it at random."""
+"""A small default space (216 points) for the paper's two maps under ``remap="stride"``;
+``trials=`` samples from it at random. :func:`default_grid` leaves out what a base config does
+not read."""
+
+
+def default_grid(base: QGPMConfig) -> dict[str, list]:
+    """:data:`DEFAULT_GRID` without the fields that change no position under ``base``
+    (:func:`qgpm.plan.inert_fields`): for the SmolLM2 preset and the recipe (one map,
+    ``remap="reorder"``) ``k_sharp`` x ``t_sharp`` x ``s_low``, 27 points."""
+    inert = inert_fields(base)
+    return {name: values for name, values in DEFAULT_GRID.items() if name not in inert}
+
+
+def warn_inert(grid: Mapping[str, Any], base: QGPMConfig) -> None:
+    """Log a warning for each field of ``grid`` that changes no position under ``base``: its
+    trials repeat one another."""
+    for name, why in inert_fields(base).items():
+        if name in grid and len(grid[name]) > 1:
+            logger.warning("qgpm tune: the grid varies %s, which changes no position under the base config (%s); "
+                           "its trials repeat one another", name, why)
 
 TUNE_ROWS = "tune_rows.jsonl"
 TRIALS_FILE = "trials.jsonl"
@@ -204,7 +225,7 @@ def tune(
 ) -> dict:
     """Search QGPM configs on dev samples; returns the summary (also written to ``out_dir``).
 
-    ``grid`` maps config fields to candidate values (default :data:`DEFAULT_GRID`); with
+    ``grid`` maps config fields to candidate values (default :func:`default_grid` of the base config); with
     ``trials`` set, that many grid points are drawn at random (``search_seed``), the base
     config always being trial 0. ``split`` must be ``"dev"``: tuning on test samples would
     leak into the reported numbers. ``oracle=True`` also answers every trial with the
@@ -235,7 +256,8 @@ def tune(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = base_config or engine.config
-    grid = DEFAULT_GRID if grid is None else grid
+    grid = default_grid(base) if grid is None else grid
+    warn_inert(grid, base)
     configs, invalid = expand_grid(grid, base) if grid else ([], [])
     configs = [c for c in configs if c != base]
     if trials is not None and trials - 1 < len(configs):
