@@ -10,7 +10,7 @@ weight is read.
 The loaded model keeps the full model's config under :data:`FULL_CONFIG_ATTR`, so its
 fingerprint (and with it the stored head set and config preset) and the layer count the plan
 is built for are the full model's. Everything that needs the missing layers (generation in
-this process, ``score=``, ``answer_logprob``, head calibration, heads below the loaded depth)
+this process, ``score=``, ``answer_logprob``, head calibration, heads in layers not loaded)
 raises :class:`LayersNotLoadedError` before any work.
 """
 
