@@ -196,13 +196,13 @@ class QGPM:
         """Raise why this model cannot run QGPM's position methods (a family or rotary kind qgpm
         does not patch), if so; vanilla and the input-editing methods still run."""
         if self._support_error is not None:
-            raise self._support_error
+            raise self._support_error.with_traceback(None)  # each raise its own frames, not every earlier call's
 
     @property
     def heads(self) -> list[tuple[int, int]]:
         """The heads pass 1 uses (after ``config.max_heads``)."""
         if self.head_set is None:
-            raise self._head_error or HeadSetMissingError("no head set")
+            raise (self._head_error or HeadSetMissingError("no head set")).with_traceback(None)
         return self.head_set.top(self.config.max_heads).heads
 
     def use_generator(self, generator: Generator | None) -> None:
@@ -417,7 +417,7 @@ class QGPM:
     def _check_ready(self, method: Any) -> MethodSpec:
         spec = method_spec(method)
         if spec.rotary and self._support_error is not None:
-            raise self._support_error
+            raise self._support_error.with_traceback(None)
         return spec
 
     def _prepare(self, context: str | Sequence[str], question: str, opts: CallOptions, checked: tuple | None = None) -> PreparedCall:

@@ -388,6 +388,24 @@ def test_missing_head_set(engine, tokenizer, stays_vanilla):
     raises(HeadSetMissingError, "qgpm calibrate", other.stream, CTX, Q, method="qgpm")
 
 
+def test_a_refusal_raised_again_carries_only_its_own_frames(tokenizer, engine):
+    # the engine keeps why it cannot run a method and raises it on each call: its traceback (and
+    # the frames, with their contexts, it holds) must not grow with every refused call
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import traceback
+
+    unsupported = QGPM(GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2)).eval(), tokenizer, heads=[(0, 0)])
+    no_heads = QGPM(engine.model, tokenizer, name="some-unknown-model", config=RECIPE.with_(relevance="heads"))
+    for eng, exc in ((unsupported, UnsupportedModelError), (no_heads, HeadSetMissingError)):
+        depths = []
+        for _ in range(3):
+            with pytest.raises(exc) as info:
+                eng.answer(CTX, Q, method="qgpm")
+            depths.append(len(traceback.extract_tb(info.value.__traceback__)))
+        assert depths[0] == depths[1] == depths[2], (exc.__name__, depths)
+
+
 # ----------------------------------------------------------------------------- oracle, topk
 @pytest.mark.parametrize(
     "evidence,exc,match",
