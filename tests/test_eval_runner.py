@@ -811,6 +811,32 @@ def test_only_answers_the_named_samples_and_refuses_unknown_ones(tiny_engine, tm
     assert main(["eval", "--model", str(tmp_path / "never_loaded"), "--tasks", "qa_1", "--out", str(tmp_path / "r3"), "--only", str(bad)]) == 2
 
 
+def test_eval_refuses_what_it_can_check_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    import qgpm.eval.cli as eval_cli
+
+    monkeypatch.setattr(eval_cli, "_engine_and_config", lambda *a, **k: pytest.fail("the model loaded"))
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text(json.dumps({"task": "qa_1", "length": 1024, "depth": 0.5, "index": 5}) + "\n")
+    tested = tmp_path / "tested"
+    tested.mkdir()
+    (tested / "rows.jsonl").write_text(json.dumps({"task": "qa_1", "length": 1024, "depth": 0.5, "seed": 0, "split": "test", "method": "vanilla",
+                                                   "config_hash": "x", "correct": True}) + "\n")
+    base = ["eval", "--tasks", "qa_1", "--lengths", "1024", "--depths", "0.5", "--n", "1", "--no-progress"]
+    for extra, out, said in ((["--methods", "topk", "--reranker", "bogus"], "a", "unknown reranker 'bogus'"),
+                             (["--methods", "topk", "--k", "0"], "b", "k must be >= 1"),
+                             (["--methods", "vanilla", "--only", str(ids)], "c", "outside this run"),
+                             (["--methods", "vanilla", "--split", "dev"], "tested", "holds rows of the test split and this run is on dev")):
+        assert eval_cli.main([*base, *extra, "--out", str(tmp_path / out)]) == 2
+        assert said in capsys.readouterr().err
+        assert out == "tested" or not (tmp_path / out).exists()  # no folder left behind
+
+
+def test_eval_refuses_lengths_beyond_the_window_before_any_answer(tiny_engine, tmp_path):
+    with pytest.raises(ValueError, match=f"longer than the model's window of {tiny_engine.max_length} tokens"):
+        _run(tiny_engine, tmp_path / "run", methods=["vanilla"], n=1, lengths=[tiny_engine.max_length + 1])
+    assert not (tmp_path / "run" / "rows.jsonl").exists()
+
+
 @pytest.mark.skipif(shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(), reason="accelerate CLI missing")
 def test_two_process_accelerate_run_merges(tiny_dir, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2` on CPU (gloo): each process writes its

@@ -32,7 +32,7 @@ from qgpm.eval.cli_args import add_config_args, add_model_args, add_sample_args,
 from qgpm.eval.processes import partial_state
 from qgpm.eval.report import report
 from qgpm.eval.rows import read_rows
-from qgpm.eval.runner import load_engine, run_eval
+from qgpm.eval.runner import check_eval_args, load_engine, run_eval
 from qgpm.eval.tune import parse_grid, tune
 from qgpm.eval.work import read_sample_ids
 from qgpm.heads import HeadSet, head_set_file_name, stored_head_set_path, user_head_dir
@@ -162,6 +162,8 @@ def main_eval(args) -> int:
     if args.only is not None:
         only = read_sample_ids(args.only)  # a bad file fails before the model loads
     check_data_packages()  # the samples' data and RULER's metrics, before the model loads
+    check_eval_args(tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, split=args.split,
+                    out_dir=args.out, reranker=args.reranker, k=args.k, only=only, resume=args.resume)  # likewise
     engine, config = _engine_and_config(args)
     t = time.time()
     out = run_eval(

@@ -62,6 +62,7 @@ from tqdm.auto import tqdm
 
 from qgpm import QGPM
 from qgpm.defaults import DEFAULT_K, DEFAULT_RERANKER
+from qgpm.editing import check_k
 from qgpm.engine import METHODS
 from qgpm.eval.answering import answer_sample
 from qgpm.eval.hashes import check_options, config_dict, config_hash, engine_dtype, engine_heads, method_fingerprint, reranker_name
@@ -71,6 +72,7 @@ from qgpm.eval.work import DEFAULT_DEPTHS, WorkItem, prefetched_samples, select_
 from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
 from qgpm.methods import Stage, method_spec
+from qgpm.rerank import check_reranker_spec
 from qgpm.samples.base import EvalSample
 from qgpm.samples.tasks import TASKS
 
@@ -168,6 +170,28 @@ def _check_run(methods: Sequence[str], tasks: Sequence[str], n: int, on_error: s
     if on_error not in ("record", "raise"):
         raise ValueError("on_error must be 'record' or 'raise'")
     return methods
+
+
+def check_eval_args(*, tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float] | None, n: int, methods: Sequence[str],
+                    split: str, out_dir: str | os.PathLike[str], reranker: Any = DEFAULT_RERANKER, k: int = DEFAULT_K,
+                    on_error: str = "record", only: Iterable[tuple[str, int, float | None, int]] | None = None,
+                    resume: bool = True) -> tuple[list[str], list[WorkItem]]:
+    """What :func:`run_eval` can check before a model loads, as ``(methods without repeats, the
+    run's work items)``: the methods and tasks, ``n``, the reranker spec and ``k`` of topk / reorder,
+    the samples ``only`` names, and that ``out_dir`` holds rows of ``split`` only (rows of two
+    splits would be counted together: the splits share their method hashes)."""
+    methods = _check_run(methods, tasks, n, on_error)
+    if any(method_spec(m).reranker for m in methods):
+        check_reranker_spec(reranker)
+    if any(method_spec(m).takes_k for m in methods):
+        check_k(k)
+    items = select_items(work_items(tasks, lengths, None if depths is None else [float(d) for d in depths], n, split), only)
+    if resume:
+        other = sorted({str(r.get("split")) for r in read_rows(out_dir) if r.get("split", split) != split})
+        if other:
+            raise ValueError(f"{out_dir} holds rows of the {', '.join(other)} split and this run is on {split}: a run folder holds "
+                             "one split (their rows share method hashes and would be counted together); give another --out")
+    return methods, items
 
 
 def _prepare_out(out: Path, procs: Processes, shard: tuple[int, int] | None, resume: bool) -> None:
@@ -292,7 +316,8 @@ def run_eval(
     ``only``: answer just these samples, as ``(task, length, depth, index)`` (see
     :func:`read_sample_ids`); one that is not among the run's samples is a ``ValueError``.
     """
-    methods = _check_run(methods, tasks, n, on_error)
+    methods, items = check_eval_args(tasks=tasks, lengths=lengths, depths=depths, n=n, methods=methods, split=split, out_dir=out_dir,
+                                     reranker=reranker, k=k, on_error=on_error, only=only, resume=resume)
     options = check_options(options)
     if depths is not None:
         depths = [float(d) for d in depths]
@@ -302,11 +327,14 @@ def run_eval(
     if engine is None or isinstance(engine, (str, os.PathLike)):
         engine = load_engine(engine if engine is not None else model, device=device, dtype=dtype, heads=heads, config=config, state=procs.state)
     cfg = config or engine.config
+    window = engine.max_length
+    if window and max(lengths) > window:
+        raise ValueError(f"--lengths {max(lengths)} is longer than the model's window of {window} tokens: every sample of it would fail; "
+                         f"give lengths up to {window} (less the answer budget and the prompt's own text)")
 
     fps = {m: method_fingerprint(engine, m, config=cfg, reranker=reranker, k=k, max_new_tokens=max_new_tokens, haystack=haystack, options=options)
            for m in methods}
     hashes = {m: config_hash(fps[m]) for m in methods}
-    items = select_items(work_items(tasks, lengths, depths, n, split), only)
     pending = _pending(items[procs.rank::procs.world], methods, hashes, out, resume)
     n_calls = sum(len(ms) for _, ms in pending)
     started = time.time()
