@@ -1109,3 +1109,28 @@ def test_calibration_warns_when_the_chosen_heads_do_worse_than_random_sets(tiny_
     assert bool(said) == warned
     if warned:
         assert "fused MRR 0.100 against 0.500" in said[0] and "relevance='minilm'" in said[0]
+
+
+def _add_runs(out: str, name: str, count: int, start) -> None:
+    from qgpm.eval.rows import update_manifest
+
+    start.wait()  # both jobs write at once
+    for i in range(count):
+        update_manifest(out, {"command": f"{name}-{i}"}, {f"{name}-{i}": {"method": "vanilla"}})
+
+
+def test_jobs_finishing_into_one_folder_keep_each_others_manifest_entries(tmp_path):
+    import multiprocessing
+
+    from qgpm.eval.rows import read_manifest
+
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(2)
+    jobs = [ctx.Process(target=_add_runs, args=(str(tmp_path), name, 150, start)) for name in ("a", "b")]
+    for job in jobs:
+        job.start()
+    for job in jobs:
+        job.join(120)
+    assert [job.exitcode for job in jobs] == [0, 0]
+    man = read_manifest(tmp_path)
+    assert len(man["runs"]) == 300 and len(man["configs"]) == 300  # without the folder's lock about half were lost

@@ -20,10 +20,13 @@ import os
 from pathlib import Path
 from typing import IO, Any, Iterable
 
+from filelock import FileLock
+
 from qgpm.defaults import METHODS
 from qgpm.samples.tasks import TASKS
 
 __all__ = [
+    "folder_lock",
     "ROWS_FILE",
     "MANIFEST_FILE",
     "KEY_FIELDS",
@@ -43,6 +46,7 @@ __all__ = [
 
 ROWS_FILE = "rows.jsonl"
 MANIFEST_FILE = "manifest.json"
+LOCK_FILE = ".qgpm-run.lock"  # held while rows.jsonl or manifest.json is rewritten
 KEY_FIELDS = ("task", "length", "depth", "seed", "method", "config_hash")
 METHOD_ORDER = METHODS
 """The order of methods in merged files and in reports."""
@@ -136,11 +140,20 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def folder_lock(out_dir: str | os.PathLike[str]) -> FileLock:
+    """The lock that jobs sharing ``out_dir`` (``--shard i/N`` on separate jobs) hold while they
+    read and rewrite ``rows.jsonl`` or ``manifest.json``: two jobs finishing together would
+    otherwise each write what it read, and the later write drops the other's additions."""
+    return FileLock(str(Path(out_dir) / LOCK_FILE))
+
+
 def merge_rows(out_dir: str | os.PathLike[str]) -> list[dict]:
-    """Merge ``rows.jsonl`` and the rank files into ``rows.jsonl`` (atomic); returns the rows."""
+    """Merge ``rows.jsonl`` and the rank files into ``rows.jsonl`` (atomic, under
+    :func:`folder_lock`); returns the rows."""
     out_dir = Path(out_dir)
-    rows = dedupe_rows(read_rows(out_dir))
-    _atomic_write(out_dir / ROWS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    with folder_lock(out_dir):
+        rows = dedupe_rows(read_rows(out_dir))
+        _atomic_write(out_dir / ROWS_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     return rows
 
 
@@ -162,9 +175,10 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict:
 
 def update_manifest(out_dir: str | os.PathLike[str], entry: dict, fingerprints: dict[str, dict]) -> None:
     """Add a run ``entry`` (also as ``latest``) and the ``{config_hash: fingerprint}`` map
-    to ``manifest.json`` (atomic)."""
-    man = read_manifest(out_dir)
-    man.setdefault("configs", {}).update(fingerprints)
-    man.setdefault("runs", []).append(entry)
-    man["latest"] = entry
-    _atomic_write(Path(out_dir) / MANIFEST_FILE, json.dumps(man, indent=1, default=str) + "\n")
+    to ``manifest.json`` (atomic, under :func:`folder_lock`)."""
+    with folder_lock(out_dir):
+        man = read_manifest(out_dir)
+        man.setdefault("configs", {}).update(fingerprints)
+        man.setdefault("runs", []).append(entry)
+        man["latest"] = entry
+        _atomic_write(Path(out_dir) / MANIFEST_FILE, json.dumps(man, indent=1, default=str) + "\n")
