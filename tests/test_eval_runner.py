@@ -98,9 +98,14 @@ def test_runner_writes_a_row_per_sample_and_method(tiny_engine, tmp_path):
     assert man["configs"][man["latest"]["config_hashes"]["qgpm"]]["heads"] == [list(h) for h in HEADS]
     # the report is written with the run; its header names the relevance source, also the default one
     assert (out / "report.md").is_file() and (out / "stats.json").is_file()
-    assert f"relevance source: `{tiny_engine.config.relevance}`" in (out / "report.md").read_text()
+    assert f"relevance source `{tiny_engine.config.relevance}`" in (out / "report.md").read_text()
     heads = _run(tiny_engine, tmp_path / "heads", methods=["vanilla"], depths=[0.0], config=tiny_engine.config.with_(relevance="heads"))
-    assert "relevance source: `heads`" in (heads / "report.md").read_text()  # the default, left out of the stored config
+    assert "relevance source `heads`" in (heads / "report.md").read_text()  # the default, left out of the stored config
+    # a resumed folder's header describes its rows, not only the latest run
+    _run(tiny_engine, out, methods=["vanilla"], depths=[0.5])
+    header = (out / "report.md").read_text().split("## ", 1)[0]
+    assert "- split: **test**\n" in header and "depths: [0.0, 0.5, 1.0]" in header and "written by 2 runs" in header
+    assert "series: vanilla, qgpm, oracle, topk, reorder; samples per (task, length, depth) and series: 1;" in header
     assert (out / "plots" / f"depth_kv_retrieval_{LENGTH}.png").stat().st_size > 1000
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from qgpm.eval.hashes import config_value
 from qgpm.eval.rows import METHOD_ORDER, dedupe_rows, read_manifest, read_rows
@@ -145,6 +145,34 @@ def plot_depth_curves(rows: Sequence[dict], out_dir: str | Path, *, labels: dict
     return written
 
 
+def _header(rows: Sequence[dict], manifest: Mapping[str, Any], order: Sequence[str]) -> list[str]:
+    """What the rows of the folder are (read from the rows: their splits, depths, series and
+    samples per cell), then the runs that wrote them, the latest one in full."""
+    runs = manifest.get("runs") or []
+    latest = manifest.get("latest") or {}
+    cells: dict[tuple, set] = {}
+    for r in rows:
+        cells.setdefault((r.get("task"), r.get("length"), r.get("depth"), r.get("method"), r.get("config_hash")), set()).add(r.get("seed"))
+    sizes = sorted(len(v) for v in cells.values())
+    splits = sorted({str(r.get("split")) for r in rows})
+    depths = sorted({r.get("depth") for r in rows if r.get("depth") is not None})
+    models = sorted({f"`{u.get('model')}` ({u.get('dtype')}, {u.get('device')})" for u in runs if u.get("model")})
+    out = [
+        f"- split: **{', '.join(splits)}**" + (" (rows of several splits: every statistic counts them together)" if len(splits) > 1 else ""),
+        f"- series: {', '.join(order)}; samples per (task, length, depth) and series: "
+        + (f"{sizes[0]}" if sizes[0] == sizes[-1] else f"{sizes[0]} to {sizes[-1]}") + f"; depths: {depths}",
+    ]
+    if runs:
+        out.append(f"- written by {len(runs)} run{'s' if len(runs) != 1 else ''} (each with its command in manifest.json); model: {', '.join(models)}")
+    if latest:
+        out += [
+            f"- the latest run: `{latest.get('command')}` (methods {', '.join(latest.get('methods') or [])}; heads `{latest.get('heads')}`; "
+            f"relevance source `{config_value(latest.get('config') or {}, 'relevance')}`; config {latest.get('config_provenance')})",
+            f"- versions: {latest.get('versions')}; processes: {latest.get('processes')}; latest run wall time {latest.get('wall_s')} s",
+        ]
+    return out
+
+
 def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True, n_boot: int = 10_000, seed: int = 0) -> Path:
     """Regenerate ``report.md``, ``stats.json`` and the plots from the rows in ``out_dir``."""
     out = Path(out_dir)
@@ -170,25 +198,14 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
     lengths = sorted({L for _, L in tls})
     multi_task = len({t for t, _ in tls}) > 1
 
-    md: list[str] = ["# Evaluation report", ""]
-    latest = manifest.get("latest") or {}
-    if latest:
-        md += [
-            f"- model: `{latest.get('model')}` ({latest.get('dtype')}, {latest.get('device')}); heads: `{latest.get('heads')}`; "
-            f"relevance source: `{config_value(latest.get('config') or {}, 'relevance')}`",
-            f"- split: **{latest.get('split')}**; n = {latest.get('n')} per (task, length, depth); depths: {latest.get('depths')}",
-            f"- methods: {', '.join(latest.get('methods') or [])}; reranker (topk/reorder): {latest.get('reranker')}, k={latest.get('k')}",
-            f"- QGPM config: `{json.dumps(latest.get('config'))}` ({latest.get('config_provenance')})",
-            f"- command: `{latest.get('command')}`",
-            f"- versions: {latest.get('versions')}; processes: {latest.get('processes')}; last run wall time {latest.get('wall_s')} s",
-        ]
-        base_labels = [lab for lab in order if lab == baseline or lab.startswith(baseline + "@")]
-        if len(base_labels) > 1:  # each series is paired with the baseline config run as it was
-            md.append("- paired with: " + "; ".join(f"{lab} against {base_for(lab, base_labels, labels, configs)}"
-                                                    for lab in order if lab not in base_labels))
-        if any(lab != lab.split("@")[0] for lab in order):
-            md.append("- series with several configs (method@hash): " + "; ".join(
-                f"`{h[:6]}` = {json.dumps(configs.get(h, {}).get('config') or configs.get(h, {}))}" for (m, h), lab in labels.items() if "@" in lab))
+    md: list[str] = ["# Evaluation report", ""] + _header(rows, manifest, order)
+    base_labels = [lab for lab in order if lab == baseline or lab.startswith(baseline + "@")]
+    if len(base_labels) > 1:  # each series is paired with the baseline config run as it was
+        md.append("- paired with: " + "; ".join(f"{lab} against {base_for(lab, base_labels, labels, configs)}"
+                                                for lab in order if lab not in base_labels))
+    if any(lab != lab.split("@")[0] for lab in order):
+        md.append("- series with several configs (method@hash): " + "; ".join(
+            f"`{h[:6]}` = {json.dumps(configs.get(h, {}).get('config') or configs.get(h, {}))}" for (m, h), lab in labels.items() if "@" in lab))
     md += [f"- rows: {len(rows)} ({sum(1 for r in rows if r.get('error'))} with errors, left out of every statistic)", ""]
 
     md += ["## Accuracy (%), Wilson 95 % CI", ""]
