@@ -507,6 +507,29 @@ def test_the_default_grid_leaves_out_what_the_base_config_does_not_read(tiny_eng
     assert sorted(summary["grid"]) == ["k_sharp", "s_low", "t_sharp"]  # no grid given: the base config's default
 
 
+def test_tune_resumes_after_a_torn_row_and_refuses_an_empty_shard(tiny_engine, tmp_path, monkeypatch, capsys):
+    import qgpm.eval.cli as eval_cli
+    from qgpm.eval.tune import tune
+
+    kw = dict(tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0], n=1, out_dir=tmp_path, grid={"k_sharp": [1.0, 2.0]},
+              base_config=QGPMConfig(**HARD), max_new_tokens=NEW, progress=False, command="test", logprob=False)
+    tune(tiny_engine, **kw)
+    path = tmp_path / "tune_rows.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:-1] + [lines[-1][:40]]))  # killed while writing the last row
+    tune(tiny_engine, **kw)
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{") and x.endswith("}")]
+    assert len(rows) == len(lines)  # the torn row answered again, on a line of its own
+    tune(tiny_engine, **kw)
+    assert len(path.read_text().splitlines()) == len(lines) + 1  # nothing more to answer: the torn fragment stays, skipped
+    with pytest.raises(ValueError, match="shard 1/2 gets no sample: the run has 1"):
+        tune(tiny_engine, **{**kw, "out_dir": tmp_path / "s1"}, shard=(1, 2))
+    monkeypatch.setattr(eval_cli, "_engine_and_config", lambda *a, **k: pytest.fail("the model loaded"))
+    assert eval_cli.main(["tune", "--tasks", "qa_1", "--lengths", "1024", "--depths", "0.5", "--n", "1", "--shard", "1/2",
+                          "--out", str(tmp_path / "s2"), "--no-progress"]) == 2
+    assert "gets no sample" in capsys.readouterr().err
+
+
 def test_tune_oracle_only_in_shards_merges_to_the_unsharded_summary(tiny_engine, tmp_path, monkeypatch):
     from qgpm.eval import tune as tune_mod
     from qgpm.eval.tune import tune

@@ -33,8 +33,8 @@ from qgpm.eval.processes import partial_state
 from qgpm.eval.report import report
 from qgpm.eval.rows import read_rows
 from qgpm.eval.runner import check_eval_args, load_engine, run_eval
-from qgpm.eval.tune import parse_grid, tune
-from qgpm.eval.work import read_sample_ids
+from qgpm.eval.tune import parse_grid, shard_items, tune
+from qgpm.eval.work import read_sample_ids, work_items
 from qgpm.heads import HeadSet, head_set_file_name, stored_head_set_path, user_head_dir
 from qgpm.samples import calibration_samples, check_data_packages
 
@@ -186,6 +186,8 @@ def main_tune(args) -> int:
                          "give --methods qgpm,oracle, or one of the two flags")
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
     check_data_packages()  # as in eval
+    if args.shard is not None:  # a shard without samples fails before the model loads
+        shard_items(work_items(tasks, args.lengths, args.depths, args.n, args.split), args.shard)
     engine, base = _engine_and_config(args)
     summary = tune(
         engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, out_dir=args.out,

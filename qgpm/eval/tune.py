@@ -46,7 +46,7 @@ from qgpm.plan import inert_fields
 from qgpm.eval.answering import answer_sample, prepare_kwargs
 from qgpm.eval.hashes import config_hash, engine_dtype, engine_heads, method_fingerprint
 from qgpm.eval.work import DEFAULT_DEPTHS, make_sample, work_items
-from qgpm.eval.rows import norm_depth, row_key
+from qgpm.eval.rows import end_torn_line, norm_depth, row_key
 from qgpm.samples.base import EvalSample, split_seed
 from qgpm.eval.trials import SHAPING_FIELDS, fmt, mean, objective_key, summary_md, trial_summary
 
@@ -199,6 +199,14 @@ def _answer_cached(engine, cache: Pass1Cache, sample: EvalSample, cfg: QGPMConfi
 # ----------------------------------------------------------------------------- search
 
 
+def shard_items(items: Sequence[Any], shard: tuple[int, int]) -> list[Any]:
+    """The items of ``shard=(i, N)``: ``i, i+N, ...``; ``ValueError`` when it gets none."""
+    if shard[0] >= len(items):
+        raise ValueError(f"shard {shard[0]}/{shard[1]} gets no sample: the run has {len(items)} (tasks x lengths x depths x n); "
+                         f"use at most {len(items)} shards")
+    return list(items[shard[0]:: shard[1]])
+
+
 def tune(
     engine,
     *,
@@ -267,7 +275,7 @@ def tune(
     started = time.time()
     items = work_items(tasks, lengths, depths, n, split)
     if shard is not None:
-        items = items[shard[0]:: shard[1]]
+        items = shard_items(items, shard)
     samples: list[EvalSample] = []
     for it in items:
         s = make_sample(engine.tokenizer, it, haystack, max_new_tokens)
@@ -303,6 +311,7 @@ def tune(
         return {"task": s.task, "length": s.length, "depth": norm_depth(s.depth), "seed": s.seed, "index": s.seed - split_seed(split, 0),
                 "split": split, "metric": s.metric, "gold": list(s.answers), "method": m, "config_hash": h}
 
+    end_torn_line(rows_path)  # a run killed mid-write: the next row starts on a line of its own
     with open(rows_path, "a", encoding="utf-8") as fh:
 
         def run_one(s: EvalSample, m: str, h: str, fn) -> dict:
