@@ -1057,6 +1057,27 @@ def test_each_series_is_paired_with_the_baseline_run_as_it_was(caplog):
     assert any("qgpm is paired with vanilla@aaa" in r.getMessage() and "no fingerprints given" in r.getMessage() for r in caplog.records)
 
 
+def test_a_series_is_paired_with_the_baseline_config_of_its_own_budget_whatever_the_baseline_method(tiny_engine, tmp_path, capsys):
+    from qgpm.eval.cli import main
+    from qgpm.eval.hashes import method_fingerprint
+    from qgpm.eval.stats import METHOD_FIELDS, base_for
+
+    common = set(method_fingerprint(tiny_engine, "vanilla"))
+    for method in ALL_METHODS:  # what pairing skips is exactly what some methods record and vanilla does not
+        assert set(method_fingerprint(tiny_engine, method)) - common <= METHOD_FIELDS, method
+    fp = {"model": "m", "dtype": "float32", "haystack": None}
+    configs = {"t24": dict(fp, method="topk", max_new_tokens=24, reranker="minilm", k=5), "t16": dict(fp, method="topk", max_new_tokens=16, reranker="minilm", k=5),
+               "v16": dict(fp, method="vanilla", max_new_tokens=16)}
+    labels = {("topk", "t24"): "topk@t24", ("topk", "t16"): "topk@t16", ("vanilla", "v16"): "vanilla"}
+    assert base_for("vanilla", ["topk@t24", "topk@t16"], labels, configs) == "topk@t16"  # not the first: the same budget
+    out = _run(tiny_engine, tmp_path / "run", methods=["vanilla", "topk"], max_new_tokens=NEW)
+    _run(tiny_engine, out, methods=["vanilla", "topk"], max_new_tokens=NEW + 1)
+    label = next(lab for lab in (out / "report.md").read_text().split("series: ", 1)[1].split(";")[0].split(", ") if lab.startswith("topk@"))
+    assert main(["report", "--out", str(out), "--baseline", label, "--no-plots"]) == 0  # the label the report prints is accepted
+    assert main(["report", "--out", str(out), "--baseline", "topk@nope00", "--no-plots"]) == 2
+    assert "its series: topk@" in capsys.readouterr().err
+
+
 def test_rows_of_one_question_are_one_content():
     """NoLiMa seeds that draw the same question cluster as one content in the sign-flip test;
     rows without a question_id cluster by seed, as before."""

@@ -33,6 +33,7 @@ from qgpm.eval.processes import partial_state
 from qgpm.eval.report import report
 from qgpm.eval.rows import read_rows
 from qgpm.eval.runner import check_eval_args, load_engine, run_eval
+from qgpm.eval.stats import series_labels
 from qgpm.eval.tune import parse_grid, shard_items, tune
 from qgpm.eval.work import read_sample_ids, work_items
 from qgpm.heads import HeadSet, head_set_file_name, stored_head_set_path, user_head_dir
@@ -271,9 +272,11 @@ def main_calibrate(args) -> int:
 
 
 def main_report(args) -> int:
-    methods = sorted({r.get("method") for r in read_rows(args.out)})
-    if methods and args.baseline not in methods:
-        raise ValueError(f"--baseline {args.baseline}: no rows of that method in {args.out} (its methods: {', '.join(map(str, methods))})")
+    rows = read_rows(args.out)
+    methods = sorted({r.get("method") for r in rows})
+    series = sorted(set(series_labels(rows).values()))
+    if methods and args.baseline not in methods and args.baseline not in series:
+        raise ValueError(f"--baseline {args.baseline}: no rows of that method or series in {args.out} (its series: {', '.join(series)})")
     path = report(args.out, baseline=args.baseline, plots=args.plots)
     print(f"wrote {path}")
     return 0

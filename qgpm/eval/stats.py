@@ -180,13 +180,17 @@ def group_accuracy(rows: Sequence[dict], by: Sequence[str], *, labels: dict | No
 
 logger = logging.getLogger("qgpm")
 _WARNED_BASE: set[tuple] = set()  # (series, baseline configs) said once per process
+METHOD_FIELDS = frozenset({"method", "config", "heads", "calibrated_min_top_z", "pass1_precision", "reranker", "k", "options"})
+"""The fields of :func:`qgpm.eval.hashes.method_fingerprint` that some methods record and others
+do not; pairing a series with a baseline config compares the others (model, dtype, answer
+budget, haystack, stop, generator)."""
 
 
 def base_for(label: str, base_labels: Sequence[str], labels: dict, configs: Mapping[str, dict] | None) -> str:
     """The baseline series ``label`` is paired with: with one baseline config, that one; with
     several, the one whose fingerprint (``configs``: config hash -> the manifest's fingerprint)
-    agrees with the series' own on every field the baseline configs have but ``method`` (stop,
-    max_new_tokens, model, dtype, haystack, generator, ...); else the first, with a warning
+    agrees with the series' own on the fields every method records (stop, max_new_tokens, model,
+    dtype, haystack, generator: all but :data:`METHOD_FIELDS`); else the first, with a warning
     (logger ``qgpm``, once per series) naming the choice."""
     if len(base_labels) == 1:
         return base_labels[0]
@@ -195,6 +199,7 @@ def base_for(label: str, base_labels: Sequence[str], labels: dict, configs: Mapp
         hash_of = {lab: h for (_, h), lab in labels.items()}
         keys = {k for b in base_labels for k in configs.get(hash_of[b], {})} - {"method"}
         own = configs.get(hash_of.get(label, ""), {})
+        keys -= METHOD_FIELDS  # what one method records and another does not (vanilla has no reranker, no k)
         matches = [b for b in base_labels if all(own.get(k) == configs.get(hash_of[b], {}).get(k) for k in keys)]
     if len(matches) == 1:
         return matches[0]
