@@ -30,7 +30,7 @@ from .sources import HEADS, parse_source, reranker_relevance
 
 logger = logging.getLogger("qgpm")
 
-__all__ = ["HeadScores", "score_heads", "calibrate_heads", "flat_relevance_threshold", "separating_cut", "check_depth_options", "fused_mrr", "sample_head_logits", "evidence_sentences"]
+__all__ = ["HeadScores", "score_heads", "calibrate_heads", "check_lengths", "fitting_lengths", "confidence_summary", "weak_threshold", "flat_relevance_threshold", "separating_cut", "check_depth_options", "fused_mrr", "sample_head_logits", "evidence_sentences"]
 
 
 @dataclass
@@ -48,6 +48,9 @@ class HeadScores:
                 raise ValueError(f"max_layer must be in 1..{mrr.shape[0]} (the model's layers), got {max_layer}")
             mrr = mrr[:max_layer]
         flat = mrr.flatten()
+        if top > flat.numel():
+            logger.warning("qgpm: top=%d asks for more heads than the %d there are%s; keeping all %d", top, flat.numel(),
+                           "" if max_layer is None else f" below layer {max_layer}", flat.numel())
         order = torch.argsort(flat, descending=True, stable=True)[:top]
         n_heads = mrr.shape[1]
         return [(int(i) // n_heads, int(i) % n_heads) for i in order]
@@ -147,6 +150,24 @@ def check_depth_options(max_layer: int | None, shallow_tolerance: float | None, 
         raise ValueError(f"max_layer must be >= 1{f' and <= {n_layers} (the model layers)' if n_layers else ''}, got {max_layer}")
 
 
+def fitting_lengths(lengths: Sequence[int], window: int) -> list[int]:
+    """The calibration sample lengths of ``lengths`` a model with this ``window`` (tokens; 0:
+    unknown) can read, or ``[window]`` when none can."""
+    if not window:
+        return list(lengths)
+    return [L for L in lengths if L <= window] or [window]
+
+
+def check_lengths(engine: Any, lengths: Sequence[int]) -> None:
+    """Refuse sample lengths (token budgets) longer than the engine's window, before any sample
+    is scored: heads chosen on positions the model never covers would be chosen on noise."""
+    window = engine.max_length
+    long = sorted({int(L) for L in lengths if window and L > window})
+    if long:
+        raise ValueError(f"calibration samples of {long} tokens do not fit {engine.name}'s window of {window} tokens: "
+                         f"give lengths up to {window} (qgpm calibrate --lengths)")
+
+
 def calibrate_heads(
     engine,
     samples: Sequence[Any],
@@ -181,6 +202,7 @@ def calibrate_heads(
     ``samples`` must then be empty. The held-out check still runs the model.
     """
     engine.require_supported()  # the heads are read through the rotary patch
+    check_lengths(engine, [s.length for s in [*samples, *(holdout or [])] if isinstance(getattr(s, "length", None), int)])
     check_depth_options(max_layer, shallow_tolerance, has_holdout=bool(holdout), n_layers=engine.n_layers,
                         shallow_bound=shallow_bound)
     n_heads = engine.model.config.num_attention_heads
@@ -236,6 +258,8 @@ def calibrate_heads(
                            "instead of the heads", top, len(holdout), meta["holdout_fused_mrr"], random_mrr)
     # the flat-relevance threshold in this model's z units, from every sample whose evidence is known
     meta["confidence"] = flat_relevance_threshold(engine, [*samples, *(holdout or [])], chosen)
+    if weak_threshold(meta["confidence"]):
+        logger.warning("qgpm: %s", confidence_summary(meta["confidence"]))
     mrr = [float(scores.mrr[l, h]) for l, h in chosen]
     return HeadSet(
         model=engine.name,
@@ -288,6 +312,41 @@ def flat_relevance_threshold(engine, samples: Sequence[Any], heads: Sequence[tup
     if cut is not None:
         out.update(min_top_z=round(cut[0], 3), youden_j=round(cut[1], 3))
     return out
+
+
+WEAK_J, WEAK_COUNT = 0.5, 3
+"""A stored threshold is called weak below this Youden J, or with fewer samples than this on
+either side of it (evidence ranked first / missed)."""
+
+
+def weak_threshold(confidence: dict[str, Any]) -> bool:
+    """Whether the threshold of :func:`flat_relevance_threshold`'s record separates little or rests
+    on few samples (:data:`WEAK_J`, :data:`WEAK_COUNT`)."""
+    found, missed = confidence.get("found_top_z") or [], confidence.get("missed_top_z") or []
+    return confidence.get("min_top_z") is not None and (
+        (confidence.get("youden_j") or 0.0) < WEAK_J or min(len(found), len(missed)) < WEAK_COUNT)
+
+
+def confidence_summary(confidence: dict[str, Any]) -> str:
+    """One sentence on the stored flat-relevance threshold: its value and what it rests on, or why
+    there is none, and what to do when it is weak."""
+    found, missed = confidence.get("found_top_z") or [], confidence.get("missed_top_z") or []
+    n = len(found) + len(missed)
+    counts = f"{len(found)} of {n} scored samples had their evidence ranked first"
+    if confidence.get("min_top_z") is None:
+        if n == 0:
+            why = "no sample with known evidence was scored (give --holdout N, or samples)"
+        elif not found:
+            why = f"the ranking put no sample's evidence first ({counts}): nothing to separate"
+        else:
+            why = f"the ranking put every sample's evidence first ({counts}): nothing to separate"
+        return (f"confidence threshold: none stored, {why}; calls with min_top_z='calibrated' then keep the flat-relevance "
+                "rule off, with a warning")
+    text = f"confidence threshold (min_top_z='calibrated'): {confidence['min_top_z']} in this model's z units, Youden J {confidence.get('youden_j')}; {counts}"
+    if weak_threshold(confidence):
+        text += (f". A weak separation (J below {WEAK_J}, or fewer than {WEAK_COUNT} samples on a side): the rule may keep many calls at "
+                 "vanilla positions; calibrate on more samples (--n, --holdout) or set min_top_z yourself")
+    return text
 
 
 def separating_cut(found: Sequence[float], missed: Sequence[float]) -> tuple[float, float] | None:

@@ -176,13 +176,14 @@ class QGPM:
         engine's head set (or the reason it has none) as it was.
         """
         if isinstance(heads, str) and heads == "calibrate":
-            from .calibrate import calibrate_heads  # the calibration search and its samples (qgpm[eval]) load only here
-            from .samples import calibration_samples, check_data_packages  # qgpm[eval] (wonderwords), as above
+            from .calibrate import calibrate_heads, fitting_lengths  # the calibration search and its samples (qgpm[eval]) load only here
+            from .samples import CALIBRATION_LENGTHS, calibration_samples, check_data_packages  # qgpm[eval] (wonderwords), as above
 
             check_data_packages()  # wonderwords (qgpm[eval]) and the benchmark data, checked before any model work
             self.require_supported()  # calibration reads the heads through the rotary patch: fail before any sample
             self.local.require("head calibration")
-            hs = calibrate_heads(self, calibration_samples(self.tokenizer))
+            lengths = fitting_lengths(CALIBRATION_LENGTHS, self.max_length)  # the default lengths the window holds
+            hs = calibrate_heads(self, calibration_samples(self.tokenizer, lengths=lengths))
         else:
             hs = choose_head_set(heads, self.fingerprint, self.name)
             if isinstance(hs, HeadSetMissingError):  # no stored set: vanilla and the baselines still work

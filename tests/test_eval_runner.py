@@ -740,6 +740,45 @@ def test_cli_calibrate_scores_from_reuses_stored_scores_and_shallow_bound_sets_t
     assert "confidence threshold: none stored" in capsys.readouterr().out
 
 
+def test_calibration_keeps_to_the_window_and_says_what_its_threshold_rests_on(tiny_engine, tiny_dir, tmp_path, monkeypatch, capsys, caplog):
+    import qgpm.samples
+    from qgpm.calibrate import HeadScores, calibrate_heads, confidence_summary, fitting_lengths
+    from qgpm.eval.cli import main
+
+    assert fitting_lengths((1024, 2048), 4096) == [1024, 2048] and fitting_lengths((1024, 2048), 1500) == [1024]
+    assert fitting_lengths((1024, 2048), 512) == [512] and fitting_lengths((1024, 2048), 0) == [1024, 2048]
+    # the CLI refuses lengths beyond the window before it builds a sample
+    import qgpm.eval.cli as eval_cli
+
+    monkeypatch.setattr(eval_cli, "calibration_samples", lambda *a, **k: pytest.fail("a sample was built"))
+    assert main(["calibrate", "--model", str(tiny_dir), "--lengths", "512,99999", "--device", "cpu", "--no-progress",
+                 "--out", str(tmp_path / "x.json")]) == 2
+    assert "calibration samples of [99999] tokens do not fit" in capsys.readouterr().err
+    monkeypatch.undo()
+    # heads="calibrate" on a model whose window is shorter than the default lengths: samples that fit
+    seen = []
+    real = qgpm.samples.calibration_samples
+    monkeypatch.setattr(qgpm.samples, "calibration_samples", lambda tok, **k: seen.append(k.get("lengths")) or real(tok, n=2, lengths=k["lengths"]))
+    monkeypatch.setattr(type(tiny_engine), "max_length", property(lambda self: 700))
+    tiny_engine.set_heads("calibrate")
+    assert seen == [[700]]
+    with pytest.raises(ValueError, match="calibration samples of \\[1024\\] tokens do not fit .* window of 700 tokens"):
+        calibrate_heads(tiny_engine, real(tiny_engine.tokenizer, n=1, lengths=[1024]), progress=False)
+    monkeypatch.undo()
+    # more heads asked for than there are: all kept, said
+    with caplog.at_level("WARNING", logger="qgpm"):
+        assert len(HeadScores(torch.zeros(2, 2), 1).best(10)) == 4
+    assert any("top=10 asks for more heads than the 4 there are" in r.getMessage() for r in caplog.records)
+    # the threshold's record, said in one sentence
+    weak = {"min_top_z": 1.4, "youden_j": 0.14, "found_top_z": [1.5, 2.0, 2.2], "missed_top_z": [0.5] * 21}
+    assert "3 of 24 scored samples had their evidence ranked first. A weak separation" in confidence_summary(weak)
+    strong = {"min_top_z": 1.4, "youden_j": 0.9, "found_top_z": [2.0] * 10, "missed_top_z": [0.5] * 10}
+    assert "weak" not in confidence_summary(strong)
+    none = {"min_top_z": None, "found_top_z": [], "missed_top_z": [0.75, 0.97]}
+    assert "the ranking put no sample's evidence first (0 of 2 scored samples" in confidence_summary(none)
+    assert "give --holdout" in confidence_summary({"min_top_z": None, "found_top_z": [], "missed_top_z": []})
+
+
 def test_calibrate_heads_rejects_samples_beside_stored_scores(tiny_dir):
     """Samples given with stored scores would go unscored: an error, not a silent choice."""
     import torch

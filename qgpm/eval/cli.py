@@ -25,7 +25,7 @@ from typing import Sequence
 
 from qgpm._cliutil import RERANKER_HELP, QGPMArgumentParser, methods_arg, remote_call_config, run_cli, split_config_args
 from qgpm.baselines import options_from_strings
-from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options
+from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options, check_lengths, confidence_summary
 from qgpm.config_files import check_config_args, load_config
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_RERANKER, METHODS
 from qgpm.eval.cli_args import add_config_args, add_model_args, add_sample_args, command_line, lengths_arg, positive_int, shard_arg
@@ -225,6 +225,7 @@ def main_calibrate(args) -> int:
         raise ValueError(f"--scores-from {args.scores_from} was calibrated on {earlier.fingerprint.get('name') or '?'} "
                          f"(fingerprint key {earlier.fingerprint.get('key')}), not on {engine.name} ({engine.fingerprint.key}): "
                          "drop --scores-from to calibrate this model")
+    check_lengths(engine, args.lengths)  # before any sample is built
     t = time.time()
     cal = calibration_samples(engine.tokenizer, n=n, lengths=args.lengths) if scores is None else []
     hold = calibration_samples(engine.tokenizer, n=args.holdout, lengths=args.lengths, offset=1000) if args.holdout > 0 else None
@@ -251,13 +252,7 @@ def main_calibrate(args) -> int:
         print(f"held-out fused MRR ({hs.meta['holdout_samples']} samples): chosen {hs.meta['holdout_fused_mrr']:.3f} "
               f"vs random {args.top}-head sets {hs.random_mrr:.3f} (mean of {hs.meta['random_draws']} draws)")
     conf = hs.meta.get("confidence") or {}
-    if conf.get("min_top_z") is not None:
-        print(f"confidence threshold (min_top_z='calibrated'): {conf['min_top_z']} in this model's z units"
-              + (f" (Youden J {conf['youden_j']})" if conf.get("youden_j") is not None else "")
-              + (f", kept from {conf['from']}" if conf.get("from") else ""))
-    else:
-        print("confidence threshold: none stored (no sample with known evidence was scored: give --holdout N); calls with "
-              "min_top_z='calibrated' then keep the flat-relevance rule off, with a warning")
+    print(confidence_summary(conf) + (f" (kept from {conf['from']})" if conf.get("from") else ""))
     if "shallow" in hs.meta:
         sh = hs.meta["shallow"]
         print(f"shallow set (layers < {sh['max_layer']}): held-out fused MRR {sh['shallow_holdout_fused_mrr']:.3f} vs unrestricted "

@@ -19,7 +19,7 @@ essays and QA sets; :func:`check_data_packages` says which are missing without r
 
 from qgpm.samples.base import SPLIT_SEEDS, SPLITS, BudgetError, EvalSample, split_of_seed, split_seed
 from qgpm.samples.resources import check_data_packages
-from qgpm.samples.tasks import CALIBRATION_TASKS, TASKS, calibration_samples, generate, sample_prompt
+from qgpm.samples.tasks import CALIBRATION_LENGTHS, CALIBRATION_TASKS, TASKS, calibration_samples, generate, sample_prompt
 
 __all__ = [
     "EvalSample",
@@ -33,5 +33,6 @@ __all__ = [
     "split_of_seed",
     "CALIBRATION_TASKS",
     "calibration_samples",
+    "CALIBRATION_LENGTHS",
     "check_data_packages",
 ]

@@ -142,11 +142,15 @@ def sample_prompt(sample: EvalSample, tokenizer: Any) -> str:
 CALIBRATION_TASKS: tuple[str, ...] = ("niah_single_2", "niah_multikey_1", "nolima_direct", "nolima_assoc", "kv_retrieval", "qa_1")
 
 
+CALIBRATION_LENGTHS: tuple[int, ...] = (1024, 2048)
+"""The token budgets of calibration samples by default (``heads="calibrate"``, ``qgpm calibrate``)."""
+
+
 def calibration_samples(
     tokenizer: Any,
     *,
     n: int = 24,
-    lengths: Sequence[int] = (1024, 2048),
+    lengths: Sequence[int] = CALIBRATION_LENGTHS,
     tasks: Sequence[str] = CALIBRATION_TASKS,
     offset: int = 0,
 ) -> list[EvalSample]:
