@@ -212,6 +212,8 @@ class QGPMLLM(CustomLLM):
         window = engine.max_length
         check_context_window(self.context_window, window, self.prompt_overhead())
         check_window(self.max_new_tokens, self.metadata.context_window)
+        if spec.rotary:  # a family or rotary kind qgpm cannot patch: now, not as "Empty Response" at the first query
+            engine.require_supported()
         if spec.stage is Stage.HEADS and parse_source(self.relevance or engine.config.relevance).heads:
             engine.heads  # raise HeadSetMissingError now rather than at the first query
         self._lock = threading.Lock()

@@ -234,6 +234,9 @@ class StubEngine:
     def heads(self):
         return [(0, 0)]
 
+    def require_supported(self):
+        """Every method runs on the stub (qgpm.QGPM raises here for a family it cannot patch)."""
+
     @staticmethod
     def _result(text, method):
         from qgpm import QGPMResult, Usage

@@ -490,6 +490,21 @@ def test_a_reranker_source_needs_no_head_set(stub_engine, word_tokenizer, monkey
     assert stub_engine.calls[-1][3]["config"].relevance == "minilm"
 
 
+def test_a_model_qgpm_cannot_patch_is_refused_at_construction_not_as_an_empty_response(stub_engine, monkeypatch):
+    from qgpm import UnsupportedModelError
+
+    def unsupported(self):
+        raise UnsupportedModelError("model family 'gpt2' is not supported")
+
+    monkeypatch.setattr(type(stub_engine), "require_supported", unsupported)
+    for method in ("qgpm", "string", "ms-poe"):  # methods that change positions
+        with pytest.raises(UnsupportedModelError, match="gpt2"):
+            QGPMLLM(engine=stub_engine, method=method)
+    for method in ("vanilla", "reorder"):  # standard positions: they run
+        QGPMLLM(engine=stub_engine, method=method).predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?"), context_str="Text.")
+        assert stub_engine.calls[-1][3]["method"] == method
+
+
 class _SlowStream:
     """A stream of 100 pieces, 20 ms apart, that records how far it was read and whether it was closed."""
 
