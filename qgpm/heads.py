@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import json
 import logging
+import numbers
 import os
 import threading
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 
@@ -85,6 +86,10 @@ class HeadSet:
     fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        bad = [x for x in self.heads if not (isinstance(x, (tuple, list)) and len(x) == 2
+                                             and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in x))]
+        if bad:
+            raise TypeError(f"heads must be (layer, head) pairs of ints, e.g. [(14, 3), (15, 6)]; got {bad[0]!r}")
         self.heads = [(int(l), int(h)) for l, h in self.heads]
         if not self.heads:
             raise ValueError("a head set needs at least one (layer, head)")
@@ -275,6 +280,9 @@ def choose_head_set(heads: Any, fp: ModelFingerprint, name: str) -> HeadSet | He
         hs = HeadSet.load(heads)
         check_head_set(hs, fp, f"head set {heads}")
         return hs
+    if not isinstance(heads, Iterable) or isinstance(heads, (bytes, Mapping)):
+        raise TypeError(f"heads= takes None (the stored set), 'calibrate', a head-set JSON path, a HeadSet or a list of "
+                        f"(layer, head) pairs; got {type(heads).__name__} {heads!r}")
     return HeadSet(name, list(heads), method="given by caller", fingerprint=fp.to_dict())
 
 

@@ -388,6 +388,14 @@ def test_missing_head_set(engine, tokenizer, stays_vanilla):
     raises(HeadSetMissingError, "qgpm calibrate", other.stream, CTX, Q, method="qgpm")
 
 
+@pytest.mark.parametrize("bad,said", [(5, "got int 5"), ({"a": 1}, "got dict"), ([5], "pairs of ints.*got 5"),
+                                       ([(1, "a")], r"got \(1, 'a'\)"), ([(1,)], r"got \(1,\)"), ([(True, 0)], "got \\(True, 0\\)")])
+def test_heads_in_a_form_qgpm_does_not_take_are_named(engine, bad, said):
+    before = engine.heads
+    raises(TypeError, f"(heads= takes|heads must be).*{said}", engine.set_heads, bad)
+    assert engine.heads == before
+
+
 def test_a_refusal_raised_again_carries_only_its_own_frames(tokenizer, engine):
     # the engine keeps why it cannot run a method and raises it on each call: its traceback (and
     # the frames, with their contexts, it holds) must not grow with every refused call
