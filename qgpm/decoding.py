@@ -9,6 +9,7 @@ by the same rules (:func:`finish_text`).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 import math
@@ -19,6 +20,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from .defaults import ANSWER_ARGUMENTS
 
 logger = logging.getLogger("qgpm")
 
@@ -164,7 +167,14 @@ def check_generate_extras(extra: Any) -> None:
     unknown = sorted(set(extra) - _generate_settings())
     if unknown:
         raise TypeError(f"unexpected arguments {unknown}: neither answer() arguments nor transformers generate() settings "
-                        "(GenerationConfig fields such as repetition_penalty, min_new_tokens, top_k, or logits_processor)")
+                        "(GenerationConfig fields such as repetition_penalty, min_new_tokens, top_k, or logits_processor)"
+                        + did_you_mean(unknown, [*ANSWER_ARGUMENTS, *_generate_settings()]))
+
+
+def did_you_mean(names: Sequence[str], known: Sequence[str] = ANSWER_ARGUMENTS) -> str:
+    """``". Did you mean 'x'?"`` naming the closest of ``known`` to each misspelt name, or ``""``."""
+    close = [m for name in names for m in difflib.get_close_matches(name, known, n=1)]
+    return f". Did you mean {', '.join(map(repr, close))}?" if close else ""
 
 
 def _whole(value: Any) -> bool:

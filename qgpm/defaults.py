@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_RERANKER",
     "DEFAULT_K",
     "PASS1_FIELDS",
+    "ANSWER_ARGUMENTS",
 ]
 
 DEFAULT_MODEL = "smollm2"
@@ -51,6 +52,12 @@ PASS1_FIELDS: tuple[str, ...] = fields_of(replannable=False)
 """``QGPMConfig`` fields that change pass 1 or the prompt itself (the others only
 reshape a stored relevance: :meth:`qgpm.QGPM.replan` may change those): the fields of
 the groups that are not replannable (:class:`qgpm.settings.Pass1Settings`)."""
+
+
+ANSWER_ARGUMENTS: tuple[str, ...] = (
+    "method", "evidence", "max_new_tokens", "temperature", "top_p", "stop", "system", "instruction", "answer_prefix",
+    "template", "reranker", "k", "config", "seed", "options")
+"""The keyword arguments of :meth:`qgpm.QGPM.answer` (a misspelt one is named with the closest)."""
 
 
 def is_default_model(model: Any) -> bool:

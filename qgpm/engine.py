@@ -34,7 +34,7 @@ import torch
 from .batching import aanswer, answer_many
 from .call_checks import CallOptions, CheckedSetting, check_call, check_config, check_engine_args, check_engine_config, check_replan, check_reuse_prefill
 from .config import QGPMConfig
-from .decoding import Decoding
+from .decoding import Decoding, did_you_mean
 from .defaults import METHODS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .generation import Generated, Generator, TransformersGenerator, build_result, checked_decoding
@@ -381,7 +381,7 @@ class QGPM:
         """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
         opts = CallOptions.take(kwargs)
         if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}{did_you_mean(sorted(kwargs))}")
         mnt = opts.max_new_tokens
         if isinstance(mnt, bool) or not isinstance(mnt, numbers.Integral) or mnt < 0:
             raise TypeError(f"max_new_tokens must be an int >= 0 (the generation budget to leave room for), got {mnt!r}")

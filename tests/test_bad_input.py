@@ -396,6 +396,19 @@ def test_heads_in_a_form_qgpm_does_not_take_are_named(engine, bad, said):
     assert engine.heads == before
 
 
+def test_a_misspelt_argument_is_named_with_the_closest_one(engine, stays_vanilla):
+    import inspect
+
+    from qgpm.defaults import ANSWER_ARGUMENTS
+
+    params = inspect.signature(type(engine).answer).parameters
+    assert set(ANSWER_ARGUMENTS) == {n for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    for call in (engine.answer, engine.stream, engine.prepare):
+        raises(TypeError, r"\['max_new_token'\].*Did you mean 'max_new_tokens'\?", call, CTX, Q, max_new_token=4)
+        raises(TypeError, r"\['evidense'\].*Did you mean 'evidence'\?", call, CTX, Q, evidense=["x"])
+    raises(TypeError, r"\['zzzq'\]: neither answer\(\) arguments nor .*logits_processor\)$", engine.answer, CTX, Q, zzzq=1)
+
+
 def test_a_refusal_raised_again_carries_only_its_own_frames(tokenizer, engine):
     # the engine keeps why it cannot run a method and raises it on each call: its traceback (and
     # the frames, with their contexts, it holds) must not grow with every refused call
