@@ -43,14 +43,14 @@ def parse_range(text: str, flag: str) -> tuple[int, int]:
 def load_rows(paths: list[Path], series: dict[str, str], length: int, task: str | None = None) -> dict[str, dict[tuple, dict]]:
     """label -> {(task, depth, seed, index): row} for the answered rows of each labelled series at
     ``length`` tokens (only ``task``'s rows when given)."""
-    label_of = {h: m for m, h in series.items()}
     rows: dict[str, dict[tuple, dict]] = collections.defaultdict(dict)
     for p in paths:
         for line in p.read_text().splitlines():
             r = json.loads(line)
-            if (r["length"] == length and r["config_hash"] in label_of and r.get("answer") is not None
-                    and task in (None, r["task"])):
-                rows[label_of[r["config_hash"]]][(r["task"], r["depth"], r["seed"], r["index"])] = r
+            labels = [m for m, h in series.items() if r["config_hash"].startswith(h)]  # a hash or a prefix (report.md prints 6 characters)
+            if labels and r["length"] == length and r.get("answer") is not None and task in (None, r["task"]):
+                for label in labels:
+                    rows[label][(r["task"], r["depth"], r["seed"], r["index"])] = r
     return rows
 
 

@@ -47,6 +47,7 @@ def _once(entries: list[dict]) -> list[dict]:
 
 
 def merge(into: Path, runs: list[Path], note: str | None) -> int:
+    into.mkdir(parents=True, exist_ok=True)  # a new results folder
     before = read_rows(into, include_ranks=False)
     added: list[dict] = []
     for run in runs:

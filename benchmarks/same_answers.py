@@ -45,6 +45,9 @@ def main() -> int:
     ap.add_argument("--series", type=alias, action="append", default=[], metavar="NEW=OLD",
                     help="match the run's series NEW to the committed series OLD (config hash prefixes)")
     args = ap.parse_args()
+    for folder in (args.run, args.committed):
+        if not (Path(folder) / "rows.jsonl").is_file() and not list(Path(folder).glob("rows.rank*.jsonl")):
+            ap.error(f"{folder} holds no rows (rows.jsonl): give a qgpm eval --out folder")
     committed_rows = read_rows(args.committed, include_ranks=False)
     aliases = {}
     for new, old in args.series:
@@ -73,7 +76,8 @@ def main() -> int:
         else:
             c[1] += 1
             bad += 1
-            print("different:", key(r), repr(old["answer"][:80]), "->", repr(r["answer"][:80]))
+            print("different:", key(r), repr((old["answer"] or "")[:80]), "->", repr((r["answer"] or "")[:80]),
+                  *(f"(error: {x['error'][:80]})" for x in (old, r) if x.get("error")))
     for (method, series), (same, diff, missing) in sorted(counts.items()):
         print(f"{method} {series}: {same} identical, {diff} different, {missing} without a committed row")
     return 1 if bad else 0

@@ -36,3 +36,12 @@ def test_table_pairs_series_and_counts_empty_answers(tmp_path, capsys):
     assert "| nolima_direct | 3 | 1 | 2 (2/1, 1) |" in out  # qgpm wins 0 and 2, loses 1
     assert "| qgpm | 2.0 | 2.00x | 0 |" in out
     assert "| nolima_direct | 1; 1 / 2 | 1; 2 / 2 |" in out
+
+
+def test_series_may_be_named_by_the_hash_prefix_the_report_prints(tmp_path, capsys):
+    mod = _module()
+    rows = [_row(0, "aaa111", "Priya", True), _row(0, "bbb222", "Kenneth", False)]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert mod.main([str(path), "--length", "2048", "--series", "vanilla=aaa,qgpm=bbb2"]) == 0
+    assert "1 samples every series ran" in capsys.readouterr().out

@@ -128,3 +128,29 @@ def test_a_trials_difference_to_vanilla_is_paired():
     t = trial_summary(trial, vanilla)
     assert t["n"] == 2 and t["errors"] == 1 and (t["b"], t["c"]) == (1, 0)
     assert t["delta_vs_vanilla"] == pytest.approx(0.5)  # 1.0 against 0.5 on seeds 0 and 1 (unpaired: 1.0 - 1/3)
+
+
+def test_merge_into_a_new_folder_creates_it(tmp_path, monkeypatch):
+    mod = _module()
+    monkeypatch.setattr(mod.subprocess, "call", lambda *a, **k: 0)
+    a = _run(tmp_path / "a", [_row(0)], "eval a")
+    assert mod.main(["--into", str(tmp_path / "new" / "results"), str(a)]) == 0
+    assert len((tmp_path / "new" / "results" / "rows.jsonl").read_text().splitlines()) == 1
+
+
+def test_same_answers_reports_an_error_row_instead_of_failing(tmp_path, capsys, monkeypatch):
+    import sys
+
+    mod = benchmark_module("same_answers")
+    good = dict(_row(0), answer="Priya", method="vanilla")
+    failed = dict(good, answer=None, error="RuntimeError: out of memory")
+    for name, row in (("committed", good), ("run", failed)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    monkeypatch.setattr(sys, "argv", ["same_answers.py", str(tmp_path / "run"), str(tmp_path / "committed")])
+    assert mod.main() == 1
+    assert "(error: RuntimeError: out of memory)" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["same_answers.py", str(tmp_path / "run"), str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit):
+        mod.main()
+    assert "holds no rows" in capsys.readouterr().err
