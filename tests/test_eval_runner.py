@@ -1222,3 +1222,20 @@ def test_jobs_finishing_into_one_folder_keep_each_others_manifest_entries(tmp_pa
     assert [job.exitcode for job in jobs] == [0, 0]
     man = read_manifest(tmp_path)
     assert len(man["runs"]) == 300 and len(man["configs"]) == 300  # without the folder's lock about half were lost
+
+
+def test_stats_json_is_strict_json_when_a_series_has_no_answered_row(tmp_path):
+    from qgpm.eval.report import report
+
+    rows = [{"task": "qa_1", "length": 1024, "depth": 0.5, "seed": i, "index": i, "split": "test", "method": m, "config_hash": m,
+             "metric": "string_match_part", "gold": ["x"], "answer": None if m == "qgpm" else "x", "correct": m == "vanilla",
+             "score": 1.0 if m == "vanilla" else 0.0, **({"error": "RuntimeError: boom"} if m == "qgpm" else {})}
+            for i in range(3) for m in ("vanilla", "qgpm")]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report(tmp_path, plots=False)
+
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    stats = json.loads((tmp_path / "stats.json").read_text(), parse_constant=refuse)
+    assert stats

@@ -145,6 +145,18 @@ def plot_depth_curves(rows: Sequence[dict], out_dir: str | Path, *, labels: dict
     return written
 
 
+def _strict(value: Any) -> Any:
+    """``value`` with every NaN / infinite float as ``None``: ``stats.json`` is strict JSON (an
+    accuracy over no answered row is not a number)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
 def _header(rows: Sequence[dict], manifest: Mapping[str, Any], order: Sequence[str]) -> list[str]:
     """What the rows of the folder are (read from the rows: their splits, depths, series and
     samples per cell), then the runs that wrote them, the latest one in full."""
@@ -184,7 +196,7 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
     labels = series_labels(rows)
     order = _series_order(labels.values())
     summary = summarize(rows, baseline=baseline, n_boot=n_boot, seed=seed, configs=configs)
-    (out / STATS_FILE).write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    (out / STATS_FILE).write_text(json.dumps(_strict(summary), indent=1, default=str, allow_nan=False) + "\n")
 
     kw = dict(labels=labels)
     acc = group_accuracy(rows, ("task", "length"), **kw)
@@ -314,7 +326,7 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
     md += targets_markdown(rows, baseline=baseline, n_boot=n_boot, seed=seed)
     summary["targets"] = [c.to_dict() for c in check_targets(rows, baseline=baseline, n_boot=n_boot, seed=seed)]
     summary["diagnosis"] = diagnose(rows, baseline=baseline, n_boot=n_boot, seed=seed)
-    (out / STATS_FILE).write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    (out / STATS_FILE).write_text(json.dumps(_strict(summary), indent=1, default=str, allow_nan=False) + "\n")
 
     md += ["## Cost (means per answer)", ""]
     body = []
