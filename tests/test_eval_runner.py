@@ -530,6 +530,18 @@ def test_tune_resumes_after_a_torn_row_and_refuses_an_empty_shard(tiny_engine, t
     assert "gets no sample" in capsys.readouterr().err
 
 
+def test_tune_says_when_every_answer_kept_vanilla_positions(tiny_engine, tmp_path):
+    from qgpm.eval.tune import tune
+
+    summary = tune(tiny_engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0, 1.0], n=1, out_dir=tmp_path,
+                   grid={"k_sharp": [1.0, 2.0]}, base_config=QGPMConfig(**HARD, keep_length=1024), max_new_tokens=NEW,
+                   progress=False, command="test", logprob=False)
+    assert summary["kept_vanilla"] == {"answers": 4, "by_reason": {"keep_length": 4}}  # 2 trials x 2 samples, all within keep_length
+    md = (tmp_path / "tune_summary.md").read_text()
+    assert "**every answer kept vanilla positions** (keep_length 4 of 4): the trials cannot differ" in md
+    assert "relevance computed 2 times" in md
+
+
 def test_tune_oracle_only_in_shards_merges_to_the_unsharded_summary(tiny_engine, tmp_path, monkeypatch):
     from qgpm.eval import tune as tune_mod
     from qgpm.eval.tune import tune

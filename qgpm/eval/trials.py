@@ -72,6 +72,20 @@ def fmt(x: float | None, pct: bool = False, signed: bool = False) -> str:
     return f"{v:+.1f}" if signed else (f"{v:.1f}" if pct else f"{v:.2f}")
 
 
+def _kept_line(kept: dict | None) -> list[str]:
+    """A line on the answers a confidence rule kept at vanilla positions: those are alike in every
+    trial, so trials can differ only on the others (none at all when every answer was kept)."""
+    if not kept or not kept.get("by_reason"):
+        return []
+    n, reasons = kept["answers"], kept["by_reason"]
+    total = sum(reasons.values())
+    said = ", ".join(f"{reason} {count}" for reason, count in reasons.items())
+    if total == n:
+        return [f"- **every answer kept vanilla positions** ({said} of {n}): the trials cannot differ. Tune at lengths above "
+                "`keep_length`, or with the rules that kept them relaxed (`--set keep_length=0`, `min_top_z=...`)"]
+    return [f"- answers kept at vanilla positions by a confidence rule: {said} of {n} (alike in every trial that keeps them)"]
+
+
 def summary_md(summary: dict, ranked: list[dict], base: QGPMConfig) -> str:
     best = summary["best"]
     v = summary["vanilla"]
@@ -87,7 +101,9 @@ def summary_md(summary: dict, ranked: list[dict], base: QGPMConfig) -> str:
         f"- trials answered by: {', '.join(summary.get('methods') or ['qgpm'])} (the first ranks the trials)"
         + (f"; shard {summary['shard'][0]}/{summary['shard'][1]} of the samples" if summary.get("shard") else ""),
         f"- command: `{summary['command']}`",
-        f"- wall time: {summary['wall_s']} s; pass-1 runs: {summary['pass1_runs']} (cached across trials); finished {summary['finished']}",
+        f"- wall time: {summary['wall_s']} s; relevance computed {summary['pass1_runs']} times (pass 1 or the reranker, once per sample "
+        f"and pass-1 setting: cached across trials); finished {summary['finished']}",
+        *_kept_line(summary.get("kept_vanilla")),
         "",
         "## Chosen", "",
         f"Vanilla on these samples: accuracy {fmt(v['acc'], pct=True)} %, mean gold log-prob {fmt(v['mean_logprob'])}.",

@@ -26,6 +26,7 @@ command, split, n, seeds, model, heads; every trial; sensitivity).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as _dt
 import itertools
@@ -336,8 +337,10 @@ def tune(
             if not r.get("error"):
                 van[(r["task"], r["length"], r["depth"], r["seed"])] = r
         results = []
+        kept: collections.Counter = collections.Counter()  # the primary method's answers by kept_reason (None: moved)
         for t_i, (cfg, h) in enumerate(zip(configs, hashes)):
             rows = [run_one(s, primary, h, lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob, primary)) for s in samples]
+            kept.update(r.get("kept_reason") for r in rows if not r.get("error"))
             summ = trial_summary(rows, van)
             if o_hashes:
                 o_rows = [run_one(s, "oracle", o_hashes[t_i], lambda s=s, cfg=cfg: _answer_cached(engine, cache, s, cfg, logprob, "oracle")) for s in samples]
@@ -375,6 +378,7 @@ def tune(
         "best": best, "best_config": dataclasses.asdict(best_cfg), "base_config": _cfg_fields(base),
         "sensitivity": {"acc_min": min(acc_values) if acc_values else None, "acc_max": max(acc_values) if acc_values else None},
         "command": cmd, "wall_s": wall, "pass1_runs": cache.misses,
+        "kept_vanilla": {"answers": sum(kept.values()), "by_reason": {str(k): v for k, v in sorted(kept.items(), key=str) if k is not None}},
         "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
     (out / TRIALS_FILE).write_text("".join(json.dumps(t, default=str) + "\n" for t in results))
