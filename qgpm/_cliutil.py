@@ -136,6 +136,11 @@ def run_command(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"{prog}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        resumable = getattr(args, "command", None) in ("eval", "tune")
+        print(f"{prog}: interrupted" + ("; the answers so far are kept: rerun the same command to resume" if resumable else ""),
+              file=sys.stderr)
+        return 130
     except (ValueError, TypeError, LookupError, OSError, ImportError) as exc:  # TypeError: a value of the wrong type (k_sharp=abc)
         if os.environ.get("QGPM_TRACEBACK"):
             raise

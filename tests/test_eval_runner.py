@@ -1251,3 +1251,26 @@ def test_stats_json_is_strict_json_when_a_series_has_no_answered_row(tmp_path):
 
     stats = json.loads((tmp_path / "stats.json").read_text(), parse_constant=refuse)
     assert stats
+
+
+def test_an_interrupted_eval_keeps_its_answers_in_rows_jsonl_and_says_how_to_resume(tiny_dir, tmp_path, monkeypatch, capsys):
+    import qgpm.eval.runner as runner
+    from qgpm.eval.cli import main
+
+    real, calls = runner.answer_sample, []
+
+    def interrupted_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(runner, "answer_sample", interrupted_second)
+    out = tmp_path / "run"
+    args = ["eval", "--model", str(tiny_dir), "--heads", "1:0,2:1", "--tasks", "qa_1", "--lengths", str(LENGTH), "--depths", "0.5",
+            "--n", "2", "--methods", "vanilla", "--max-new-tokens", str(NEW), "--out", str(out), "--device", "cpu", "--no-progress", "--no-logprob"]
+    assert main(args) == 130
+    assert "interrupted; the answers so far are kept: rerun the same command to resume" in capsys.readouterr().err
+    assert len(_rows(out)) == 1
+    monkeypatch.setattr(runner, "answer_sample", real)
+    assert main(args) == 0 and len(_rows(out)) == 2

@@ -340,9 +340,13 @@ def run_eval(
     started = time.time()
     if procs.rank == 0:
         log.info("qgpm eval: %d samples x %d methods (%d processes); %d answers to run here", len(items), len(methods), procs.world, n_calls)
-    errors = _run_pending(engine, pending, out, procs, split=split, hashes=hashes, on_error=on_error, haystack=haystack,
-                          max_new_tokens=max_new_tokens, prefetch=prefetch, progress=progress,
-                          answer_kw=dict(config=cfg, reranker=reranker, k=k, logprob=logprob, options=options))
+    try:
+        errors = _run_pending(engine, pending, out, procs, split=split, hashes=hashes, on_error=on_error, haystack=haystack,
+                              max_new_tokens=max_new_tokens, prefetch=prefetch, progress=progress,
+                              answer_kw=dict(config=cfg, reranker=reranker, k=k, logprob=logprob, options=options))
+    except KeyboardInterrupt:  # the answers so far go into rows.jsonl too; a rerun resumes after them
+        merge_rows(out)
+        raise
 
     procs.barrier()
     if procs.rank == 0 or not procs.distributed:
