@@ -342,6 +342,8 @@ class QGPMChatModel(BaseChatModel):
         gen = decoding_args(self, stop, kwargs)  # every value is checked before any model loads
         call = answer_args(self, request, kwargs) if request.mode == "context" else plain_args(self, kwargs)
         unused = unused_in_plain_chat(self, request, kwargs) if request.mode == "plain" else []
+        engine = self.get_engine(kwargs.get("model"))  # a model that fails to load fails before any warning
+        check_generator(engine, gen)
         if request.mode == "plain" and not self._warned_unmarked:  # after the checks: a refused call warns of nothing
             self._warned_unmarked = True
             logger.warning(UNMARKED_WARNING)
@@ -349,8 +351,6 @@ class QGPMChatModel(BaseChatModel):
             logger.warning("QGPMChatModel: this call found no context and answers as plain chat, so its %s (settings of an "
                            "answer over a context) are not used. Pass context=docs or mark the context in the prompt for them "
                            "to apply.", ", ".join(f"{n}=" for n in unused))
-        engine = self.get_engine(kwargs.get("model"))
-        check_generator(engine, gen)
         return engine, request, gen, with_engine(engine, call) if request.mode == "context" else call
 
     # ------------------------------------------------------------------ generation

@@ -421,3 +421,10 @@ def test_cancelling_ainvoke_stops_generation(tokenizer):
         handle.remove()
     assert sum(t > cancelled + 0.1 for t in forwards) == 0, "the model ran on after the task was cancelled"
     assert len(forwards) < 1000
+
+
+def test_a_model_that_fails_to_load_warns_of_nothing_first(tmp_path, caplog):
+    llm = QGPMChatModel(model=str(tmp_path / "no_such_model"))
+    with caplog.at_level("WARNING", logger="qgpm"), pytest.raises(FileNotFoundError, match="does not exist"):
+        llm.invoke("hi")
+    assert not caplog.records  # no "found no context ... plain chat" warning for a call that never ran
