@@ -160,6 +160,8 @@ def _print_why(method: str, result, top: int) -> None:
         said = d.relevance_source or method_spec(method).stage is Stage.EVIDENCE  # the heads, the default, go unsaid
         ranked = f", {by}" if by and said else ""
         print(f"\n{method} ranked (top {len(rows)} of {len(result.relevance)} sentences{ranked}; {d.promoted or 0} promoted):")
+        if result.config is not None:
+            print(f"  settings: {clip(result.config.provenance, 150)}")
         print("  z: how far the sentence's relevance to the question stands above the context's average, in standard deviations")
         print("  score: its weight in the position plan, 1 = a full position step; lower: compressed on the fast rotary planes "
               "(remap stride) or left in place (reorder); text before the first relevant sentence also scores 1 and stays in place")

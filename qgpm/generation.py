@@ -150,6 +150,7 @@ def build_result(call: PreparedCall, out: Generated, decoding: Decoding) -> QGPM
         usage=Usage(call.num_tokens, len(out.token_ids)), timings=tm, finish_reason=reason, edit=call.edit, details=details,
         context=call.prompt.context_text if call.prompt is not None else None,
         question=call.prompt.question_text if call.prompt is not None else None,
+        config=call.config if spec is not None and spec.config else None,
     )
 
 

@@ -93,8 +93,10 @@ class QGPMResult:
     Top-K / Reorder / LLMLingua-2 edit of the context, if any; ``details``: the call's facts
     as a typed :class:`~qgpm.diagnostics.Diagnostics` (``result.details.s_low``,
     ``result.details.flat_relevance``, ``result.details.score_logprob``, ...; also a mapping of
-    the facts set). A result owns its ``timings`` and ``details``: they are not shared with
-    the :class:`PreparedCall`.
+    the facts set); ``config``: the :class:`~qgpm.QGPMConfig` a ``qgpm`` / ``oracle`` call planned
+    with (``result.config.provenance`` says which: a model's preset, the generic recipe, a tuned
+    config), ``None`` for the other methods. A result owns its ``timings`` and ``details``: they
+    are not shared with the :class:`PreparedCall`.
     """
 
     text: str
@@ -107,6 +109,7 @@ class QGPMResult:
     details: Diagnostics = field(default_factory=Diagnostics)
     context: str | None = None  # the context as the prompt held it (relevance spans index into it)
     question: str | None = None
+    config: QGPMConfig | None = None  # the settings a qgpm / oracle call planned with (its .provenance: which); None otherwise
 
     def __post_init__(self) -> None:
         if not isinstance(self.details, Diagnostics):

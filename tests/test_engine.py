@@ -309,6 +309,17 @@ def test_topk_and_reorder_through_the_engine(tiny):
     assert ro.edit.text.rstrip().endswith(ro.edit.chunks[best].text)
 
 
+def test_a_result_names_the_settings_its_plan_was_built_with(tiny):
+    ctx = " ".join(FILLER * 4) + " " + NEEDLE + " " + " ".join(FILLER * 4)
+    tuned = tiny.config.with_(k_sharp=1.0, provenance="tuned on dev, 2026-12-07")
+    for method, kw in (("qgpm", {}), ("oracle", {"evidence": [NEEDLE]})):
+        assert tiny.answer(ctx, QUESTION, method=method, max_new_tokens=1, **kw).config == tiny.config
+        got = tiny.answer(ctx, QUESTION, method=method, max_new_tokens=1, config=tuned, **kw).config
+        assert got == tuned and got.provenance == "tuned on dev, 2026-12-07"
+    for method in ("vanilla", "reorder", "string"):  # no QGPM settings were read
+        assert tiny.answer(ctx, QUESTION, method=method, max_new_tokens=1, **({"reranker": "bm25"} if method == "reorder" else {})).config is None
+
+
 # ----------------------------------------------------------------------------- prepared calls
 @pytest.mark.parametrize("method", ["vanilla", "qgpm", "oracle"])
 def test_generate_prepared_scores_in_the_same_prefill(tiny, method):

@@ -254,5 +254,7 @@ def test_the_oracle_says_its_ranking_is_the_evidence_and_the_rest_is_context_ord
     heads = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))
     assert "ranked by the model's heads" in heads.explain(3)
     cli._print_why("qgpm", heads, top=3)
-    oracle_head, qgpm_head = [line for line in capsys.readouterr().out.splitlines() if " ranked (top " in line]
+    out = capsys.readouterr().out.splitlines()
+    oracle_head, qgpm_head = [line for line in out if " ranked (top " in line]
     assert said in oracle_head and "ranked by" not in qgpm_head  # qgpm ask leaves the default source, the heads, unsaid
+    assert out.count("  settings: the paper's settings (App. C): remap stride, two maps") == 2  # which config planned the call
