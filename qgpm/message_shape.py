@@ -54,6 +54,7 @@ QUESTION_LABEL = re.compile(
 _Q_TAG = re.compile(r"<(question|query)>(.*?)</\1>", re.I | re.S)
 _ANSWER_CUE = re.compile(r"\s*\n[ \t]*(?:helpful[ \t]+)?(?:answer|a|response|assistant)[ \t]*:[ \t]*$", re.I)
 _SHORT_QUESTION = 500
+_ANSWER_LINE = re.compile(r"^[ \t]*(?:a|answer|response)[ \t]*:[ \t]*\S", re.I | re.M)  # an answer given in the text
 
 
 def escape_template(literal: str) -> str:
@@ -136,7 +137,7 @@ def _question_span(text: str) -> tuple[int, int, int] | None:
     """(question start, end, start of the text around it) of a question at the end of
     ``text``: after a ``Question:``-style label, inside ``<question>`` tags, or a short last
     paragraph ending with ``?``. ``None`` if there is none."""
-    labels = [m for m in QUESTION_LABEL.finditer(text) if m.start() > 0]
+    labels = list(QUESTION_LABEL.finditer(text))
     if labels:
         m = labels[-1]
         q0, q1 = m.end(), len(text)
@@ -144,7 +145,8 @@ def _question_span(text: str) -> tuple[int, int, int] | None:
         if cue is not None:
             q1 = cue.start()
         q1 = q0 + len(text[q0:q1].rstrip())
-        if has_visible_text(text[q0:q1]):
+        # an answered "Q:" (a line "A: ..." after it) is a document's FAQ entry, not the prompt's question
+        if has_visible_text(text[q0:q1]) and not _ANSWER_LINE.search(text, q0, q1):
             return q0, q1, m.start()
     tags = list(_Q_TAG.finditer(text))
     if tags:
@@ -207,6 +209,27 @@ def _context_start(text: str, limit: int) -> tuple[int, int, str, str | None] | 
     return None
 
 
+def _closing_tag(text: str, tag: str, start: int, end: int) -> re.Match | None:
+    """The closing tag of a ``<tag>`` block opened at ``start``: the last one on a line of its own
+    before ``end`` (a document quoting it mid-line stays in), else the first."""
+    close = re.escape(tag)
+    alone = list(re.compile(r"^[ \t]*</" + close + r">[ \t]*$", re.I | re.M).finditer(text, start, end))
+    return alone[-1] if alone else re.compile(r"</" + close + r">", re.I).search(text, start, end)
+
+
+def _question_after_tagged_block(text: str) -> tuple[int, int, int] | None:
+    """The question of a message whose context sits in tags, looked for only after the closing
+    tag: a ``Q:`` line or a question inside the documents is not the prompt's question."""
+    found = _context_start(text, len(text))
+    if found is None or found[2] != "tag":
+        return None
+    close = _closing_tag(text, found[3], found[1], len(text))
+    if close is None:
+        return None
+    q = _question_span(text[close.end() :])
+    return None if q is None else (q[0] + close.end(), q[1] + close.end(), q[2] + close.end())
+
+
 def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None:
     """Find a context block in one message's text (see the module docs for the markers).
 
@@ -220,7 +243,7 @@ def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None
     end = len(text)
     q = None
     if with_question:
-        q = _question_span(text)
+        q = _question_after_tagged_block(text) or _question_span(text)
         if q is None:
             return None
         first = _question_first(text, q)
@@ -233,14 +256,10 @@ def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None
     head_end, start, marker, tag = found
     if start > end:
         return None
-    if tag is not None:  # the last closing tag on a line of its own (a document quoting it mid-line stays in), else the first
-        close = re.escape(tag)
-        alone = list(re.compile(r"^[ \t]*</" + close + r">[ \t]*$", re.I | re.M).finditer(text, start, end))
-        first = re.compile(r"</" + close + r">", re.I).search(text, start, end)
-        if alone:
-            end = alone[-1].start()
-        elif first is not None:
-            end = first.start()
+    if tag is not None:
+        close = _closing_tag(text, tag, start, end)
+        if close is not None:
+            end = close.start()
     body = text[start:end]
     lead = len(body) - len(body.lstrip())
     c0, c1 = start + lead, start + len(body.rstrip())

@@ -225,3 +225,39 @@ def test_the_rag_tutorial_prompt_with_its_question_before_the_context():
     assert (parts.mode, parts.shape) == ("context", "one_message") and list(parts.documents) == DOCS
     assert parts.question == QUESTION and parts.instruction == head
     assert render(parts) == f"{head}\nContext: {CONTEXT} \nQuestion: {QUESTION} \nAnswer:"
+
+
+FAQ = ["Q: When does the depot open?\nA: At six in the morning.", "Q: Where is the spare key?\nA: In the blue cabinet.",
+       "Trucks leave the yard at nine."]
+ASK = "What time do trucks leave?"
+
+
+@pytest.mark.parametrize("text", [
+    "<documents>\n{c}\n</documents>\n\nAnswer this question: {q}",  # the question after the tags: a "Q:" inside them is a document's
+    "Use the context below.\n\nContext:\n{c}\n\n{q}",  # an answered "Q:" line is an FAQ entry, not the prompt's question
+])
+def test_a_question_label_inside_the_documents_is_not_the_question(text):
+    parts = read_chat([{"role": "user", "content": text.format(c="\n\n".join(FAQ), q=ASK)}])
+    assert parts.mode == "context" and list(parts.documents) == FAQ
+    assert parts.question.endswith(ASK) and "Q:" not in parts.question and "</documents>" not in parts.question
+    assert render(parts) == text.format(c="\n\n".join(FAQ), q=ASK)
+
+
+@pytest.mark.parametrize("sep", ["\n", "\n\n"])
+def test_a_message_that_starts_with_its_question_label(sep):
+    text = f"Question: {QUESTION}{sep}Context: {CONTEXT}{sep}Answer:"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert (parts.mode, parts.question, list(parts.documents)) == ("context", QUESTION, DOCS)
+
+
+def test_a_labelled_question_of_several_paragraphs_stays_whole():
+    question = "My situation: the skeleton was moved twice.\n\nIn which year was it found?"
+    parts = read_chat([{"role": "user", "content": f"Context:\n{CONTEXT}\n\nQuestion: {question}"}])
+    assert parts.question == question and list(parts.documents) == DOCS
+
+
+def test_a_labelled_line_inside_tags_never_ends_the_context():
+    docs = ["Input: two crates of rye flour, logged at the gate.", "Trucks leave the yard at nine."]
+    text = "<context>\n{c}\n</context>\n\n{q}".format(c="\n\n".join(docs), q=ASK)
+    parts = read_chat([{"role": "user", "content": text}])
+    assert parts.mode == "context" and list(parts.documents) == docs and parts.question == ASK
