@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from .baselines import resolve_options
 from .config import QGPMConfig
-from .defaults import PASS1_FIELDS
+from .decoding import did_you_mean
+from .defaults import ANSWER_ARGUMENTS, PASS1_FIELDS
 from .generation import Generator
 from .editing import check_k
 from .hooks import reorder_mask_kind, sliding_window_of
@@ -74,6 +75,17 @@ class CallOptions:
             if f.name in kwargs:
                 values[f.name] = kwargs.pop(f.name)
         return cls(**values)
+
+    @classmethod
+    def take_all(cls, kwargs: dict[str, Any]) -> "CallOptions":
+        """:meth:`take`, refusing what is left (``TypeError``): decoding settings, which belong to
+        generation, said as such, and a misspelt field named with the closest one."""
+        opts = cls.take(kwargs)
+        if kwargs:
+            decoding = sorted(set(kwargs) & set(ANSWER_ARGUMENTS))  # temperature, seed, ...: generation's
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}" + (f" ({', '.join(decoding)}: give them to generate_prepared())" if decoding else "")
+                            + did_you_mean(sorted(set(kwargs) - set(decoding)), [f.name for f in dataclasses.fields(cls)]))
+        return opts
 
 
 def check_config(eng: ModelView, cfg: Any, spec: MethodSpec) -> QGPMConfig:

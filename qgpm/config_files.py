@@ -99,4 +99,7 @@ def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base:
         if name not in fields or name == "provenance":
             raise ValueError(f"unknown QGPMConfig field {name!r} in {ov!r}; fields: {', '.join(sorted(fields - {'provenance'}))}")
         changes[name] = coerce_value(value)
-    return cfg.with_(**changes) if changes else cfg
+    if not changes:
+        return cfg
+    said = ", ".join(f"{k}={v!r}" for k, v in changes.items())  # the settings no longer what the provenance describes
+    return cfg.with_(**changes, provenance=f"{cfg.provenance}; then overridden: {said}")

@@ -172,9 +172,14 @@ def check_generate_extras(extra: Any) -> None:
 
 
 def did_you_mean(names: Sequence[str], known: Sequence[str] = ANSWER_ARGUMENTS) -> str:
-    """``". Did you mean 'x'?"`` naming the closest of ``known`` to each misspelt name, or ``""``."""
-    close = [m for name in names for m in difflib.get_close_matches(name, known, n=1)]
-    return f". Did you mean {', '.join(map(repr, close))}?" if close else ""
+    """``". Did you mean 'x'?"`` naming the closest of ``known`` to each misspelt name (``'x' for 'y'``
+    with several), or ``""``."""
+    close = {name: m for name in names for m in difflib.get_close_matches(name, known, n=1) if m != name}
+    if not close:
+        return ""
+    if len(close) == 1:
+        return f". Did you mean {next(iter(close.values()))!r}?"
+    return ". Did you mean " + ", ".join(f"{m!r} for {name!r}" for name, m in close.items()) + "?"
 
 
 def _whole(value: Any) -> bool:

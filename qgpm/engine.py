@@ -20,6 +20,7 @@ arguments in :mod:`qgpm.decoding`), prefill reuse (:mod:`qgpm.prefill`) and stre
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import logging
@@ -34,7 +35,7 @@ import torch
 from .batching import aanswer, answer_many
 from .call_checks import CallOptions, CheckedSetting, check_call, check_config, check_engine_args, check_engine_config, check_replan, check_reuse_prefill
 from .config import QGPMConfig
-from .decoding import Decoding, did_you_mean
+from .decoding import Decoding
 from .defaults import METHODS
 from .fingerprint import ModelFingerprint, model_fingerprint
 from .generation import Generated, Generator, TransformersGenerator, build_result, checked_decoding
@@ -197,13 +198,13 @@ class QGPM:
         """Raise why this model cannot run QGPM's position methods (a family or rotary kind qgpm
         does not patch), if so; vanilla and the input-editing methods still run."""
         if self._support_error is not None:
-            raise self._support_error.with_traceback(None)  # each raise its own frames, not every earlier call's
+            raise copy.copy(self._support_error)  # each call its own exception: the stored one's traceback never grows
 
     @property
     def heads(self) -> list[tuple[int, int]]:
         """The heads pass 1 uses (after ``config.max_heads``)."""
         if self.head_set is None:
-            raise (self._head_error or HeadSetMissingError("no head set")).with_traceback(None)
+            raise copy.copy(self._head_error or HeadSetMissingError("no head set"))
         return self.head_set.top(self.config.max_heads).heads
 
     def use_generator(self, generator: Generator | None) -> None:
@@ -379,9 +380,7 @@ class QGPM:
 
     def prepare(self, context: str | Sequence[str], question: str, **kwargs: Any) -> PreparedCall:
         """Run everything before generation (edit, pass 1, plan) and return it (for evaluation tools)."""
-        opts = CallOptions.take(kwargs)
-        if kwargs:
-            raise TypeError(f"unexpected arguments: {sorted(kwargs)}{did_you_mean(sorted(kwargs))}")
+        opts = CallOptions.take_all(kwargs)
         mnt = opts.max_new_tokens
         if isinstance(mnt, bool) or not isinstance(mnt, numbers.Integral) or mnt < 0:
             raise TypeError(f"max_new_tokens must be an int >= 0 (the generation budget to leave room for), got {mnt!r}")
@@ -418,7 +417,7 @@ class QGPM:
     def _check_ready(self, method: Any) -> MethodSpec:
         spec = method_spec(method)
         if spec.rotary and self._support_error is not None:
-            raise self._support_error.with_traceback(None)
+            raise copy.copy(self._support_error)
         return spec
 
     def _prepare(self, context: str | Sequence[str], question: str, opts: CallOptions, checked: tuple | None = None) -> PreparedCall:

@@ -407,6 +407,9 @@ def test_a_misspelt_argument_is_named_with_the_closest_one(engine, stays_vanilla
         raises(TypeError, r"\['max_new_token'\].*Did you mean 'max_new_tokens'\?", call, CTX, Q, max_new_token=4)
         raises(TypeError, r"\['evidense'\].*Did you mean 'evidence'\?", call, CTX, Q, evidense=["x"])
     raises(TypeError, r"\['zzzq'\]: neither answer\(\) arguments nor .*logits_processor\)$", engine.answer, CTX, Q, zzzq=1)
+    raises(TypeError, r"\['seed', 'temperature'\] \(seed, temperature: give them to generate_prepared\(\)\)$", engine.prepare, CTX, Q,
+           temperature=0.5, seed=1)  # decoding settings: generation's, and never "did you mean" themselves
+    raises(TypeError, r"Did you mean 'evidence' for 'evidense', 'method' for 'methd'\?", engine.answer, CTX, Q, methd=1, evidense=2)
 
 
 def test_a_refusal_raised_again_carries_only_its_own_frames(tokenizer, engine):
@@ -419,12 +422,14 @@ def test_a_refusal_raised_again_carries_only_its_own_frames(tokenizer, engine):
     unsupported = QGPM(GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=2)).eval(), tokenizer, heads=[(0, 0)])
     no_heads = QGPM(engine.model, tokenizer, name="some-unknown-model", config=RECIPE.with_(relevance="heads"))
     for eng, exc in ((unsupported, UnsupportedModelError), (no_heads, HeadSetMissingError)):
-        depths = []
+        depths, raised = [], []
         for _ in range(3):
             with pytest.raises(exc) as info:
                 eng.answer(CTX, Q, method="qgpm")
             depths.append(len(traceback.extract_tb(info.value.__traceback__)))
+            raised.append(info.value)
         assert depths[0] == depths[1] == depths[2], (exc.__name__, depths)
+        assert len({id(e) for e in raised}) == 3 and len({str(e) for e in raised}) == 1  # one object per call: threads never share one
 
 
 # ----------------------------------------------------------------------------- oracle, topk

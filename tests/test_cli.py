@@ -298,6 +298,8 @@ def test_ask_compares_vanilla_and_qgpm_by_default_and_shows_the_promoted_sentenc
     # the recipe ranks with MiniLM (no pass 1): its ranking time is named, vanilla has none
     assert len(timing) == 2 and "(ranking " in timing[1] and "(ranking " not in timing[0] and "(pass 1 " not in timing[1]
     i = next(k for k, l in enumerate(out) if l.startswith("qgpm ranked (top 2 of 3 sentences"))
+    assert out[i + 1].startswith("  settings: the measured recipe")  # the settings that planned the call (the recipe's provenance)
+    i += 1
     assert [l.split(":")[0].strip() for l in out[i + 1:i + 5]] == ["z", "score", "plan", "depth"]  # each column said in words
     assert out[i + 5].split() == ["rank", "z", "score", "plan", "depth", "sentence"]
     rows = out[i + 6:i + 8]

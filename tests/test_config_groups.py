@@ -223,3 +223,13 @@ def test_pass1_fields_are_the_groups_that_are_not_replannable():
 def test_the_groups_are_exported():
     for cls in (Pass1Settings, ShapingSettings, ConfidenceRules, StrideRemap, MoveRemap, ReorderRemap):
         assert getattr(qgpm, cls.__name__) is cls and cls.__name__ in qgpm.__all__
+
+
+def test_overrides_say_so_in_the_provenance():
+    from qgpm.config import RECIPE
+    from qgpm.config_files import load_config
+
+    cfg = load_config(None, ["k_sharp=3", "remap=stride"], base=RECIPE)
+    assert (cfg.k_sharp, cfg.remap) == (3, "stride")
+    assert cfg.provenance == f"{RECIPE.provenance}; then overridden: k_sharp=3, remap='stride'"  # not the recipe's own text alone
+    assert load_config(None, [], base=RECIPE) is None

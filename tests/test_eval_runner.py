@@ -1121,6 +1121,9 @@ def test_a_series_is_paired_with_the_baseline_config_of_its_own_budget_whatever_
                "v16": dict(fp, method="vanilla", max_new_tokens=16)}
     labels = {("topk", "t24"): "topk@t24", ("topk", "t16"): "topk@t16", ("vanilla", "v16"): "vanilla"}
     assert base_for("vanilla", ["topk@t24", "topk@t16"], labels, configs) == "topk@t16"  # not the first: the same budget
+    configs.update(k10=dict(configs["t24"], k=10), r10=dict(fp, method="reorder", max_new_tokens=24, reranker="minilm", k=10))
+    labels.update({("topk", "k10"): "topk@k10", ("reorder", "r10"): "reorder"})
+    assert base_for("reorder", ["topk@t24", "topk@k10"], labels, configs) == "topk@k10"  # a field both methods record counts
     out = _run(tiny_engine, tmp_path / "run", methods=["vanilla", "topk"], max_new_tokens=NEW)
     _run(tiny_engine, out, methods=["vanilla", "topk"], max_new_tokens=NEW + 1)
     label = next(lab for lab in (out / "report.md").read_text().split("series: ", 1)[1].split(";")[0].split(", ") if lab.startswith("topk@"))

@@ -190,17 +190,23 @@ def base_for(label: str, base_labels: Sequence[str], labels: dict, configs: Mapp
     """The baseline series ``label`` is paired with: with one baseline config, that one; with
     several, the one whose fingerprint (``configs``: config hash -> the manifest's fingerprint)
     agrees with the series' own on the fields every method records (stop, max_new_tokens, model,
-    dtype, haystack, generator: all but :data:`METHOD_FIELDS`); else the first, with a warning
+    dtype, haystack, generator: all but :data:`METHOD_FIELDS`) and on those of :data:`METHOD_FIELDS`
+    both record (``k`` of two Top-K configs); else the first, with a warning
     (logger ``qgpm``, once per series) naming the choice."""
     if len(base_labels) == 1:
         return base_labels[0]
     matches: list[str] = []
     if configs:
         hash_of = {lab: h for (_, h), lab in labels.items()}
-        keys = {k for b in base_labels for k in configs.get(hash_of[b], {})} - {"method"}
+        common = {k for b in base_labels for k in configs.get(hash_of[b], {})} - METHOD_FIELDS  # every method records these
         own = configs.get(hash_of.get(label, ""), {})
-        keys -= METHOD_FIELDS  # what one method records and another does not (vanilla has no reranker, no k)
-        matches = [b for b in base_labels if all(own.get(k) == configs.get(hash_of[b], {}).get(k) for k in keys)]
+
+        def agrees(b: str) -> bool:  # a method's own field counts where both record it (vanilla has no reranker, no k)
+            fp = configs.get(hash_of[b], {})
+            keys = common | ((set(own) & set(fp)) - {"method"})
+            return all(own.get(k) == fp.get(k) for k in keys)
+
+        matches = [b for b in base_labels if agrees(b)]
     if len(matches) == 1:
         return matches[0]
     if (label, tuple(base_labels)) not in _WARNED_BASE:
