@@ -44,13 +44,19 @@ def load_rows(paths: list[Path], series: dict[str, str], length: int, task: str 
     """label -> {(task, depth, seed, index): row} for the answered rows of each labelled series at
     ``length`` tokens (only ``task``'s rows when given)."""
     rows: dict[str, dict[tuple, dict]] = collections.defaultdict(dict)
+    hashes: dict[str, set[str]] = collections.defaultdict(set)
     for p in paths:
         for line in p.read_text().splitlines():
             r = json.loads(line)
-            labels = [m for m, h in series.items() if r["config_hash"].startswith(h)]  # a hash or a prefix (report.md prints 6 characters)
+            labels = [m for m, h in series.items() if h and r["config_hash"].startswith(h)]  # a hash or a prefix (report.md prints 6 characters)
+            for label in labels:
+                hashes[label].add(r["config_hash"])
             if labels and r["length"] == length and r.get("answer") is not None and task in (None, r["task"]):
                 for label in labels:
                     rows[label][(r["task"], r["depth"], r["seed"], r["index"])] = r
+    many = {label: sorted(h) for label, h in hashes.items() if len(h) > 1}
+    if many or any(not h for h in series.values()):
+        raise SystemExit(f"--series: give each label a hash prefix of exactly one series; {many or 'an empty one'} matches several")
     return rows
 
 

@@ -67,6 +67,13 @@ class HeadSetMismatchError(ValueError):
     """The head set was made for another model (its fingerprint key differs)."""
 
 
+def _whole(value: Any) -> bool:
+    """An int-like layer or head index: an int (numpy's too) or a whole float, not a bool."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and float(value).is_integer())
+
+
 @dataclass
 class HeadSet:
     """Selected heads of one model, best first, with their calibration quality.
@@ -86,8 +93,7 @@ class HeadSet:
     fingerprint: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        bad = [x for x in self.heads if not (isinstance(x, (tuple, list)) and len(x) == 2
-                                             and all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in x))]
+        bad = [x for x in self.heads if isinstance(x, (str, bytes)) or not (hasattr(x, "__len__") and len(x) == 2 and all(map(_whole, x)))]
         if bad:
             raise TypeError(f"heads must be (layer, head) pairs of ints, e.g. [(14, 3), (15, 6)]; got {bad[0]!r}")
         self.heads = [(int(l), int(h)) for l, h in self.heads]

@@ -391,9 +391,15 @@ def test_missing_head_set(engine, tokenizer, stays_vanilla):
 @pytest.mark.parametrize("bad,said", [(5, "got int 5"), ({"a": 1}, "got dict"), ([5], "pairs of ints.*got 5"),
                                        ([(1, "a")], r"got \(1, 'a'\)"), ([(1,)], r"got \(1,\)"), ([(True, 0)], "got \\(True, 0\\)")])
 def test_heads_in_a_form_qgpm_does_not_take_are_named(engine, bad, said):
+    import numpy as np
+
     before = engine.heads
     raises(TypeError, f"(heads= takes|heads must be).*{said}", engine.set_heads, bad)
     assert engine.heads == before
+    engine.set_heads(np.array([[1, 0]]))  # numpy rows and whole floats are indices, as they were
+    engine.set_heads([(2.0, 1)])
+    assert engine.heads == [(2, 1)]
+    engine.set_heads(before)
 
 
 def test_a_misspelt_argument_is_named_with_the_closest_one(engine, stays_vanilla):

@@ -501,6 +501,13 @@ def test_the_default_grid_leaves_out_what_the_base_config_does_not_read(tiny_eng
                        grid={"eps": [0.05, 0.5], "s_low": [0.1]}, base_config=base, max_new_tokens=NEW, progress=False, command="test")
     warned = [r.getMessage() for r in caplog.records if "changes no position" in r.getMessage()]
     assert len(warned) == 1 and "varies eps" in warned[0]
+    from qgpm.eval.tune import warn_inert
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qgpm"):  # a grid that also tries stride with two maps reads eps and k_broad there
+        warn_inert({"remap": ["reorder", "stride"], "split_layer": [0, None], "eps": [0.05, 0.5], "k_broad": [8.0, 16.0]}, RECIPE)
+        warn_inert({"remap": ["reorder", "move"], "tau": [0.0, 1.0], "t_broad": [2.0, 4.0]}, RECIPE)  # move reads tau; no grid point reads t_broad
+    assert [r.getMessage().split(",")[0] for r in caplog.records] == ["qgpm tune: the grid varies t_broad"]
     assert summary["trials"] >= 2
     summary = tune(tiny_engine, tasks=["niah_multikey_1"], lengths=[LENGTH], depths=[0.0], n=1, out_dir=tmp_path / "default",
                    base_config=base, trials=1, max_new_tokens=NEW, progress=False, command="test")
@@ -767,9 +774,18 @@ def test_calibration_keeps_to_the_window_and_says_what_its_threshold_rests_on(ti
                  "--out", str(tmp_path / "x.json")]) == 2
     assert "calibration samples of [99999] tokens do not fit" in capsys.readouterr().err
     monkeypatch.undo()
+    # no --lengths: the default lengths the window holds (a 700-token window: one of 700)
+    real = qgpm.samples.calibration_samples
+    built = []
+    monkeypatch.setattr(eval_cli, "calibration_samples", lambda tok, **k: built.append(k["lengths"]) or real(tok, n=2, lengths=k["lengths"]))
+    monkeypatch.setattr(type(tiny_engine), "max_length", property(lambda self: 700))
+    monkeypatch.setattr(eval_cli, "_engine", lambda *a, **k: tiny_engine)
+    assert main(["calibrate", "--model", str(tiny_dir), "--n", "2", "--holdout", "0", "--top", "2", "--device", "cpu", "--no-progress",
+                 "--out", str(tmp_path / "y.json")]) == 0
+    assert built == [[700]]
+    monkeypatch.undo()
     # heads="calibrate" on a model whose window is shorter than the default lengths: samples that fit
     seen = []
-    real = qgpm.samples.calibration_samples
     monkeypatch.setattr(qgpm.samples, "calibration_samples", lambda tok, **k: seen.append(k.get("lengths")) or real(tok, n=2, lengths=k["lengths"]))
     monkeypatch.setattr(type(tiny_engine), "max_length", property(lambda self: 700))
     tiny_engine.set_heads("calibrate")
@@ -911,9 +927,15 @@ def test_eval_refuses_what_it_can_check_before_the_model_loads(tmp_path, monkeyp
 
 
 def test_eval_refuses_lengths_beyond_the_window_before_any_answer(tiny_engine, tmp_path):
+    out = _run(tiny_engine, tmp_path / "run", methods=["vanilla"], n=1, depths=[0.5])
     with pytest.raises(ValueError, match=f"longer than the model's window of {tiny_engine.max_length} tokens"):
-        _run(tiny_engine, tmp_path / "run", methods=["vanilla"], n=1, lengths=[tiny_engine.max_length + 1])
-    assert not (tmp_path / "run" / "rows.jsonl").exists()
+        _run(tiny_engine, out, methods=["vanilla"], n=1, lengths=[tiny_engine.max_length + 1], resume=False)
+    assert len(_rows(out)) == 1  # refused before --no-resume cleared the folder
+    # the samples a run answers decide: a longer length that --only leaves out is no reason to refuse
+    only = [("niah_multikey_1", LENGTH, 0.5, 0)]
+    _run(tiny_engine, tmp_path / "only", methods=["vanilla"], n=1, depths=[0.5], lengths=[LENGTH, tiny_engine.max_length + 1], only=only)
+    # reranker=None is the default reranker, as before
+    _run(tiny_engine, tmp_path / "none", methods=["topk"], n=1, depths=[0.5], reranker=None)
 
 
 @pytest.mark.skipif(shutil.which("accelerate") is None and not (Path(sys.executable).parent / "accelerate").exists(), reason="accelerate CLI missing")

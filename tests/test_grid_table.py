@@ -45,3 +45,13 @@ def test_series_may_be_named_by_the_hash_prefix_the_report_prints(tmp_path, caps
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert mod.main([str(path), "--length", "2048", "--series", "vanilla=aaa,qgpm=bbb2"]) == 0
     assert "1 samples every series ran" in capsys.readouterr().out
+
+
+def test_a_prefix_of_several_series_is_refused(tmp_path):
+    import pytest
+
+    mod = _module()
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in [_row(0, "aaa111", "Priya", True), _row(0, "aaa222", "Kenneth", False)]))
+    with pytest.raises(SystemExit, match="matches several"):
+        mod.main([str(path), "--length", "2048", "--series", "vanilla=aaa,qgpm=aaa2"])

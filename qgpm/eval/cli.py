@@ -25,7 +25,7 @@ from typing import Sequence
 
 from qgpm._cliutil import RERANKER_HELP, QGPMArgumentParser, methods_arg, remote_call_config, run_cli, split_config_args
 from qgpm.baselines import options_from_strings
-from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options, check_lengths, confidence_summary
+from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options, check_lengths, confidence_summary, fitting_lengths
 from qgpm.config_files import check_config_args, load_config
 from qgpm.defaults import COMPARISON_METHODS, DEFAULT_K, DEFAULT_RERANKER, METHODS
 from qgpm.eval.cli_args import add_config_args, add_model_args, add_sample_args, command_line, lengths_arg, positive_int, shard_arg
@@ -37,7 +37,7 @@ from qgpm.eval.stats import series_labels
 from qgpm.eval.tune import parse_grid, shard_items, tune
 from qgpm.eval.work import read_sample_ids, work_items
 from qgpm.heads import HeadSet, head_set_file_name, stored_head_set_path, user_head_dir
-from qgpm.samples import calibration_samples, check_data_packages
+from qgpm.samples import CALIBRATION_LENGTHS, calibration_samples, check_data_packages
 
 __all__ = ["register", "main", "main_eval", "main_tune", "main_calibrate", "main_report", "build_parser"]
 
@@ -98,7 +98,8 @@ def register(subparsers) -> None:
     p.add_argument("--n", type=int, default=None, help="calibration samples (default 36; not with --scores-from)")
     p.add_argument("--holdout", type=int, default=18, help="held-out samples for the fused-MRR check (default 18)")
     p.add_argument("--top", type=int, default=8, help="heads to keep (default 8)")
-    p.add_argument("--lengths", type=lengths_arg, default=[1024, 2048], help="token lengths of the calibration samples, comma list (default 1024,2048)")
+    p.add_argument("--lengths", type=lengths_arg, default=None,
+                   help="token lengths of the calibration samples, comma list (default 1024,2048, those the model's window holds)")
     p.add_argument("--max-layer", type=int, default=None,
                    help="only heads in layers < this (pass 1 then stops there: a cheaper extra prefill)")
     p.add_argument("--shallow-tolerance", type=float, default=None,
@@ -164,7 +165,7 @@ def main_eval(args) -> int:
         only = read_sample_ids(args.only)  # a bad file fails before the model loads
     check_data_packages()  # the samples' data and RULER's metrics, before the model loads
     check_eval_args(tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, split=args.split,
-                    out_dir=args.out, reranker=args.reranker, k=args.k, only=only, resume=args.resume)  # likewise
+                    out_dir=args.out, reranker=args.reranker, k=args.k, only=only, resume=args.resume, shard=args.shard)  # likewise
     engine, config = _engine_and_config(args)
     t = time.time()
     out = run_eval(
@@ -225,10 +226,12 @@ def main_calibrate(args) -> int:
         raise ValueError(f"--scores-from {args.scores_from} was calibrated on {earlier.fingerprint.get('name') or '?'} "
                          f"(fingerprint key {earlier.fingerprint.get('key')}), not on {engine.name} ({engine.fingerprint.key}): "
                          "drop --scores-from to calibrate this model")
-    check_lengths(engine, args.lengths)  # before any sample is built
+    lengths = args.lengths or fitting_lengths(CALIBRATION_LENGTHS, engine.max_length)  # by default: those the window holds
+    if scores is None or args.holdout > 0:
+        check_lengths(engine, lengths)  # before any sample is built
     t = time.time()
-    cal = calibration_samples(engine.tokenizer, n=n, lengths=args.lengths) if scores is None else []
-    hold = calibration_samples(engine.tokenizer, n=args.holdout, lengths=args.lengths, offset=1000) if args.holdout > 0 else None
+    cal = calibration_samples(engine.tokenizer, n=n, lengths=lengths) if scores is None else []
+    hold = calibration_samples(engine.tokenizer, n=args.holdout, lengths=lengths, offset=1000) if args.holdout > 0 else None
     hs = calibrate_heads(engine, cal, top=args.top, holdout=hold, progress=args.progress,
                          max_layer=args.max_layer, shallow_tolerance=args.shallow_tolerance,
                          shallow_bound=args.shallow_bound, scores=scores)
@@ -241,7 +244,7 @@ def main_calibrate(args) -> int:
             # no sample scored now (--holdout 0): the same heads keep the threshold measured with them
             hs.meta["confidence"] = {**before, "from": str(args.scores_from)}
     hs.meta["command"] = command_line(args)
-    hs.meta["lengths"] = list(args.lengths)
+    hs.meta["lengths"] = list(lengths)
     hs.meta["seconds"] = round(time.time() - t, 1)
     out = args.out or os.path.join(user_head_dir(), head_set_file_name(engine.fingerprint))
     path = hs.save(out)

@@ -178,8 +178,10 @@ def _header(rows: Sequence[dict], manifest: Mapping[str, Any], order: Sequence[s
         out.append(f"- written by {len(runs)} run{'s' if len(runs) != 1 else ''} (each with its command in manifest.json); model: {', '.join(models)}")
     if latest:
         out += [
-            f"- the latest run: `{latest.get('command')}` (methods {', '.join(latest.get('methods') or [])}; heads `{latest.get('heads')}`; "
-            f"relevance source `{config_value(latest.get('config') or {}, 'relevance')}`; config {latest.get('config_provenance')})",
+            f"- the latest run: `{latest.get('command')}` (methods {', '.join(latest.get('methods') or [])}; n = {latest.get('n')} per "
+            f"(task, length, depth); reranker (topk/reorder) {latest.get('reranker')}, k={latest.get('k')}; heads `{latest.get('heads')}`; "
+            f"relevance source `{config_value(latest.get('config') or {}, 'relevance')}`)",
+            f"- its QGPM config: `{json.dumps(latest.get('config'))}` ({latest.get('config_provenance')})",
             f"- versions: {latest.get('versions')}; processes: {latest.get('processes')}; latest run wall time {latest.get('wall_s')} s",
         ]
     return out

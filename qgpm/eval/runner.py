@@ -76,7 +76,7 @@ from qgpm.rerank import check_reranker_spec
 from qgpm.samples.base import EvalSample
 from qgpm.samples.tasks import TASKS
 
-__all__ = ["run_eval", "load_engine", "parse_heads"]
+__all__ = ["run_eval", "check_eval_args", "load_engine", "parse_heads"]
 
 log = logging.getLogger("qgpm.eval")
 
@@ -175,18 +175,18 @@ def _check_run(methods: Sequence[str], tasks: Sequence[str], n: int, on_error: s
 def check_eval_args(*, tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float] | None, n: int, methods: Sequence[str],
                     split: str, out_dir: str | os.PathLike[str], reranker: Any = DEFAULT_RERANKER, k: int = DEFAULT_K,
                     on_error: str = "record", only: Iterable[tuple[str, int, float | None, int]] | None = None,
-                    resume: bool = True) -> tuple[list[str], list[WorkItem]]:
+                    resume: bool = True, shard: tuple[int, int] | None = None) -> tuple[list[str], list[WorkItem]]:
     """What :func:`run_eval` can check before a model loads, as ``(methods without repeats, the
     run's work items)``: the methods and tasks, ``n``, the reranker spec and ``k`` of topk / reorder,
     the samples ``only`` names, and that ``out_dir`` holds rows of ``split`` only (rows of two
     splits would be counted together: the splits share their method hashes)."""
     methods = _check_run(methods, tasks, n, on_error)
-    if any(method_spec(m).reranker for m in methods):
+    if reranker is not None and any(method_spec(m).reranker for m in methods):  # None: the default reranker
         check_reranker_spec(reranker)
     if any(method_spec(m).takes_k for m in methods):
         check_k(k)
     items = select_items(work_items(tasks, lengths, None if depths is None else [float(d) for d in depths], n, split), only)
-    if resume:
+    if resume or shard is not None:  # a manual shard's --no-resume keeps the other rows
         other = sorted({str(r.get("split")) for r in read_rows(out_dir) if r.get("split", split) != split})
         if other:
             raise ValueError(f"{out_dir} holds rows of the {', '.join(other)} split and this run is on {split}: a run folder holds "
@@ -317,20 +317,22 @@ def run_eval(
     :func:`read_sample_ids`); one that is not among the run's samples is a ``ValueError``.
     """
     methods, items = check_eval_args(tasks=tasks, lengths=lengths, depths=depths, n=n, methods=methods, split=split, out_dir=out_dir,
-                                     reranker=reranker, k=k, on_error=on_error, only=only, resume=resume)
+                                     reranker=reranker, k=k, on_error=on_error, only=only, resume=resume, shard=shard)
     options = check_options(options)
     if depths is not None:
         depths = [float(d) for d in depths]
     out = Path(out_dir)
     procs = split_processes(shard)
-    _prepare_out(out, procs, shard, resume)
+    read_manifest(out)  # one that cannot be read stops the run before the model loads
     if engine is None or isinstance(engine, (str, os.PathLike)):
         engine = load_engine(engine if engine is not None else model, device=device, dtype=dtype, heads=heads, config=config, state=procs.state)
-    cfg = config or engine.config
     window = engine.max_length
-    if window and max(lengths) > window:
-        raise ValueError(f"--lengths {max(lengths)} is longer than the model's window of {window} tokens: every sample of it would fail; "
-                         f"give lengths up to {window} (less the answer budget and the prompt's own text)")
+    longest = max((it.length for it in items), default=0)
+    if window and longest > window:  # before _prepare_out deletes anything (--no-resume)
+        raise ValueError(f"--lengths {longest} is longer than the model's window of {window} tokens: every sample of it would fail; "
+                         f"give lengths up to {window} (a length is the whole budget, prompt and answer)")
+    _prepare_out(out, procs, shard, resume)
+    cfg = config or engine.config
 
     fps = {m: method_fingerprint(engine, m, config=cfg, reranker=reranker, k=k, max_new_tokens=max_new_tokens, haystack=haystack, options=options)
            for m in methods}

@@ -55,6 +55,8 @@ __all__ = [
     "tune",
     "DEFAULT_GRID",
     "default_grid",
+    "warn_inert",
+    "shard_items",
     "PASS1_FIELDS",
     "SHAPING_FIELDS",
     "expand_grid",
@@ -85,12 +87,22 @@ def default_grid(base: QGPMConfig) -> dict[str, list]:
 
 
 def warn_inert(grid: Mapping[str, Any], base: QGPMConfig) -> None:
-    """Log a warning for each field of ``grid`` that changes no position under ``base``: its
-    trials repeat one another."""
-    for name, why in inert_fields(base).items():
+    """Log a warning for each field of ``grid`` that changes no position in any of its trials
+    (:func:`qgpm.plan.inert_fields` of the base config under every ``remap`` / ``split_layer`` /
+    ``anchor_basis`` the grid tries): its trials repeat one another."""
+    axes = {k: list(grid.get(k) or [getattr(base, k)]) for k in ("remap", "split_layer", "anchor_basis")}
+    inert: dict[str, str] | None = None
+    for combo in itertools.product(*axes.values()):
+        try:
+            here = inert_fields(base.with_(**dict(zip(axes, combo))))
+        except (TypeError, ValueError):  # a combination the config refuses: expand_grid leaves it out too
+            continue
+        inert = here if inert is None else {k: v for k, v in inert.items() if k in here}
+    for name, why in (inert or {}).items():
         if name in grid and len(grid[name]) > 1:
             logger.warning("qgpm tune: the grid varies %s, which changes no position under the base config (%s); "
                            "its trials repeat one another", name, why)
+
 
 TUNE_ROWS = "tune_rows.jsonl"
 TRIALS_FILE = "trials.jsonl"
