@@ -48,7 +48,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackMana
 from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, StrictBool, field_validator, model_validator
 
 from qgpm.conversation import NO_CONTEXT_REPLY, ChatRequest, check_empty_context_policy
 from qgpm.defaults import DEFAULT_K, DEFAULT_METHOD, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS, is_default_model
@@ -67,7 +67,7 @@ from .._common import (
 )
 from .call_args import (TOOLS_REFUSED, answer_args, plain_args, build_request, check_call_kwargs, check_generator, check_report_args, decoding_args, response_metadata,
                         unused_in_plain_chat, with_engine)
-from .model_args import budget_alias, check_model_fields, drop_remote_only, identifying_params, tracing_params
+from .model_args import REMOTE_ONLY, budget_alias, check_model_fields, drop_remote_only, identifying_params, name_unknown_fields, tracing_params
 
 __all__ = ["QGPMChatModel", "QGPM_METHODS", "clear_engine_cache", "NO_CONTEXT_REPLY"]
 
@@ -177,13 +177,13 @@ class QGPMChatModel(BaseChatModel):
     )
     vllm_model: str | None = Field(default=None, description="The served model's name on the vllm_url server (default: the only one).")
     explain_k: int = Field(default=5, ge=0, description="Top sentences reported in response_metadata['qgpm'].")
-    explain_html: bool = Field(
+    explain_html: StrictBool = Field(
         default=False,
         description="Also put the explanation page (QGPMResult.to_html(): the context shaded by relevance, the question "
         "and the answer; self-contained, all text escaped) and every sentence's row (qgpm.explain.sentence_rows: "
         "rank, z, broad/sharp, depth, promoted, term_dropped) in response_metadata['qgpm']['html'] / ['sentences'].",
     )
-    streaming: bool = False
+    streaming: StrictBool = False
     on_empty_context: Literal["reply", "raise"] = Field(
         default="reply",
         description="Empty context (nothing retrieved): 'reply' with NO_CONTEXT_REPLY without running the model, or 'raise' qgpm.EmptyContextError.",
@@ -196,7 +196,8 @@ class QGPMChatModel(BaseChatModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_remote_only(cls, values: Any) -> Any:
-        return budget_alias(drop_remote_only(values))  # api_key / max_retries: accepted, not used, named in a warning when set
+        known = {n for n, f in cls.model_fields.items()} | {f.alias for f in cls.model_fields.values() if f.alias} | {"num_predict", *REMOTE_ONLY}
+        return budget_alias(drop_remote_only(name_unknown_fields(values, known)))  # api_key / max_retries: accepted, not used, named when set
 
     @field_validator("method")
     @classmethod

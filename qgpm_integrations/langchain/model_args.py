@@ -13,11 +13,13 @@ the settings LangChain's cache keys on.
 
 from __future__ import annotations
 
+import difflib
 import logging
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.language_models import LangSmithParams
 
+from qgpm.decoding import Decoding
 from qgpm.defaults import BASELINE_METHODS
 from qgpm.editing import check_k
 from qgpm.methods import method_spec
@@ -29,7 +31,7 @@ from .call_args import GENERATE_FIELDS
 if TYPE_CHECKING:
     from .chat_models import QGPMChatModel
 
-__all__ = ["budget_alias", "identifying_params", "REMOTE_ONLY", "check_model_fields", "drop_remote_only", "tracing_params"]
+__all__ = ["budget_alias", "name_unknown_fields", "ELSEWHERE", "identifying_params", "REMOTE_ONLY", "check_model_fields", "drop_remote_only", "tracing_params"]
 
 logger = logging.getLogger("qgpm")
 
@@ -50,6 +52,44 @@ def budget_alias(values: Any) -> Any:
     values = dict(values)
     values["max_tokens"] = values.pop("num_predict")
     return values
+
+
+ELSEWHERE = {
+    **dict.fromkeys(("top_k", "repetition_penalty", "do_sample", "min_new_tokens", "no_repeat_ngram_size", "typical_p"),
+                    "a generation setting: generate_kwargs={{'{name}': ...}} (temperature > 0 samples)"),
+    **dict.fromkeys(("device_map", "torch_dtype", "dtype", "quantization_config", "attn_implementation", "trust_remote_code"),
+                    "a loading setting: model_kwargs={{'{name}': ...}}"),
+    "device": "from_model_id(..., device=...) or model_kwargs={{'device_map': ...}}",
+    "pipeline_kwargs": "generate_kwargs= (generation) and model_kwargs= (loading): there is no pipeline",
+    "task": "not needed: QGPMChatModel is a chat model over a causal LM",
+    "max_length": "max_tokens= (the answer's budget; the prompt's room is the model's window)",
+    "num_ctx": "the model's own window is used (engine.max_length); nothing to set",
+    "context_window": "the model's own window is used (engine.max_length); nothing to set",
+}
+"""Arguments other chat models take (HuggingFacePipeline, ChatHuggingFace, ChatOllama) and where
+each goes here; given, they are refused with that hint."""
+
+
+def name_unknown_fields(values: Any, known: set[str]) -> Any:
+    """Refuse (``ValueError``) constructor arguments the chat model does not take before pydantic's
+    bare "Extra inputs are not permitted", saying where a known setting of another chat model
+    goes (:data:`ELSEWHERE`), the closest field for a misspelt one, and that ``max_tokens`` and
+    ``max_new_tokens`` are one budget."""
+    if not isinstance(values, dict):
+        return values
+    if "max_tokens" in values and "max_new_tokens" in values:
+        raise ValueError("max_tokens and max_new_tokens name one budget (the answer's tokens): pass one")
+    unknown = [k for k in values if isinstance(k, str) and k not in known]
+    if not unknown:
+        return values
+    said = []
+    for name in unknown:
+        hint = ELSEWHERE.get(name)
+        if hint is None:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "not an argument of QGPMChatModel"
+        said.append(f"{name}: {hint.format(name=name)}")
+    raise ValueError(f"{OWNER} does not take {', '.join(unknown)} ({'; '.join(said)})")
 
 
 def drop_remote_only(values: Any) -> Any:
@@ -79,6 +119,9 @@ def check_model_fields(llm: "QGPMChatModel") -> dict[str, Any]:
         load_kwargs = check_model_args(OWNER, llm.model, llm.tokenizer, llm.model_kwargs)
         check_heads(llm.heads, OWNER)
     check_generate_kwargs(llm.generate_kwargs, OWNER, GENERATE_FIELDS, remote=llm.vllm_url is not None)
+    # seed=-1 and the like: refused now, not at each call (values only: the greedy-decoding note is the call's, where a
+    # .bind(temperature=...) may still come)
+    Decoding.check(llm.max_tokens, llm.temperature or 1.0, llm.top_p, llm.stop, llm.seed)
     if llm.timeout is not None and llm.vllm_url is not None:
         raise ValueError("timeout= stops generation in this process (transformers max_time); a vLLM server takes no such "
                          "setting: leave timeout unset with vllm_url=")

@@ -428,3 +428,18 @@ def test_a_model_that_fails_to_load_warns_of_nothing_first(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="qgpm"), pytest.raises(FileNotFoundError, match="does not exist"):
         llm.invoke("hi")
     assert not caplog.records  # no "found no context ... plain chat" warning for a call that never ran
+
+
+@pytest.mark.parametrize("kwargs,said", [
+    ({"top_k": 3}, r"top_k: a generation setting: generate_kwargs=\{'top_k': \.\.\.\}"),
+    ({"device_map": "cpu"}, r"device_map: a loading setting: model_kwargs=\{'device_map': \.\.\.\}"),
+    ({"num_ctx": 4096}, "the model's own window is used"),
+    ({"max_token": 3}, "did you mean 'max_tokens'"),
+    ({"max_tokens": 3, "max_new_tokens": 3}, "max_tokens and max_new_tokens name one budget"),
+    ({"seed": -1}, r"seed must be in \[0, 2\*\*64\)"),
+    ({"streaming": "yes"}, "streaming"),
+])
+def test_arguments_of_other_chat_models_say_where_they_go(kwargs, said, load_calls):
+    with pytest.raises(ValidationError, match=said):
+        QGPMChatModel(**kwargs)
+    assert not load_calls
