@@ -270,6 +270,8 @@ def resolve_device(device: str | None, state: Any = None) -> Any:
 
 
 _ENGINE_KEYS = {"heads", "config", "name"}
+_GENERATION_KEYS = {"temperature", "top_p", "top_k", "min_p", "typical_p", "do_sample", "max_new_tokens", "max_tokens", "num_predict",
+                    "min_new_tokens", "repetition_penalty", "no_repeat_ngram_size", "num_beams", "seed", "stop", "stop_sequences"}
 
 
 def model_load_kwargs(model_kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -288,6 +290,10 @@ def model_load_kwargs(model_kwargs: dict[str, Any] | None) -> dict[str, Any]:
     bad = sorted(k for k in kw if not isinstance(k, str))
     if bad:
         raise TypeError(f"model_kwargs keys must be strings, got {bad}")
+    generation = sorted(_GENERATION_KEYS & set(kw))
+    if generation:
+        raise ValueError(f"model_kwargs holds {generation}: generation settings, not loading arguments; pass them as the model's "
+                         "own arguments (temperature=, max_new_tokens= / max_tokens=, top_p=, seed=, stop=) or in generate_kwargs")
     clash = sorted(_ENGINE_KEYS & set(kw))
     if clash:
         raise ValueError(f"model_kwargs may not hold {clash}: pass them as arguments of their own (heads=..., qgpm_config=...)")

@@ -443,3 +443,9 @@ def test_arguments_of_other_chat_models_say_where_they_go(kwargs, said, load_cal
     with pytest.raises(ValidationError, match=said):
         QGPMChatModel(**kwargs)
     assert not load_calls
+
+
+def test_generation_settings_in_model_kwargs_are_sent_to_their_place(load_calls):
+    with pytest.raises(ValidationError, match=r"model_kwargs holds \['max_new_tokens', 'temperature'\]: generation settings"):
+        QGPMChatModel(model_kwargs={"temperature": 0.9, "max_new_tokens": 2, "device_map": "cpu"})
+    assert not load_calls
