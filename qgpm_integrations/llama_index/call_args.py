@@ -12,6 +12,8 @@ decoding ones.
 
 from __future__ import annotations
 
+import difflib
+
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -48,6 +50,16 @@ INIT_ARGS = ("engine", "model", "tokenizer", "heads", "device_map", "set_global_
 """Constructor arguments that are not fields."""
 
 
+ELSEWHERE = {
+    "max_tokens": "the answer's budget is max_new_tokens= here (as HuggingFaceLLM); a call takes max_tokens= too",
+    "num_predict": "the answer's budget is max_new_tokens= here (as HuggingFaceLLM)",
+    "tokenizer_name": "the tokenizer is the model's own, loaded with it; an already-loaded one: tokenizer= with model=",
+    "tokenizer_kwargs": "the tokenizer is the model's own, loaded with it",
+    "stopping_ids": "stop strings go in stop=; token ids are not taken (the model's end token always stops an answer)",
+}
+"""HuggingFaceLLM / Ollama arguments QGPMLLM takes under another name or not at all, with where they go."""
+
+
 def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: Any, model: Any, tokenizer: Any, heads: Any,
                     device_map: Any) -> tuple[MethodSpec, Any, dict[str, Any]]:
     """Check a ``QGPMLLM(...)`` call before anything loads; ``(method spec, model, loading arguments)``.
@@ -65,7 +77,11 @@ def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: A
         )
     unknown = sorted(set(kwargs) - set(fields))
     if unknown:
-        raise TypeError(f"{OWNER} got unexpected arguments {unknown}; allowed: {', '.join(sorted(set(fields) | set(INIT_ARGS)))}")
+        allowed = sorted(set(fields) | set(INIT_ARGS))
+        hints = [f"{n}: {ELSEWHERE[n]}" if n in ELSEWHERE else f"{n}: did you mean {c[0]!r}?"
+                 for n in unknown if n in ELSEWHERE or (c := difflib.get_close_matches(n, allowed, n=1))]
+        raise TypeError(f"{OWNER} got unexpected arguments {unknown}" + (f" ({'; '.join(hints)})" if hints else "")
+                        + f"; allowed: {', '.join(allowed)}")
     method = kwargs.get("method", DEFAULT_METHOD)
     spec = method_spec(method)
     if spec.evidence and not kwargs.get("evidence"):

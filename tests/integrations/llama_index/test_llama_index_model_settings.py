@@ -263,3 +263,17 @@ def test_stream_chat_emits_llm_events(debug_llm, events):
     assert events.count(LLMChatInProgressEvent) == len(chunks) >= 2
     # CustomLLM's chat completes the joined prompt: one LLM start/end pair for the chat, one for the completion
     assert len(debug.get_event_pairs(CBEventType.LLM)) == 2
+
+
+@pytest.mark.parametrize("kwargs,said", [
+    ({"max_tokens": 10}, "max_tokens: the answer's budget is max_new_tokens= here"),
+    ({"num_predict": 10}, "num_predict: the answer's budget is max_new_tokens= here"),
+    ({"tokenizer_name": "x"}, "tokenizer_name: the tokenizer is the model's own"),
+    ({"stopping_ids": [2]}, "stopping_ids: stop strings go in stop="),
+    ({"max_new_token": 10}, "max_new_token: did you mean 'max_new_tokens'"),
+])
+def test_huggingface_llm_names_say_where_they_go(kwargs, said):
+    from qgpm_integrations.llama_index import QGPMLLM
+
+    with pytest.raises(TypeError, match=said):
+        QGPMLLM(**kwargs)
