@@ -152,10 +152,12 @@ def check_depth_options(max_layer: int | None, shallow_tolerance: float | None, 
 
 def fitting_lengths(lengths: Sequence[int], window: int) -> list[int]:
     """The calibration sample lengths of ``lengths`` a model with this ``window`` (tokens; 0:
-    unknown) can read, or ``[window]`` when none can."""
-    if not window:
-        return list(lengths)
-    return [L for L in lengths if L <= window] or [window]
+    unknown) can read, or ``[window]`` when none can; a shorter list than ``lengths`` is logged
+    as a warning."""
+    fit = ([L for L in lengths if L <= window] or [window]) if window else list(lengths)
+    if fit != list(lengths):
+        logger.warning("qgpm: calibration samples of %s tokens (not %s): the model's window is %d tokens", fit, list(lengths), window)
+    return fit
 
 
 def check_lengths(engine: Any, lengths: Sequence[int]) -> None:

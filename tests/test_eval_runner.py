@@ -764,8 +764,12 @@ def test_calibration_keeps_to_the_window_and_says_what_its_threshold_rests_on(ti
     from qgpm.calibrate import HeadScores, calibrate_heads, confidence_summary, fitting_lengths
     from qgpm.eval.cli import main
 
-    assert fitting_lengths((1024, 2048), 4096) == [1024, 2048] and fitting_lengths((1024, 2048), 1500) == [1024]
-    assert fitting_lengths((1024, 2048), 512) == [512] and fitting_lengths((1024, 2048), 0) == [1024, 2048]
+    with caplog.at_level("WARNING", logger="qgpm"):
+        assert fitting_lengths((1024, 2048), 4096) == [1024, 2048] and fitting_lengths((1024, 2048), 0) == [1024, 2048]
+        assert not caplog.records  # nothing changed, nothing said
+        assert fitting_lengths((1024, 2048), 1500) == [1024] and fitting_lengths((1024, 2048), 512) == [512]
+    assert [r.getMessage() for r in caplog.records][-1] == "qgpm: calibration samples of [512] tokens (not [1024, 2048]): the model's window is 512 tokens"
+    caplog.clear()
     # the CLI refuses lengths beyond the window before it builds a sample
     import qgpm.eval.cli as eval_cli
 
