@@ -9,7 +9,6 @@ by the same rules (:func:`finish_text`).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import logging
 import math
@@ -22,6 +21,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from .defaults import ANSWER_ARGUMENTS
+from .field_checks import closest_name
 
 logger = logging.getLogger("qgpm")
 
@@ -174,7 +174,7 @@ def check_generate_extras(extra: Any) -> None:
 def did_you_mean(names: Sequence[str], known: Sequence[str] = ANSWER_ARGUMENTS) -> str:
     """``". Did you mean 'x'?"`` naming the closest of ``known`` to each misspelt name (``'x' for 'y'``
     with several), or ``""``."""
-    close = {name: m for name in names for m in difflib.get_close_matches(name, known, n=1) if m != name}
+    close = {name: m for name in names if (m := closest_name(name, known)) is not None}
     if not close:
         return ""
     if len(close) == 1:

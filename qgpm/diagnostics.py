@@ -14,10 +14,11 @@ the call (a key that is not a field lands there).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .field_checks import closest_name
 
 __all__ = ["Diagnostics", "FIELDS"]
 
@@ -83,8 +84,8 @@ class Diagnostics(MutableMapping):
             "an adapter's record" if name in self.__dict__.get("extra", {}) else None
         if where:
             raise AttributeError(f"{name!r} is {where}, not a named fact: read it with details.get({name!r}) or details[{name!r}]")
-        close = difflib.get_close_matches(name, FIELDS, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
+        close = closest_name(name, FIELDS)
+        hint = f"did you mean {close!r}? " if close else ""
         raise AttributeError(f"Diagnostics has no fact {name!r}: {hint}the named facts are qgpm.diagnostics.FIELDS (None where a call "
                              "did not set them); a baseline's settings and an adapter's records are keys, read with details.get(key)")
 

@@ -3,18 +3,27 @@
 :func:`check_types` checks every ``float``, ``float | None``, ``int``, ``int | None`` and
 ``bool`` field of a settings dataclass (a group of :mod:`qgpm.settings` or
 :class:`qgpm.QGPMConfig`); fields with other annotations (choices, ``min_top_z``) are checked by
-their group's value rules, some of them with :func:`z_margin`.
+their group's value rules, some of them with :func:`z_margin`. :func:`closest_name` is the one
+rule by which every "did you mean" of the package picks a name.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import numbers
 from dataclasses import fields
-from typing import Any
+from typing import Any, Iterable
 
-__all__ = ["check_types", "z_margin"]
+__all__ = ["check_types", "z_margin", "closest_name"]
+
+
+def closest_name(name: str, known: Iterable[str]) -> str | None:
+    """The name of ``known`` a misspelt ``name`` most likely meant (:func:`difflib.get_close_matches`),
+    or ``None``; never ``name`` itself."""
+    close = difflib.get_close_matches(name, [k for k in known if k != name], n=1)
+    return close[0] if close else None
 
 
 def _number(owner: str, name: str, value: Any) -> None:

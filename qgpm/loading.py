@@ -15,7 +15,6 @@ first use (:mod:`qgpm.gguf_cache`).
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import os
 import re
@@ -27,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .defaults import DEFAULT_MODEL, DEFAULT_MODEL_NAME, is_default_model
+from .field_checks import closest_name
 from .fingerprint import ModelFingerprint, arch_config, fingerprint_key, tokenizer_hash
 from .gguf_cache import cached_folder, gguf_cache_dir
 
@@ -203,8 +203,8 @@ def _unexpected_keyword(err: TypeError, given: dict[str, Any]) -> str | None:
 
 
 def _did_you_mean(name: str) -> str:
-    close = difflib.get_close_matches(name, _LOAD_ARGUMENTS, n=1)
-    return f"Did you mean {close[0]!r}? " if close else ""
+    close = closest_name(name, _LOAD_ARGUMENTS)
+    return f"Did you mean {close!r}? " if close else ""
 
 
 def load_model_and_tokenizer(model: str | os.PathLike[str] | None = None, **kwargs: Any):

@@ -13,7 +13,6 @@ the settings LangChain's cache keys on.
 
 from __future__ import annotations
 
-import difflib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from langchain_core.language_models import LangSmithParams
 from qgpm.decoding import Decoding
 from qgpm.defaults import BASELINE_METHODS
 from qgpm.editing import check_k
+from qgpm.field_checks import closest_name
 from qgpm.methods import method_spec
 from qgpm.serving import VLLMServer
 
@@ -86,8 +86,8 @@ def name_unknown_fields(values: Any, known: set[str]) -> Any:
     for name in unknown:
         hint = ELSEWHERE.get(name)
         if hint is None:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "not an argument of QGPMChatModel"
+            close = closest_name(name, sorted(known))
+            hint = f"did you mean {close!r}?" if close else "not an argument of QGPMChatModel"
         said.append(f"{name}: {hint.format(name=name)}")
     raise ValueError(f"{OWNER} does not take {', '.join(unknown)} ({'; '.join(said)})")
 

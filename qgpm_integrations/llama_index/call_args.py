@@ -12,7 +12,6 @@ decoding ones.
 
 from __future__ import annotations
 
-import difflib
 
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional
@@ -21,6 +20,7 @@ from qgpm.baselines import resolve_options
 from qgpm.call_checks import check_edit_args
 from qgpm.decoding import Decoding
 from qgpm.defaults import DEFAULT_METHOD
+from qgpm.field_checks import closest_name
 from qgpm.limits import model_window
 from qgpm.loading import model_config, resolve_source
 from qgpm.methods import MethodSpec, method_spec
@@ -78,8 +78,8 @@ def check_init_args(fields: Mapping[str, Any], kwargs: dict[str, Any], engine: A
     unknown = sorted(set(kwargs) - set(fields))
     if unknown:
         allowed = sorted(set(fields) | set(INIT_ARGS))
-        hints = [f"{n}: {ELSEWHERE[n]}" if n in ELSEWHERE else f"{n}: did you mean {c[0]!r}?"
-                 for n in unknown if n in ELSEWHERE or (c := difflib.get_close_matches(n, allowed, n=1))]
+        hints = [f"{n}: {ELSEWHERE[n]}" if n in ELSEWHERE else f"{n}: did you mean {c!r}?"
+                 for n in unknown if n in ELSEWHERE or (c := closest_name(n, allowed))]
         raise TypeError(f"{OWNER} got unexpected arguments {unknown}" + (f" ({'; '.join(hints)})" if hints else "")
                         + f"; allowed: {', '.join(allowed)}")
     method = kwargs.get("method", DEFAULT_METHOD)
