@@ -261,3 +261,49 @@ def test_a_labelled_line_inside_tags_never_ends_the_context():
     text = "<context>\n{c}\n</context>\n\n{q}".format(c="\n\n".join(docs), q=ASK)
     parts = read_chat([{"role": "user", "content": text}])
     assert parts.mode == "context" and list(parts.documents) == docs and parts.question == ASK
+
+
+TRAILING = ["Answer in one short sentence.", "If you don't know the answer, say that you don't know.\nKeep it short.",
+            "Be concise.\n\nDo not make up facts.", "Based only on the context above, reply with a year."]
+
+
+@pytest.mark.parametrize("tail", TRAILING)
+def test_an_instruction_after_the_context_is_template_text_not_a_document(tail):
+    system = f"You answer questions about a town.\n\nContext:\n{CONTEXT}\n\n{tail}"
+    parts = read_chat([{"role": "system", "content": system}, {"role": "user", "content": QUESTION}])
+    assert parts.shape == "system_context" and list(parts.documents) == DOCS
+    assert tail in parts.template and parts.question == QUESTION
+    one = f"Context:\n{CONTEXT}\n\n{tail}\n\nQuestion: {QUESTION}"
+    parts = read_chat([{"role": "user", "content": one}])
+    assert parts.shape == "one_message" and list(parts.documents) == DOCS and parts.question == QUESTION
+    assert render(parts) == one
+
+
+@pytest.mark.parametrize("tail", TRAILING)
+def test_an_instruction_after_the_labelled_question_is_not_part_of_the_question(tail):
+    text = f"Context:\n{CONTEXT}\n\nQuestion: {QUESTION}\n\n{tail}"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert parts.question == QUESTION and list(parts.documents) == DOCS
+    assert render(parts) == text
+
+
+@pytest.mark.parametrize(
+    "last",
+    ["Answer: the museum opens at nine.", "If you visit the museum, use the side door after six.",
+     "Use the ferry to reach the harbor wall.", "Respond to the survey at the town hall by May."],
+)
+def test_a_last_document_that_merely_opens_like_an_instruction_stays_a_document(last):
+    docs = DOCS + [last]
+    text = "Context:\n" + "\n\n".join(docs) + f"\n\nQuestion: {QUESTION}"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert list(parts.documents) == docs and render(parts) == text
+
+
+def test_a_context_between_two_equal_rule_lines_ends_at_the_second():
+    rule = "---------------------"
+    text = (f"Context information is below.\n{rule}\n{CONTEXT}\n{rule}\n"
+            f"Given the context information and not prior knowledge, answer the query.\nQuery: {QUESTION}\nAnswer: ")
+    block = find_context_block(text, with_question=True)
+    assert block.marker == "rule" and block.documents() == DOCS and block.question == QUESTION
+    parts = read_chat([{"role": "user", "content": text}])
+    assert list(parts.documents) == DOCS and render(parts) == text

@@ -38,7 +38,7 @@ from __future__ import annotations
 import ast
 import re
 import string
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional, Sequence
 
@@ -227,11 +227,6 @@ def _from_shape(text: str) -> Optional[PromptParts]:
     block = find_context_block(text, with_question=True)
     if block is None or block.question is None or block.question_start is None:
         return None
-    if block.marker == "rule":
-        opening = text[block.instruction_end : block.start].strip()
-        closing = [m for m in re.finditer(r"(?m)^" + _RULE_LINE.pattern + r"$", block.context) if m.group().strip() == opening]
-        if closing:
-            block = replace(block, end=block.start + len(block.context[: closing[-1].start()].rstrip()))
     documents = split_documents(block.context)
     question = block.question.strip()
     if not documents or not question:
