@@ -329,9 +329,9 @@ def weak_threshold(confidence: dict[str, Any]) -> bool:
         (confidence.get("youden_j") or 0.0) < WEAK_J or min(len(found), len(missed)) < WEAK_COUNT)
 
 
-def confidence_summary(confidence: dict[str, Any]) -> str:
+def confidence_summary(confidence: dict[str, Any], *, advice: bool = True) -> str:
     """One sentence on the stored flat-relevance threshold: its value and what it rests on, or why
-    there is none, and what to do when it is weak."""
+    there is none, and (with ``advice``) what to do when it is weak."""
     found, missed = confidence.get("found_top_z") or [], confidence.get("missed_top_z") or []
     n = len(found) + len(missed)
     counts = f"{len(found)} of {n} scored samples had their evidence ranked first"
@@ -345,7 +345,9 @@ def confidence_summary(confidence: dict[str, Any]) -> str:
         return (f"confidence threshold: none stored, {why}; calls with min_top_z='calibrated' then keep the flat-relevance "
                 "rule off, with a warning")
     text = f"confidence threshold (min_top_z='calibrated'): {confidence['min_top_z']} in this model's z units, Youden J {confidence.get('youden_j')}; {counts}"
-    if weak_threshold(confidence):
+    if weak_threshold(confidence) and not advice:
+        text += " (weak: see the warning above)"
+    elif weak_threshold(confidence):
         text += (f". A weak separation (J below {WEAK_J}, or fewer than {WEAK_COUNT} samples on a side): the rule may keep many calls at "
                  "vanilla positions; calibrate on more samples (--n, --holdout) or set min_top_z yourself")
     return text

@@ -668,7 +668,7 @@ def test_cli_sample_arguments_out_of_range_fail_as_the_command_line_is_parsed(co
     assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_cli_calibrate_writes_head_set_found_by_model_name(tiny_dir, tmp_path, monkeypatch, capsys):
+def test_cli_calibrate_writes_head_set_found_by_model_name(tiny_dir, tmp_path, monkeypatch, capsys, caplog):
     from qgpm.eval.cli import main
     from qgpm.heads import stored_head_set_path
 
@@ -676,6 +676,9 @@ def test_cli_calibrate_writes_head_set_found_by_model_name(tiny_dir, tmp_path, m
     assert main(["calibrate", "--model", str(tiny_dir), "--n", "2", "--holdout", "2", "--top", "3", "--lengths", "512", "--device", "cpu", "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "held-out fused MRR" in text and "vs random 3-head sets" in text
+    # a weak threshold's advice is said once: in the logged warning, not again in the summary
+    assert "calibrate on more samples" in caplog.text and "calibrate on more samples" not in text
+    assert "(weak: see the warning above)" in text
     path = stored_head_set_path(tiny_dir.name)
     assert path is not None and str(path).startswith(str(tmp_path / "home"))
     engine = QGPM.from_pretrained(str(tiny_dir))
@@ -804,6 +807,8 @@ def test_calibration_keeps_to_the_window_and_says_what_its_threshold_rests_on(ti
     # the threshold's record, said in one sentence
     weak = {"min_top_z": 1.4, "youden_j": 0.14, "found_top_z": [1.5, 2.0, 2.2], "missed_top_z": [0.5] * 21}
     assert "3 of 24 scored samples had their evidence ranked first. A weak separation" in confidence_summary(weak)
+    said_once = confidence_summary(weak, advice=False)  # the CLI's line after calibrate_heads logged the advice
+    assert said_once.endswith("(weak: see the warning above)") and "calibrate on more samples" not in said_once
     strong = {"min_top_z": 1.4, "youden_j": 0.9, "found_top_z": [2.0] * 10, "missed_top_z": [0.5] * 10}
     assert "weak" not in confidence_summary(strong)
     none = {"min_top_z": None, "found_top_z": [], "missed_top_z": [0.75, 0.97]}

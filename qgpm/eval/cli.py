@@ -255,7 +255,8 @@ def main_calibrate(args) -> int:
         print(f"held-out fused MRR ({hs.meta['holdout_samples']} samples): chosen {hs.meta['holdout_fused_mrr']:.3f} "
               f"vs random {args.top}-head sets {hs.random_mrr:.3f} (mean of {hs.meta['random_draws']} draws)")
     conf = hs.meta.get("confidence") or {}
-    print(confidence_summary(conf) + (f" (kept from {conf['from']})" if conf.get("from") else ""))
+    # calibrate_heads has logged a weak threshold it measured with the advice; a kept one it has not
+    print(confidence_summary(conf, advice=bool(conf.get("from"))) + (f" (kept from {conf['from']})" if conf.get("from") else ""))
     if "shallow" in hs.meta:
         sh = hs.meta["shallow"]
         print(f"shallow set (layers < {sh['max_layer']}): held-out fused MRR {sh['shallow_holdout_fused_mrr']:.3f} vs unrestricted "
