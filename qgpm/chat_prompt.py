@@ -199,7 +199,9 @@ def _strip_question_label(text: str) -> tuple[str, str]:
     text = text.lstrip()
     m = QUESTION_LABEL.match(text)
     if m and has_visible_text(text[m.end() :]):
-        return text[: m.end()], text[m.end() :].strip()
+        rest = text[m.end() :]
+        label_end = m.end() + len(rest) - len(rest.lstrip())  # a label on a line of its own keeps its line break
+        return text[:label_end], text[label_end:].strip()
     return "", text.strip()
 
 

@@ -7,11 +7,10 @@ label inside the instruction's first paragraph (``... the following context:``, 
 that mentions the context and ends with a colon (``Use the text below:``), a rule
 line (``-----``) after an instruction that mentions the context, or a blank line after such
 an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS` characters or
-half the instruction's length). A context opened by a tag ends at its closing tag, one opened
-by a rule line at the same rule line where one closes it; any other ends before a short
-instruction about the answer in its last paragraphs ("Answer in one short sentence.", "If you
-don't know, say so."), which stays template text and is not ranked as a document, as one after
-a labelled question is not part of the question. With ``with_question=True`` the message must also end with
+half the instruction's length). A context opened by a tag ends at its closing tag; one opened
+by a rule line ends at the same rule line where the template closes it (the last repeat, with
+no blank line after it: a rule line inside a document followed by more documents is the
+document's). With ``with_question=True`` the message must also end with
 its question: after a ``Question:``-style label, in ``<question>`` tags, or as a short last
 paragraph ending with ``?``; or hold a labelled question before a ``Context:`` label line
 (``rlm/rag-prompt``). :mod:`qgpm.chat_prompt` applies it to whole conversations.
@@ -59,53 +58,6 @@ _Q_TAG = re.compile(r"<(question|query)>(.*?)</\1>", re.I | re.S)
 _ANSWER_CUE = re.compile(r"\s*\n[ \t]*(?:helpful[ \t]+)?(?:answer|a|response|assistant)[ \t]*:[ \t]*$", re.I)
 _SHORT_QUESTION = 500
 _ANSWER_LINE = re.compile(r"^[ \t]*(?:a|answer|response)[ \t]*:[ \t]*\S", re.I | re.M)  # an answer given in the text
-# The opening of a paragraph that instructs the model about its answer ("Answer in one short
-# sentence.", "If you don't know, say so.", "Be concise."): a template's text after the context
-# (or after the question), not a document. Each alternative names the answer, the context or the
-# model's own knowledge, so a document's paragraph rarely opens this way.
-_SOURCE_WORDS = r"context|documents?|docs|information|passages?|sources?|excerpts?|snippets?|text"
-_SOURCE = rf"(?:{_SOURCE_WORDS})"
-_TRAILING_INSTRUCTION = re.compile(
-    r"\A[ \t]*(?:\*\*)?(?:please[ \t,]+)?(?:"
-    r"(?:answer|respond|reply)(?![ \t]*:)[ \t]+(?:the[ \t]+(?:question|query|user)|in|with|briefly|concisely|only|using|based|"
-    r"from|as|according|strictly|truthfully|clearly|directly|accurately|without)\b"
-    r"|(?:keep|make)[ \t]+(?:the[ \t]+|your[ \t]+)?(?:answer|response|reply)\b"
-    r"|(?:be|stay)[ \t]+(?:concise|brief|short|succinct|precise|factual)\b"
-    r"|(?:only[ \t]+)?use[ \t]+(?:only[ \t]+)?(?:the[ \t]+|this[ \t]+|these[ \t]+)?(?:(?:above|following|provided|given|retrieved)[ \t]+)?"
-    + _SOURCE + r"\b"
-    r"|(?:do[ \t]+not|don't|never)[ \t]+(?:make[ \t]+up|invent|guess|speculate|use[ \t]+(?:any[ \t]+)?(?:prior|outside|external))\b"
-    r"|if[ \t]+(?:you[ \t]+(?:do[ \t]+not|don't|cannot|can't|are[ \t]+(?:unsure|not[ \t]+sure))|the[ \t]+(?:answer|" + _SOURCE_WORDS + r")"
-    r"[ \t]+(?:is|are|does|do|doesn't|don't|cannot|can't))\b"
-    r"|(?:based|relying)[ \t]+(?:only[ \t]+|solely[ \t]+)?on[ \t]+(?:the[ \t]+)?(?:(?:above|provided|given|retrieved|following)[ \t]+)?" + _SOURCE + r"\b"
-    r"|(?:your|the)[ \t]+(?:answer|response|reply)[ \t]+(?:must|should)\b"
-    r"|(?:write|give|provide|return)[ \t]+(?:(?:a|an|the|your|only|one)[ \t]+)?(?:(?:short|brief|concise|one-sentence|single|final)[ \t]+)*"
-    r"(?:answer|response|reply)\b"
-    r"|(?:cite|quote)[ \t]+(?:the[ \t]+)?(?:sources?|documents?|passages?)\b"
-    r"|think[ \t]+step[ \t]+by[ \t]+step\b"
-    r")",
-    re.I,
-)
-_TRAILING_MAX_CHARS = 400
-
-
-def end_before_instruction(text: str, start: int, end: int) -> int:
-    """The end of ``text[start:end]`` without an instruction at its end (``end`` if there is none).
-
-    The instruction is the block's last paragraphs (after a blank line) that open as an
-    instruction about the answer (:data:`_TRAILING_INSTRUCTION`: "Answer in one short
-    sentence.", "If you don't know, say so.") and are short; at least one paragraph of the
-    block stays before them. The template keeps the instruction's text where it stands.
-    """
-    cut = end
-    while True:
-        breaks = [m for m in _PARA.finditer(text, start, cut) if m.start() > start]
-        if not breaks:
-            return cut
-        last = breaks[-1]
-        para = text[last.end() : cut]
-        if len(para.strip()) > _TRAILING_MAX_CHARS or not _TRAILING_INSTRUCTION.match(para):
-            return cut
-        cut = start + len(text[start : last.start()].rstrip())
 
 
 def escape_template(literal: str) -> str:
@@ -195,7 +147,8 @@ def _question_span(text: str) -> tuple[int, int, int] | None:
         cue = _ANSWER_CUE.search(text, q0)
         if cue is not None:
             q1 = cue.start()
-        q1 = end_before_instruction(text, q0, q0 + len(text[q0:q1].rstrip()))
+        q1 = q0 + len(text[q0:q1].rstrip())
+        q0 += len(text[q0:q1]) - len(text[q0:q1].lstrip())  # a label on a line of its own: the line break stays template text
         # an answered "Q:" (a line "A: ..." after it) is a document's FAQ entry, not the prompt's question
         if has_visible_text(text[q0:q1]) and not _ANSWER_LINE.search(text, q0, q1):
             return q0, q1, m.start()
@@ -229,7 +182,7 @@ def _question_first(text: str, q: tuple[int, int, int]) -> ContextBlock | None:
     question_end = q0 + len(text[q0 : m.start()].rstrip())
     body = text[m.end() : q1]
     c0 = m.end() + len(body) - len(body.lstrip())
-    c1 = max(c0, end_before_instruction(text, c0, m.end() + len(body.rstrip())))
+    c1 = max(c0, m.end() + len(body.rstrip()))
     return ContextBlock(text=text, instruction_end=len(text[:label_start].rstrip()), start=c0, end=c1, marker="label",
                         question_start=q0, question_end=question_end, question_label_start=label_start,
                         context_label_start=m.start())
@@ -270,9 +223,14 @@ def _closing_tag(text: str, tag: str, start: int, end: int) -> re.Match | None:
 
 def _closing_rule(text: str, rule: str, start: int, end: int) -> int | None:
     """Where the rule line ``rule`` that opened a context at ``start`` closes it again: the
-    start of its last repeat on a line of its own before ``end`` (``None`` if it is not repeated)."""
+    start of its last repeat on a line of its own before ``end``, when no blank line follows it
+    before ``end`` (the template's text after a closing rule is one paragraph, as in
+    LlamaIndex's templates; documents after a rule line inside a document are not). ``None``
+    where it is not so repeated."""
     lines = [m for m in re.compile(r"^[ \t]*" + re.escape(rule) + r"[ \t]*$", re.M).finditer(text, start, end)]
-    return lines[-1].start() if rule and lines else None
+    if not rule or not lines or _PARA.search(text[lines[-1].end() : end].strip("\n")):
+        return None
+    return lines[-1].start()
 
 
 def _question_after_tagged_block(text: str) -> tuple[int, int, int] | None:
@@ -314,20 +272,17 @@ def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None
     head_end, start, marker, tag = found
     if start > end:
         return None
-    closed = False
     if tag is not None:
         close = _closing_tag(text, tag, start, end)
         if close is not None:
-            end, closed = close.start(), True
+            end = close.start()
     elif marker == "rule":
         close = _closing_rule(text, text[head_end:start].strip(), start, end)
         if close is not None:
-            end, closed = close, True
+            end = close
     body = text[start:end]
     lead = len(body) - len(body.lstrip())
     c0, c1 = start + lead, start + len(body.rstrip())
-    if not closed:
-        c1 = end_before_instruction(text, c0, c1)
     if c1 < c0:
         c1 = c0
     if marker == "paragraph" and has_visible_text(text[c0:c1]):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qgpm.chat_prompt import MIN_WEAK_CONTEXT_CHARS, find_context_block, read_chat
+from qgpm.chat_prompt import MIN_WEAK_CONTEXT_CHARS, escape_template, find_context_block, read_chat
 
 DOCS = [
     "The Millstone Bakery opened in 1990 on Bridge Street. It sells rye bread and honey cake.",
@@ -263,41 +263,6 @@ def test_a_labelled_line_inside_tags_never_ends_the_context():
     assert parts.mode == "context" and list(parts.documents) == docs and parts.question == ASK
 
 
-TRAILING = ["Answer in one short sentence.", "If you don't know the answer, say that you don't know.\nKeep it short.",
-            "Be concise.\n\nDo not make up facts.", "Based only on the context above, reply with a year."]
-
-
-@pytest.mark.parametrize("tail", TRAILING)
-def test_an_instruction_after_the_context_is_template_text_not_a_document(tail):
-    system = f"You answer questions about a town.\n\nContext:\n{CONTEXT}\n\n{tail}"
-    parts = read_chat([{"role": "system", "content": system}, {"role": "user", "content": QUESTION}])
-    assert parts.shape == "system_context" and list(parts.documents) == DOCS
-    assert tail in parts.template and parts.question == QUESTION
-    one = f"Context:\n{CONTEXT}\n\n{tail}\n\nQuestion: {QUESTION}"
-    parts = read_chat([{"role": "user", "content": one}])
-    assert parts.shape == "one_message" and list(parts.documents) == DOCS and parts.question == QUESTION
-    assert render(parts) == one
-
-
-@pytest.mark.parametrize("tail", TRAILING)
-def test_an_instruction_after_the_labelled_question_is_not_part_of_the_question(tail):
-    text = f"Context:\n{CONTEXT}\n\nQuestion: {QUESTION}\n\n{tail}"
-    parts = read_chat([{"role": "user", "content": text}])
-    assert parts.question == QUESTION and list(parts.documents) == DOCS
-    assert render(parts) == text
-
-
-@pytest.mark.parametrize(
-    "last",
-    ["Answer: the museum opens at nine.", "If you visit the museum, use the side door after six.",
-     "Use the ferry to reach the harbor wall.", "Respond to the survey at the town hall by May."],
-)
-def test_a_last_document_that_merely_opens_like_an_instruction_stays_a_document(last):
-    docs = DOCS + [last]
-    text = "Context:\n" + "\n\n".join(docs) + f"\n\nQuestion: {QUESTION}"
-    parts = read_chat([{"role": "user", "content": text}])
-    assert list(parts.documents) == docs and render(parts) == text
-
 
 def test_a_context_between_two_equal_rule_lines_ends_at_the_second():
     rule = "---------------------"
@@ -307,3 +272,23 @@ def test_a_context_between_two_equal_rule_lines_ends_at_the_second():
     assert block.marker == "rule" and block.documents() == DOCS and block.question == QUESTION
     parts = read_chat([{"role": "user", "content": text}])
     assert list(parts.documents) == DOCS and render(parts) == text
+
+
+def test_a_rule_line_inside_a_document_does_not_close_the_context():
+    """A Markdown rule inside a document, with more documents after it, is the document's."""
+    docs = ["Kettle FAQ\n---\nThe X200 kettle boils a litre in three minutes.", DOCS[1], DOCS[2]]
+    text = "Use the documents below.\n---\n" + "\n\n".join(docs) + f"\n\nQuestion: {QUESTION}"
+    block = find_context_block(text, with_question=True)
+    assert block.marker == "rule" and block.context == "\n\n".join(docs) and block.question == QUESTION
+    parts = read_chat([{"role": "user", "content": text}])
+    assert render(parts) == text
+
+
+@pytest.mark.parametrize("label", ["Question:\n", "**Question:**\n", "Question:\n\n"])
+def test_a_question_label_on_a_line_of_its_own_keeps_its_line_break(label):
+    one = f"Context:\n{CONTEXT}\n\n{label}{QUESTION}"
+    parts = read_chat([{"role": "user", "content": one}])
+    assert parts.question == QUESTION and list(parts.documents) == DOCS and render(parts) == one
+    system = f"Answer from the context.\n\nContext:\n{CONTEXT}"
+    two = read_chat([{"role": "system", "content": system}, {"role": "user", "content": f"{label}{QUESTION}"}])
+    assert two.question == QUESTION and two.template.endswith(escape_template(label) + "{question}")
