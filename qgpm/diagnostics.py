@@ -32,6 +32,7 @@ class Diagnostics(MutableMapping):
     anchor_length: float | None = None  # the gate's wavelength in tokens
     s_low: float | None = None  # the stride floor applied (1.0: vanilla positions kept)
     flat_relevance: bool | None = None  # the top z was below min_top_z (or every z tied): vanilla positions kept
+    tied_relevance: bool | None = None  # no sentence ranked above another (every z the same, or one sentence): flat
     min_top_z: float | None = None  # the flat-relevance threshold this call applied ("calibrated" resolved); None: the rule was off
     decisive_relevance: bool | None = None  # one sentence stood out by decisive_margin: vanilla positions kept
     solo_relevance: bool | None = None  # the top sentence stood out by solo_margin: promoted alone

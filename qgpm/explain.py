@@ -2,12 +2,13 @@
 
     result = engine.answer(context, question, method="qgpm")
     Path("why.html").write_text(result.to_html())    # self-contained page, no network
-    result.plot().savefig("relevance.png")            # score against position in the context
+    result.plot().savefig("relevance.png")            # relevance z against position in the context
 
 Both read only the result: the context as the prompt held it, the question, the answer and
 every sentence's rank, relevance ``z``, map scores (``broad`` in the lower layers, ``sharp``
-in the upper ones) and whether the plan promoted it (moved it next to the question, or kept it
-a full step under ``remap="stride"``) or the query-term filter left it in place. All text is
+in the upper ones) and whether the plan promoted it (moved it next to the question, or to the
+context's start under ``placement="ends"``, or kept it a full step under ``remap="stride"``) or
+the query-term filter left it in place. All text is
 escaped: nothing from the context can become markup or script, and a control character (an
 escape sequence's ESC, a carriage return) is shown as its symbol on the page, in ``explain()``
 and in ``qgpm ask``'s output, never sent to the terminal.
@@ -64,6 +65,15 @@ def term_note(n: int) -> str:
             "(BM25), so they were not promoted and kept their place")
 
 
+def promoted_label(promoted: bool, moved_to: str | None, *, lead: str = "") -> str:
+    """What the plan did with a promoted sentence, in a word or three: ``"promoted"``, or
+    ``"promoted to the start"`` for one moved to the context's start (``placement="ends"``);
+    ``""`` for one not promoted."""
+    if not promoted:
+        return ""
+    return lead + ("promoted to the start" if moved_to == "start" else "promoted")
+
+
 # Control characters as visible symbols: C0 as Unicode's control pictures (ESC -> "␛"), DEL as "␡", C1 as U+FFFD.
 _PICTURES = {c: 0x2400 + c for c in range(0x20)} | {0x7F: 0x2421} | {c: 0xFFFD for c in range(0x80, 0xA0)}
 _TERMINAL_KEEPS = "\n\t"
@@ -107,7 +117,7 @@ def decision_note(details: Diagnostics, method: str, top_z: float | None = None)
     set beside the threshold when the flat rule fired."""
     reason = details.kept_reason
     threshold = details.min_top_z
-    if reason == "flat" and threshold is None:  # no threshold applied: the flat call was a tie
+    if reason == "flat" and (threshold is None or details.tied_relevance):  # the flat call was a tie
         return f"the relevance ranked no sentence above another (every score the same), so {method} kept vanilla positions"
     if reason == "flat" or (reason is None and details.flat_relevance):
         if top_z is not None and threshold is not None and top_z < threshold:
@@ -180,8 +190,8 @@ def no_ranking_note(result: Explained) -> str:
 
 def sentence_rows(result: Explained) -> list[dict[str, Any]]:
     """One dict per context sentence: text, char span, depth in the context (0..1), rank,
-    z, broad/sharp scores, whether the plan promoted it, whether the query-term filter left it
-    in place, and the 0..1 intensity used for shading (by z; for the Oracle, 1 for the
+    z, broad/sharp scores, whether the plan promoted it (and where it moved it), whether the
+    query-term filter left it in place, and the 0..1 intensity used for shading (by z; for the Oracle, 1 for the
     sentences holding evidence, which it promotes, and 0 for the rest)."""
     rel = sorted(result.relevance, key=lambda s: s.start)
     n = len(rel)
@@ -199,15 +209,15 @@ def sentence_rows(result: Explained) -> list[dict[str, Any]]:
         out.append({
             "index": s.index, "text": s.text, "start": s.start, "end": s.end, "depth": s.start / total,
             "rank": s.rank, "z": s.z, "broad": s.broad, "sharp": s.sharp, "promoted": s.promoted, "term_dropped": s.term_dropped,
-            "level": max(0.0, min(1.0, level)),
+            "moved_to": s.moved_to, "level": max(0.0, min(1.0, level)),
         })
     return out
 
 
 # The key to the context's shading and outlines (a page without a ranking shades nothing, so has none).
 _LEGEND = ("<p class=\"legend meta\"><span style=\"background:" + _shade(1.0) + "\">most relevant</span>"
-           "<span style=\"background:" + _shade(0.0) + "\">least relevant</span><span class=\"promoted\">promoted (moved next to the question; "
-           "under remap stride, kept a full step)</span><span class=\"dropped\">top-ranked, left in place by the term filter</span></p>")
+           "<span style=\"background:" + _shade(0.0) + "\">least relevant</span><span class=\"promoted\">promoted (moved next to the question, "
+           "or to the context's start where the table says so; under remap stride, kept a full step)</span><span class=\"dropped\">top-ranked, left in place by the term filter</span></p>")
 
 
 def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why this answer") -> str:
@@ -244,7 +254,7 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         return "" if v is None else f"{v:+.2f}"
 
     def _did(r: dict[str, Any]) -> str:
-        return "promoted" if r["promoted"] else "left by the term filter" if r["term_dropped"] else ""
+        return promoted_label(r["promoted"], r["moved_to"]) if r["promoted"] else "left by the term filter" if r["term_dropped"] else ""
 
     table = "".join(
         f"<tr><td>{r['rank'] + 1}</td><td>{_z(r['z'])}</td><td>{r['broad']:.2f}</td>"

@@ -16,7 +16,7 @@ from .positions import boundary_plane, cumulative_positions, ends_placement, fre
 from .rope import PositionPlan, RotaryInfo
 from .shaping import dense_ranks, move_order, term_filter, protected_prefix_end, rank_sentences, rank_shape, relevant_mask, sentence_scores, token_scores, within_z_window
 
-__all__ = ["PlanOutcome", "KEPT_REASONS", "promoted_units", "kept_reason", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_tied", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "inert_fields", "oracle_units", "reorder_needs_masks"]
+__all__ = ["PlanOutcome", "KEPT_REASONS", "promoted_units", "front_units", "kept_reason", "build_plan", "slot_order", "check_local_layers", "is_flat", "is_tied", "is_decisive", "effective_s_low", "anchor_basis_length", "split_layer", "inert_fields", "oracle_units", "reorder_needs_masks"]
 
 
 REORDER_LAYERED_ERROR = ("remap='reorder' on a model with several rotary kinds (Gemma 3's sliding-window and global layers) "
@@ -42,6 +42,8 @@ class PlanOutcome:
     solo: bool = False  # the top sentence alone is relevant (z margin >= config.solo_margin)
     term_dropped: tuple[int, ...] = ()  # units the query-term filter (config.term_ratio) dropped from the top K of a map some layer uses
     promoted: tuple[int, ...] = ()  # units the plan acts on in a map some layer uses: moved (move, reorder) or kept a full step (stride)
+    moves: bool = False  # the remap moves the promoted units (move, reorder); under stride they keep a full step
+    front: tuple[int, ...] = ()  # promoted units moved to the context's start (placement="ends"), not next to the question
     kept_reason: str | None = None  # why nothing was promoted (vanilla positions): one of KEPT_REASONS; None when a unit was
 
 
@@ -209,6 +211,14 @@ def anchor_basis_length(token_unit: torch.Tensor, unit_scores: torch.Tensor, con
     return int(token_unit.numel() - int(where[0]))
 
 
+def front_units(ranks: torch.Tensor, unit_scores: torch.Tensor, s_low: float, config: QGPMConfig) -> list[int]:
+    """The units one map moves to the context's start (``placement="ends"``,
+    :func:`~qgpm.positions.ends_placement`'s ``front``); none under any other placement."""
+    if config.remap not in ("move", "reorder") or config.placement != "ends":
+        return []
+    return ends_placement(move_order(ranks, unit_scores, s_low, config.moved_order), ranks)[1]
+
+
 def slot_order(token_unit: torch.Tensor, ranks: torch.Tensor, unit_scores: torch.Tensor, s_low: float, config: QGPMConfig) -> torch.Tensor:
     """One map's slot order under ``remap="move"`` / ``"reorder"``: ``pi[j]`` is the slot of
     token ``j``. The map's relevant units (:func:`~qgpm.shaping.move_order`, in
@@ -264,11 +274,11 @@ def build_plan(
     use_terms = config.term_ratio is not None and not (dense or vanilla or s_low >= 1)  # s_low 1: every score 1, nothing to filter
     if use_terms and (unit_lexical is None or unit_lexical.numel() != n_units):
         raise ValueError("config.term_ratio needs unit_lexical: one lexical score per unit (the engine computes BM25 scores for the question)")
-    dropped: list[list[int]] = []  # per map: the top-K units the query-term filter dropped
+    dropped: list[list[int]] = []  # per map: the top-K units the query-term filter dropped (of those the z window and solo rule left)
     for params in (config.broad, config.sharp):
         f = rank_shape(ranks, params) * window if n_units else torch.zeros(0, dtype=torch.float64)
         terms = term_filter(ranks, unit_lexical, params.k, config.term_ratio) if use_terms and n_units else None
-        dropped.append([] if terms is None else (terms == 0).nonzero().reshape(-1).tolist())
+        dropped.append([] if terms is None else ((terms == 0) & (window > 0)).nonzero().reshape(-1).tolist())
         if terms is not None:
             f = f * terms
         unit_scores.append(torch.ones(n_units, dtype=torch.float64) if vanilla else sentence_scores(f, s_low))
@@ -323,7 +333,9 @@ def build_plan(
     used = {m % 2 for m in layer_map if m is not None}  # the maps some layer reads
     out = PlanOutcome(ranks, unit_scores, tok_scores, m_stars[0], anchor, plan, flat=flat, tied=tied, decisive=decisive, s_low=s_low, solo=solo,
                       term_dropped=tuple(sorted({u for m in used for u in dropped[m]})),
-                      promoted=tuple(sorted({u for m in used for u in promoted_units(ranks, unit_scores[m], s_low, config)})))
+                      promoted=tuple(sorted({u for m in used for u in promoted_units(ranks, unit_scores[m], s_low, config)})),
+                      moves=config.remap in ("move", "reorder"),
+                      front=tuple(sorted({u for m in used for u in front_units(ranks, unit_scores[m], s_low, config)})))
     out.kept_reason = kept_reason(out, config)
     return out
 

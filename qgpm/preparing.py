@@ -210,7 +210,7 @@ def confidence_config(eng: ModelView, cfg: QGPMConfig) -> QGPMConfig:
     if value is None:
         _note_once(eng, f"qgpm: min_top_z='calibrated' has no threshold here ({why}), so the flat-relevance rule is off for these "
                         "calls; set min_top_z to a number to use it")
-    return cfg.with_(min_top_z=value)
+    return cfg.with_(min_top_z=value, provenance=f"{cfg.provenance}; min_top_z 'calibrated' = {value}")
 
 
 _NOTED: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
@@ -245,7 +245,8 @@ def plan_call(eng: ModelView, prompt: Prompt, z: torch.Tensor, cfg: QGPMConfig, 
     details: dict[str, Any] = dict(boundary_plane=planned.boundary_plane, anchor_length=planned.anchor_length, s_low=planned.s_low,
                                    kept_reason=planned.kept_reason)
     if units is None:
-        details.update(flat_relevance=planned.flat, min_top_z=cfg.min_top_z, decisive_relevance=planned.decisive, solo_relevance=planned.solo)
+        details.update(flat_relevance=planned.flat, tied_relevance=planned.tied, min_top_z=cfg.min_top_z, decisive_relevance=planned.decisive,
+                       solo_relevance=planned.solo)
         if cfg.term_ratio is not None:  # how many top-K sentences the query-term filter dropped
             details["term_dropped"] = len(planned.term_dropped)
     relevance = sentence_relevance(prompt, planned, z if units is None else None, units)
@@ -274,7 +275,7 @@ def replan(eng: ModelView, call: PreparedCall, config: QGPMConfig) -> PreparedCa
     details = call.details.copy()
     details.term_dropped = None
     details.update(plan_details)
-    details.update(flat_relevance=planned.flat, decisive_relevance=planned.decisive, solo_relevance=planned.solo)
+    details.update(flat_relevance=planned.flat, tied_relevance=planned.tied, decisive_relevance=planned.decisive, solo_relevance=planned.solo)
     return PreparedCall(prompt, call.method, planned.plan, relevance, timings, call.edit, details, z=call.z, config=config, units=call.units,
                         prefill=call.prefill)
 
@@ -284,11 +285,17 @@ def warn_vanilla_kept(eng: ModelView, planned: PlanOutcome, config: QGPMConfig) 
     (``config.min_top_z``), the dominance rule (``config.decisive_margin``) or the short-context
     rule (``config.keep_length``). Each rule is logged as a warning the first time it fires on
     an engine and at DEBUG after that; ``result.details["kept_reason"]`` names it on every call."""
-    if planned.flat and planned.tied:
+    if planned.flat and planned.tied and planned.ranks.numel() == 1:
+        rule, message = "one sentence", (
+            "qgpm: the context holds a single sentence, so there is nothing to rank it against and this call keeps vanilla "
+            "positions; result.details['flat_relevance'] is True. Pass the context as its documents or sentences for QGPM to act.")
+    elif planned.flat and planned.tied:
         rule, message = "tied", (
             "qgpm: the relevance ranks no sentence above another (every sentence scores the same: e.g. a lexical source "
             "that found none of the question's words in the context), so this call keeps vanilla positions; "
-            "result.details['flat_relevance'] is True. Rank with relevance='minilm' or 'heads' for a signal.")
+            "result.details['flat_relevance'] is True. " + (
+                "Rank with relevance='minilm' or 'heads' for a signal." if config.relevance in ("bm25",) else
+                f"The {config.relevance} relevance gave every sentence the same score here."))
     elif planned.flat:
         rule, message = "flat", (
             f"qgpm: the relevance is flat (top sentence z below min_top_z={config.min_top_z}), so this call keeps vanilla "
@@ -359,7 +366,9 @@ def sentence_relevance(prompt: Prompt, planned: PlanOutcome, z: torch.Tensor | N
         ranks = [0] * len(order)
         for r, i in enumerate(order):
             ranks[i] = r
-    promoted, dropped = set(planned.promoted), set(planned.term_dropped)
+    promoted, dropped, front = set(planned.promoted), set(planned.term_dropped), set(planned.front)
+    moving = planned.moves
+    ctx = prompt.context_text
     out = []
     for s in prompt.sentences:
         mask = ts == s.index
@@ -367,6 +376,8 @@ def sentence_relevance(prompt: Prompt, planned: PlanOutcome, z: torch.Tensor | N
         sh = float(sharp_t[mask].max()) if mask.any() else 1.0
         zi = None if z is None else float(z[s.index])
         units = {s.index} if token_unit is None else set(token_unit[mask].tolist()) - {-1}
-        out.append(SentenceRelevance(s.index, s.text, s.start, s.end, s.doc, ranks[s.index], b, sh, zi,
-                                     promoted=bool(units & promoted), term_dropped=bool(units & dropped)))
+        start = s.start + len(ctx[s.start : s.end]) - len(ctx[s.start : s.end].lstrip())  # the span holds the whitespace before the text
+        moved_to = ("start" if units & front else "question") if moving and units & promoted else None
+        out.append(SentenceRelevance(s.index, s.text, start, start + len(s.text), s.doc, ranks[s.index], b, sh, zi,
+                                     promoted=bool(units & promoted), term_dropped=bool(units & dropped), moved_to=moved_to))
     return out

@@ -17,7 +17,7 @@ import torch
 
 from .config import QGPMConfig
 from .diagnostics import Diagnostics
-from .explain import best_chunks, check_count, clip, decision_note, no_ranking_note, plot_relevance, ranked_by, render_html, term_note
+from .explain import best_chunks, check_count, clip, decision_note, no_ranking_note, plot_relevance, promoted_label, ranked_by, render_html, term_note
 from .prompt import Prompt
 
 __all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
@@ -32,9 +32,12 @@ class SentenceRelevance:
     relevant; ``broad``/``sharp`` are the sentence's scores in the two maps (1 = unit
     stride, ``s_low`` = most compressed on fast planes; text before the first relevant
     sentence also scores 1, kept in place). ``promoted``: the plan acted on the sentence as
-    relevant (moved next to the question under ``remap="reorder"`` / ``"move"``, kept a full
-    step while others were compressed under ``"stride"``); ``term_dropped``: it was among the
-    top ranked but the query-term filter (``term_ratio``) left it in place.
+    relevant (moved under ``remap="reorder"`` / ``"move"``, kept a full step while others were
+    compressed under ``"stride"``); ``moved_to``: where a moved sentence went, ``"question"``
+    (next to the question) or ``"start"`` (the context's start, every second one under
+    ``placement="ends"``), ``None`` where nothing moved it; ``term_dropped``: it was among the
+    top ranked but the query-term filter (``term_ratio``) left it in place. ``text`` is the
+    sentence without the whitespace around it and ``context[start:end] == text``.
     """
 
     index: int
@@ -48,6 +51,7 @@ class SentenceRelevance:
     z: float | None = None
     promoted: bool = False
     term_dropped: bool = False
+    moved_to: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict (for JSON)."""
@@ -140,7 +144,7 @@ class QGPMResult:
         lines = [f"method={self.method}: top {len(top)} of {len(self.relevance)} sentences{ranked}"]
         for s in top:
             z = "" if s.z is None else f" z={s.z:+.2f}"
-            did = " promoted" if s.promoted else " (term filter: left in place)" if s.term_dropped else ""
+            did = promoted_label(s.promoted, s.moved_to, lead=" ") if s.promoted else " (term filter: left in place)" if s.term_dropped else ""
             lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}{did}  {clip(s.text, 120)}")
         best = min(self.relevance, key=lambda s: s.rank)
         notes = [decision_note(self.details, self.method, top_z=best.z), term_note(self.details.term_dropped) if self.details.term_dropped else None]

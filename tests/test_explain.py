@@ -164,6 +164,13 @@ def test_a_call_that_promotes_nothing_says_so_and_why(engine):
     assert solo.solo and solo.term_dropped == (0,) and solo.promoted == () and solo.kept_reason == "nothing_promoted"
     kept = build_plan(units, z, config=cfg, rotary=RotaryInfo(inv, 1.0, "default", 16), n_layers=4, unit_lexical=torch.ones(5, dtype=torch.float64))
     assert kept.promoted == (0,) and kept.kept_reason is None  # the filter keeps it: promoted alone
+    # the filter is credited only with candidates the solo rule left: here none but the top, which it keeps
+    ranked, words = torch.tensor([3.0, 0.4, 0.3, 0.2, 0.1], dtype=torch.float64), torch.tensor([5.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    alone = build_plan(units, ranked, config=cfg, rotary=RotaryInfo(inv, 1.0, "default", 16), n_layers=4, unit_lexical=words)
+    assert alone.solo and alone.promoted == (0,) and alone.term_dropped == ()
+    every = build_plan(units, ranked, config=cfg.with_(solo_margin=None), rotary=RotaryInfo(inv, 1.0, "default", 16), n_layers=4,
+                       unit_lexical=words)
+    assert not every.solo and every.promoted == (0,) and len(every.term_dropped) >= 1
     note = decision_note(Diagnostics(solo_relevance=True, kept_reason="nothing_promoted"), "qgpm")
     assert "no sentence was left to promote" in note and "promoted it alone" not in note
     assert "promoted it alone" in decision_note(Diagnostics(solo_relevance=True), "qgpm")
@@ -258,3 +265,51 @@ def test_the_oracle_says_its_ranking_is_the_evidence_and_the_rest_is_context_ord
     oracle_head, qgpm_head = [line for line in out if " ranked (top " in line]
     assert said in oracle_head and "ranked by" not in qgpm_head  # qgpm ask leaves the default source, the heads, unsaid
     assert out.count("  settings: the paper's settings (App. C): remap stride, two maps") == 2  # which config planned the call
+
+
+def test_placement_ends_says_which_sentences_went_to_the_start(engine, capsys):
+    """Under placement="ends" every second moved sentence opens the context: those are marked
+    moved_to="start" (and "promoted to the start" on the page), exactly the units whose slots
+    come first; the others moved_to="question"."""
+    cfg = QGPMConfig.paper().with_(remap="reorder", split_layer=0, placement="ends", min_top_z=None, decisive_margin=None,
+                                   keep_length=0)
+    call = engine.prepare(CONTEXT, QUESTION, config=cfg)
+    promoted = [s for s in call.relevance if s.promoted]
+    start = sorted(s.index for s in promoted if s.moved_to == "start")
+    assert start and all(s.moved_to in ("start", "question") for s in promoted)
+    assert all(s.moved_to is None for s in call.relevance if not s.promoted)
+    ts = call.prompt.token_sentence
+    ctx = (ts >= 0).nonzero().reshape(-1)
+    first = ctx[call.plan.orders[0][ctx].argsort()][: int(sum((ts == i).sum() for i in start))]
+    assert sorted(set(ts[first].tolist())) == start  # they hold the context's first slots
+    res = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=cfg)
+    assert res.to_html().count("<td>promoted to the start</td>") == len([s for s in res.top_sentences(10) if s.moved_to == "start"])
+    assert "promoted to the start" in res.explain(len(res.relevance))
+    placed = engine.prepare(CONTEXT, QUESTION, config=cfg.with_(placement="question"))
+    assert {s.moved_to for s in placed.relevance if s.promoted} == {"question"}
+    stride = engine.prepare(CONTEXT, QUESTION, config=QGPMConfig.paper().with_(min_top_z=None, decisive_margin=None, keep_length=0))
+    assert any(s.promoted for s in stride.relevance) and all(s.moved_to is None for s in stride.relevance)
+
+
+def test_sentence_offsets_point_at_the_sentence_text(engine):
+    docs = ["The gate opens at six.  The tide gauge was calibrated by Ottilie Brandvold.", "\n  Filler one.\n\nFiller two."]
+    res = engine.answer(docs, QUESTION, max_new_tokens=2)
+    assert len(res.relevance) >= 4
+    assert all(res.context[s.start : s.end] == s.text for s in res.relevance)
+
+
+def test_a_single_sentence_context_is_called_what_it_is(engine, caplog):
+    with caplog.at_level("WARNING", logger="qgpm"):
+        one = QGPM(engine.model, engine.tokenizer, heads=[(1, 0)], config=QGPMConfig(keep_length=0, min_top_z=2.5)).answer(
+            "The tide gauge was calibrated by Ottilie Brandvold.", QUESTION, max_new_tokens=2)
+    assert one.details.kept_reason == "flat" and one.details.tied_relevance is True
+    assert "ranked no sentence above another" in one.explain(1) and "below min_top_z" not in one.explain(1)
+    assert any("holds a single sentence" in r.getMessage() for r in caplog.records)
+
+
+def test_a_changed_config_says_what_changed_in_its_provenance():
+    base = QGPMConfig.paper()
+    changed = base.with_(remap="reorder", split_layer=0, k_sharp=base.k_sharp)
+    assert changed.provenance == f"{base.provenance}; then overridden: remap='reorder', split_layer=0"
+    assert base.with_(k_sharp=base.k_sharp).provenance == base.provenance  # nothing changed, nothing said
+    assert base.with_(remap="reorder", provenance="mine").provenance == "mine"
