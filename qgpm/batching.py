@@ -98,7 +98,9 @@ async def iterate_in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:
 
     However the loop is left -- exhausted, ``aclose()``, cancelled -- the iterator is closed in a
     worker thread too, once a ``next()`` still running there has returned: a generation behind
-    it is stopped and its thread joined before this generator finishes. An ``async for`` that
+    it is stopped and its thread joined before this generator finishes. An iterator with a
+    ``cancel()`` (:class:`~qgpm.results.AnswerStream`) is cancelled first, so a call still
+    waiting for the model gives up instead of running its pass 1 and prefill. An ``async for`` that
     stops early does not close what it iterates: wrap the call in ``contextlib.aclosing`` so
     the close happens then and not when the event loop finalizes the generator.
     """
@@ -108,7 +110,12 @@ async def iterate_in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:
         with guard:
             return next(iterator, _END)
 
+    finished = False
+
     def close() -> None:
+        stop = getattr(iterator, "cancel", None)  # an AnswerStream: its next() in flight returns at once, not after a prefill
+        if not finished and callable(stop):
+            stop()
         with guard:
             closer = getattr(iterator, "close", None)
             if closer is not None:
@@ -118,6 +125,7 @@ async def iterate_in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:
         while True:
             item = await _in_thread(step)
             if item is _END:
+                finished = True
                 break
             yield item
     finally:

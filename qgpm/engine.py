@@ -53,7 +53,7 @@ from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, 
 from .rope import LiveRotary, RotaryInfo
 from .layers import input_device, unwrap_adapters
 from .runtime import check_supported
-from .streaming import stream_text
+from .streaming import stream_text, unless_closed
 from .tokens import continuation_ids, max_token_chars, plain_backend
 
 logger = logging.getLogger("qgpm")
@@ -374,7 +374,9 @@ class QGPM:
         opts, dec, checked = self._checked(context, question, kwargs)
 
         def run(state: StreamState) -> Iterator[str]:  # a generator: nothing is prepared before the first piece is asked for
-            yield from self._stream_run(self._prepare(context, question, opts, checked), dec, state)
+            call = unless_closed(lambda: self._prepare(context, question, opts, checked), lambda: state.closed)
+            if call is not None:
+                yield from self._stream_run(call, dec, state)
 
         return AnswerStream(run, engine=self)
 

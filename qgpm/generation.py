@@ -30,7 +30,7 @@ from .prefill import rewind, take_prefill, fresh_cache
 from .results import PreparedCall, QGPMResult, Usage
 from .rope import PositionPlan
 from .layers import input_device
-from .runtime import apply_plan, cache_kwarg
+from .runtime import CallCancelled, apply_plan, cache_kwarg, cancelled_by
 
 __all__ = ["build_result", "check_generate_extras", "checked_decoding", "Generated", "Generator", "PieceStream", "TransformersGenerator", "pass2_inputs", "pass2_kind", "score_prefill"]
 
@@ -304,11 +304,13 @@ class _ThreadStream:
 
         def work() -> None:
             try:
-                with g.pass2(call) as (ids, plan, cache, held["reused"]):
+                with cancelled_by(cancel.is_set), g.pass2(call) as (ids, plan, cache, held["reused"]):
                     if cache is not None:
                         kw[cache_kwarg(g.model.forward)] = cache
                     held["ids"] = g.model.generate(ids, streamer=timing, stopping_criteria=crit, **kw)
                 held["plan"] = plan
+            except CallCancelled:  # cancelled while it waited for the model: no prefill, no answer
+                text_streamer.end()
             except BaseException as exc:  # re-raised in the consumer
                 errors.put(exc)
                 text_streamer.end()
@@ -321,6 +323,8 @@ class _ThreadStream:
             worker.join()
             if not errors.empty():
                 raise errors.get()
+            if "ids" not in held:  # cancelled before its turn on the model: generated stays None
+                return
             t1 = time.perf_counter()
             new = held["ids"][0, call.num_tokens :].tolist()
             details = {"pass2": pass2_kind(call.plan, held["plan"])} if isinstance(call.plan, PositionPlan) else {}

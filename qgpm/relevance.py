@@ -27,7 +27,7 @@ import torch
 
 from .layers import input_device
 from .rope import apply_rope, head_geometry
-from .runtime import cache_kwarg, decoder_layers, model_lock
+from .runtime import cache_kwarg, decoder_layers, model_turn
 
 __all__ = ["head_token_logits", "sentence_logits", "Pass1Stats"]
 
@@ -150,7 +150,7 @@ def head_token_logits(
 
         return hook
 
-    with model_lock(model):
+    with model_turn(model):
         try:
             for layer_idx in by_layer:
                 handles.append(layers[layer_idx].self_attn.register_forward_pre_hook(make_attn_hook(layer_idx), with_kwargs=True))

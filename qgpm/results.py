@@ -254,6 +254,13 @@ class AnswerStream:
                 raise StopIteration from None
             raise
 
+    def cancel(self) -> None:
+        """Stop the call from any thread without waiting: a call still waiting for its turn on the
+        model gives up (no pass 1, no prefill), one generating stops at its next decoding step,
+        and the reader's ``next()`` then ends the stream with ``result`` ``None``. :meth:`close`
+        does this and then finishes the stream."""
+        self._state.close()
+
     def close(self) -> None:
         """Stop generation now (waits at most one decoding step) and leave the model unpatched.
 

@@ -12,10 +12,11 @@ threads never mix their plans.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import threading
 import weakref
-from typing import ContextManager, Iterator, Protocol
+from typing import Callable, ContextManager, Iterator, Protocol
 
 import torch
 
@@ -38,6 +39,9 @@ __all__ = [
     "check_supported",
     "decoder_layers",
     "model_lock",
+    "model_turn",
+    "cancelled_by",
+    "CallCancelled",
     "apply_plan",
     "InstallablePlan",
 ]
@@ -69,6 +73,49 @@ def model_lock(model: torch.nn.Module) -> threading.RLock:
         return lock
 
 
+class CallCancelled(Exception):
+    """A call was stopped (its stream closed) while it waited for its turn on the model."""
+
+
+_CANCELLED: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("qgpm_cancelled", default=None)
+_POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def cancelled_by(check: Callable[[], bool]) -> Iterator[None]:
+    """Within the block, a wait for the model's lock (:func:`model_turn`) gives up with
+    :class:`CallCancelled` as soon as ``check()`` is true: a closed stream's call does not wait
+    for the calls ahead of it, nor then run its own pass 1 or prefill."""
+    token = _CANCELLED.set(check)
+    try:
+        yield
+    finally:
+        _CANCELLED.reset(token)
+
+
+@contextlib.contextmanager
+def model_turn(model: torch.nn.Module) -> Iterator[None]:
+    """Hold ``model``'s lock (:func:`model_lock`) for the block. Under :func:`cancelled_by` the
+    wait is checked every few hundredths of a second, and a cancelled call raises
+    :class:`CallCancelled` instead of taking its turn (a thread that holds the lock already
+    re-enters at once)."""
+    lock = model_lock(model)
+    check = _CANCELLED.get()
+    if check is None:
+        lock.acquire()
+    else:
+        while not lock.acquire(timeout=_POLL_S):
+            if check():
+                raise CallCancelled("the call was stopped while it waited for the model")
+        if check():
+            lock.release()
+            raise CallCancelled("the call was stopped while it waited for the model")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def check_supported(model: torch.nn.Module) -> None:
     """Raise :class:`UnsupportedModelError` naming the family unless QGPM supports it."""
     family = getattr(model.config, "model_type", type(model).__name__)
@@ -96,7 +143,7 @@ def apply_plan(model: torch.nn.Module, plan: InstallablePlan | None) -> Iterator
     own ``installed`` context (a position plan's layer hooks, a RoPE baseline's attention
     function) under the model lock. ``plan=None`` only takes the lock (vanilla behaviour).
     Whatever happens inside, the model is unpatched on exit."""
-    with model_lock(model):
+    with model_turn(model):
         if plan is None:
             yield
             return

@@ -8,12 +8,29 @@ the final pieces made equal to the finished answer (:func:`~qgpm.decoding.finish
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from .decoding import Decoding, cut_at_stop, finish_text
 from .generation import Generated, PieceStream
+from .runtime import CallCancelled, cancelled_by
 
-__all__ = ["stream_text"]
+__all__ = ["stream_text", "unless_closed"]
+
+_T = TypeVar("_T")
+
+
+def unless_closed(work: Callable[[], _T], closed: Callable[[], bool]) -> _T | None:
+    """``work()`` (a stream's preparation), given up with ``None`` where the stream is closed
+    before it or while it waits for its turn on the model (:func:`~qgpm.runtime.cancelled_by`):
+    a closed stream's call runs no pass 1 and no prefill."""
+    if closed():
+        return None
+    try:
+        with cancelled_by(closed):
+            out = work()
+    except CallCancelled:
+        return None
+    return None if closed() else out
 
 
 def stream_text(pieces: PieceStream, decoding: Decoding, done: Callable[[Generated], None], *,

@@ -192,3 +192,44 @@ def test_many_aanswer_calls_wait_at_once_beyond_the_default_executor():
 
     assert asyncio.run(run()) == ["done"] * 16
     assert state["most"] == 16
+
+
+@pytest.mark.parametrize("method", ["vanilla", "qgpm"])  # waiting for pass 2's prefill / for pass 1 over the heads
+def test_a_call_closed_while_it_waits_for_the_model_runs_nothing(engine, method):
+    """A stream closed (a client gone, a timeout) while another call holds the model gives up
+    its turn: it returns without waiting for that call and runs no forward of its own; through
+    aanswer, a cancelled task returns while the model is still held."""
+    import threading
+    import time
+
+    from qgpm.runtime import decoder_layers, model_lock
+
+    forwards = []
+    hook = decoder_layers(engine.model)[0].register_forward_pre_hook(lambda *a: forwards.append(1))
+    lock = model_lock(engine.model)
+    lock.acquire()  # another call's turn
+    try:
+        stream = engine.stream(needle_context(3, n=20), NEEDLE_QUESTION, method=method, max_new_tokens=4)
+        got = []
+        reader = threading.Thread(target=lambda: got.extend(stream))
+        reader.start()
+        time.sleep(0.3)
+        stream.cancel()
+        reader.join(timeout=10)
+        assert not reader.is_alive() and got == [] and stream.result is None
+
+        async def give_up():
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(engine.aanswer(needle_context(3, n=20), NEEDLE_QUESTION, method=method, max_new_tokens=4), 0.3)
+        done = threading.Thread(target=lambda: asyncio.run(give_up()))
+        done.start()
+        done.join(timeout=10)
+        assert not done.is_alive()  # the task ended while the model was still held
+        assert forwards == []
+    finally:
+        lock.release()
+    try:
+        assert engine.answer(needle_context(3, n=20), NEEDLE_QUESTION, method=method, max_new_tokens=2).usage.answer_tokens > 0
+        assert forwards  # the hook counts a call's forwards
+    finally:
+        hook.remove()
