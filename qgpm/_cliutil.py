@@ -18,7 +18,7 @@ from qgpm.explain import printable
 from qgpm.loading import resolve_source, source_fingerprint
 from qgpm.samples.tasks import TASKS
 
-__all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_cli", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP", "VLLM_URL_HELP", "VLLM_MODEL_HELP"]
+__all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_cli", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP", "VLLM_URL_HELP", "VLLM_MODEL_HELP", "VLLM_TIMEOUT_HELP"]
 
 DEVICE_HELP = "cpu | cuda | cuda:N | auto (default auto: the first GPU if torch sees one, else the CPU; under accelerate launch, cuda = each process's own GPU)"
 DTYPE_HELP = "float32 | bfloat16 | float16 | auto (default auto: the checkpoint's dtype)"
@@ -26,6 +26,8 @@ VLLM_URL_HELP = ("run pass 2 and decoding on a vLLM server at this address (e.g.
                  "scripts/vllm_server.sh); pass 1 stays here. Methods whose plan needs per-plane positions (remap stride / move, "
                  "STRING, Ms-PoE, Self-Extend) are refused")
 VLLM_MODEL_HELP = "the served model's name on the --vllm-url server (default: the only model it serves)"
+VLLM_TIMEOUT_HELP = ("seconds to wait for each answer chunk from the --vllm-url server (default 120: a call queued behind others "
+                     "waits for their prefills first)")
 HEADS_HELP = ("head set for pass 1: stored (default: the set stored for this model, found by its fingerprint) | "
               "a head-set JSON file | 'layer:head,...' e.g. 14:3,15:6 | calibrate (calibrate now, not stored)")
 RERANKER_HELP = "reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> | cross-encoder:<model> | embedding:<model> (default: qgpm.defaults.DEFAULT_RERANKER, minilm)"

@@ -32,6 +32,7 @@ from ._cliutil import (
     HEADS_HELP,
     RERANKER_HELP,
     VLLM_MODEL_HELP,
+    VLLM_TIMEOUT_HELP,
     VLLM_URL_HELP,
     QGPMArgumentParser,
     UsageError,
@@ -268,7 +269,7 @@ def _ask(args: argparse.Namespace) -> int:
     generator = None
     if args.vllm_url:
         try:
-            generator = VLLMServer(args.vllm_url, model=args.vllm_model)
+            generator = VLLMServer(args.vllm_url, model=args.vllm_model, timeout=args.vllm_timeout)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
@@ -361,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", action="append", default=None, metavar="FILE|FIELD=VALUE", help=CONFIG_HELP)
     g.add_argument("--vllm-url", default=None, metavar="URL", help=VLLM_URL_HELP)
     g.add_argument("--vllm-model", default=None, metavar="NAME", help=VLLM_MODEL_HELP)
+    g.add_argument("--vllm-timeout", type=float, default=120.0, metavar="S", help=VLLM_TIMEOUT_HELP)
     ask.add_argument("--reranker", default=None, help=RERANKER_HELP)
     ask.add_argument("--k", type=int, default=None, help=f"chunks kept by topk (default {DEFAULT_K})")
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")

@@ -135,6 +135,7 @@ class VLLMServer:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(base_url=self.base_url, headers=headers,
                                     limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+        self._closed = False
         self.max_model_len: int | None = None
         self._n_layers: int | None = None
         self._tokenizer: Any = None
@@ -179,8 +180,15 @@ class VLLMServer:
         self._tokenizer = engine.tokenizer
 
     def close(self) -> None:
-        """Close the connections (the server keeps running)."""
+        """Close the connections (the server keeps running). Calls still in flight end with a
+        :class:`ServingError` that says so; later calls are refused."""
+        self._closed = True
         self._client.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ServingError(f"this VLLMServer ({self.base_url}) was closed: make a new one, or attach it again with "
+                               "engine.use_generator(VLLMServer(...))")
 
     # ------------------------------------------------------------------ the Generator protocol
     def check(self, spec: MethodSpec | None, config: QGPMConfig) -> None:
@@ -249,6 +257,10 @@ class VLLMServer:
         return httpx.Timeout(self.timeout, connect=self.connect_timeout)
 
     def _fault(self, exc: Exception, what: str) -> ServingError:
+        if self._closed:
+            return ServingError(f"this VLLMServer ({self.base_url}) was closed with {what} in flight ({exc}): the server was not at fault")
+        if isinstance(exc, RuntimeError):  # httpx's own state errors (a closed client) are not the server's
+            return ServingError(f"the connection to the vLLM server at {self.base_url} could not be used for {what}: {exc}")
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
             return ServerUnreachableError(f"no vLLM server answers at {self.base_url} ({exc}): start it (scripts/vllm_server.sh --port P) "
                                           "or fix base_url")
@@ -259,16 +271,17 @@ class VLLMServer:
         if isinstance(exc, httpx.TimeoutException):
             return ServerTimeoutError(f"the vLLM server at {self.base_url} sent nothing for {what} within {self.timeout:g} s: it may be "
                                       "busy with queued calls (each waits for the prefills before it), overloaded or stuck; raise "
-                                      "timeout= on VLLMServer or check the server")
+                                      "timeout= on VLLMServer (qgpm ask / eval: --vllm-timeout) or check the server")
         if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError | httpx.WriteError):
             return ServerStreamError(f"the vLLM server at {self.base_url} closed the connection during {what} ({exc}): it may have "
                                      "stopped; check it and retry")
         return ServerResponseError(f"the request to the vLLM server at {self.base_url} failed during {what}: {exc}")
 
     def _request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        self._check_open()
         try:
             r = self._client.request(method, path, timeout=self._timeouts(), **kw)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, RuntimeError) as exc:
             raise self._fault(exc, path) from exc
         if r.status_code >= 400:
             raise ServerResponseError(f"the vLLM server answered {path} with HTTP {r.status_code}: {_error_text(r.text)}")
@@ -296,6 +309,8 @@ class _ServerStream:
         ids: list[int] = []
         text, first, finish = "", None, None
         t0 = time.perf_counter()
+        srv._check_open()
+        events, other = 0, ""  # data events seen; the start of any other body text
         try:
             with srv._client.stream("POST", "/v1/completions", json=self.body, timeout=srv._timeouts()) as r:
                 self._response = r
@@ -304,11 +319,16 @@ class _ServerStream:
                     raise ServerResponseError(f"the vLLM server answered /v1/completions with HTTP {r.status_code}: {_error_text(r.text)}")
                 for line in r.iter_lines():
                     if not line.startswith("data:"):
+                        if len(other) < 200 and line.strip() and not line.startswith((":", "event:", "id:", "retry:")):
+                            other += line.strip()[:200] + " "
                         continue
+                    events += 1
                     data = line[5:].strip()
                     if data == "[DONE]":
                         break
                     choice = _choice(data)
+                    if choice is None:  # an event with no choices: the usage report some servers send last
+                        continue
                     if choice.get("token_ids") is None and choice.get("text"):
                         raise ServerResponseError(
                             f"the vLLM server at {srv.base_url} sent answer text without its token ids: it needs vLLM 0.10.2 or later "
@@ -324,8 +344,11 @@ class _ServerStream:
                         yield piece
                     if self._cancelled:
                         break
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, RuntimeError) as exc:
             raise srv._fault(exc, "the answer") from exc
+        if not events and other and not self._cancelled:
+            raise ServerResponseError(f"the answer to /v1/completions from {srv.base_url} is not a completion stream (no data events): "
+                                      f"{other[:200]!r}; check that base_url is the vLLM server itself and not a page in front of it")
         if finish not in (None, "stop", "length"):  # "abort": the server shut down or paused with the answer in flight
             raise ServerStreamError(f"the vLLM server at {srv.base_url} ended the answer with finish_reason {finish!r} after {len(ids)} "
                                     "tokens, before it was complete (a server shutting down or paused aborts what is in flight); retry")
@@ -338,9 +361,13 @@ class _ServerStream:
         self.generated = Generated(tok.decode(ids, skip_special_tokens=True), ids, t0, first, time.perf_counter(), 0, details)
 
 
-def _choice(data: str) -> dict[str, Any]:
+def _choice(data: str) -> dict[str, Any] | None:
+    """The first choice of one completion chunk; ``None`` for a chunk with an empty ``choices``
+    list (OpenAI-style servers end a stream with such a usage-only chunk)."""
     try:
         event = json.loads(data)
+        if isinstance(event, dict) and event.get("choices") == []:
+            return None
         return event["choices"][0]
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         if isinstance(event := _loads(data), dict) and "error" in event:

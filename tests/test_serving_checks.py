@@ -171,3 +171,51 @@ def test_a_server_whose_only_model_has_another_name_is_named_in_a_warning(tokeni
     assert _names_meet(["mymodel", "/tmp/trial/mymodel/"], ["/tmp/trial/MyModel", None])
     assert _names_meet(["Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B"], ["Qwen/Qwen2.5-1.5B"])
     assert not _names_meet(["mymodel", "/tmp/mymodel"], ["SmolLM2-135M-Instruct", "/cache/models/smollm2-abc"])
+
+
+def test_a_usage_event_with_no_choices_ends_the_answer_as_any_other_client_reads_it(tokenizer):
+    """OpenAI-style servers (vLLM with include_usage, proxies) end a stream with a chunk whose
+    choices are empty, carrying the usage: skipped, the answer kept."""
+    ids = tokenizer(" The answer", add_special_tokens=False).input_ids
+    body = (f"data: {json.dumps({'choices': [{'text': '', 'token_ids': ids, 'finish_reason': 'stop'}]})}\n\n"
+            f"data: {json.dumps({'choices': [], 'usage': {'prompt_tokens': 9, 'completion_tokens': 2}})}\n\ndata: [DONE]\n\n")
+    engine, _ = mock_engine(tokenizer, lambda b: httpx.Response(200, text=body))
+    assert engine.answer(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=8).text == "The answer"
+
+
+def test_a_page_that_is_not_a_completion_stream_is_named_as_such(tokenizer):
+    """A 200 answer that is no event stream (a proxy's login page) is the body's fault, said so,
+    not a server that stopped mid-answer."""
+    from qgpm.serving import ServerResponseError
+
+    engine, _ = mock_engine(tokenizer, lambda b: httpx.Response(200, text="<html><body>Please log in</body></html>\n"))
+    with pytest.raises(ServerResponseError, match="not a completion stream.*Please log in"):
+        engine.answer(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=8)
+
+
+def test_a_closed_server_client_says_so(tokenizer):
+    """After VLLMServer.close() calls fail with a ServingError that names the close, not the server."""
+    from qgpm.serving import ServingError
+
+    engine, _ = mock_engine(tokenizer, lambda b: httpx.Response(200, text=sse({"text": "", "token_ids": [42], "finish_reason": "length"})))
+    engine.answer(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=2)
+    engine.generator.close()
+    with pytest.raises(ServingError, match="was closed"):
+        engine.answer(CONTEXT, "What about topic 7?", method="vanilla", max_new_tokens=2)
+    with pytest.raises(ServingError, match="was closed"):
+        engine.generator._request("GET", "/v1/models")
+
+
+def test_the_cli_passes_its_vllm_timeout_to_the_client(monkeypatch, capsys):
+    """qgpm ask --vllm-timeout reaches VLLMServer(timeout=), which the timeout error tells a user to raise."""
+    import qgpm.cli
+
+    seen = {}
+
+    def fake(url, **kw):
+        seen.update(kw)
+        raise ValueError("stopped here")
+
+    monkeypatch.setattr(qgpm.cli, "VLLMServer", fake)
+    assert qgpm.cli.main(["ask", "--vllm-url", "http://vllm.test:8000", "--vllm-timeout", "600", "--methods", "vanilla"]) == 2
+    assert seen["timeout"] == 600.0 and "stopped here" in capsys.readouterr().err

@@ -136,7 +136,7 @@ def _engine(args, config=None, heads=None):
     if getattr(args, "vllm_url", None):
         from qgpm.serving import VLLMServer  # heavy: httpx and the rich/click of its CLI (about 70 ms here), only with --vllm-url
 
-        kw["generator"] = VLLMServer(args.vllm_url, model=args.vllm_model)
+        kw["generator"] = VLLMServer(args.vllm_url, model=args.vllm_model, timeout=args.vllm_timeout)
         kw["reuse_prefill"] = False  # pass 1's KV states stay here: nothing to reuse on the server
         kw["pass1_layers_only"] = not getattr(args, "logprob", True)  # the gold log-prob is scored here, on every layer
     return load_engine(args.model, device=args.device, dtype=args.dtype, heads=heads if heads is not None else getattr(args, "heads", None),
