@@ -24,7 +24,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import aclosing
 from typing import Any, Callable, Sequence, TypeVar
 
-__all__ = ["answer_many", "aanswer", "iterate_in_thread", "ASYNC_WORKERS"]
+__all__ = ["answer_many", "aanswer", "iterate_in_thread", "Cancellable", "ASYNC_WORKERS"]
 
 
 def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concurrency: int = 8) -> list[Any]:
@@ -90,6 +90,22 @@ async def _in_thread(fn: Callable[[], _T]) -> _T:
     """``fn()`` in a thread of the pool, with the caller's context variables (as ``asyncio.to_thread``)."""
     ctx = contextvars.copy_context()
     return await asyncio.get_running_loop().run_in_executor(_pool(), functools.partial(ctx.run, fn))
+
+
+class Cancellable(Iterator[_T]):
+    """``iterator`` (an adapter's generator over a stream) with the stream's ``cancel``, so
+    :func:`iterate_in_thread` can stop a call still waiting for the model without waiting for it."""
+
+    def __init__(self, iterator: Iterator[_T], cancel: Callable[[], None]) -> None:
+        self._it, self.cancel = iterator, cancel
+
+    def __next__(self) -> _T:
+        return next(self._it)
+
+    def close(self) -> None:
+        closer = getattr(self._it, "close", None)
+        if closer is not None:
+            closer()
 
 
 async def iterate_in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:

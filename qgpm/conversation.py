@@ -73,7 +73,8 @@ def no_context_result() -> QGPMResult:
 
 class ChatStream(Protocol):
     """What :meth:`ChatRequest.stream` returns (:class:`~qgpm.results.AnswerStream` is one): the
-    answer's text pieces, then ``result``; ``close()`` stops generation early."""
+    answer's text pieces, then ``result``; ``close()`` stops generation early, ``cancel()``
+    stops it from another thread without waiting."""
 
     @property
     def result(self) -> QGPMResult | None: ...
@@ -83,6 +84,8 @@ class ChatStream(Protocol):
     def __next__(self) -> str: ...
 
     def close(self) -> None: ...
+
+    def cancel(self) -> None: ...
 
 
 class _ReplyStream:
@@ -107,6 +110,9 @@ class _ReplyStream:
 
     def close(self) -> None:
         self._state = "done"
+
+    def cancel(self) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ import os
 import threading
 from typing import Any, Mapping
 
-from qgpm.batching import iterate_in_thread  # the sync-to-async stream bridge, re-exported for the adapters
+from qgpm.batching import Cancellable, iterate_in_thread  # the sync-to-async stream bridge, re-exported for the adapters
 
 __all__ = ["check_generate_kwargs", "check_heads", "check_relevance", "check_reranker", "device_map_for", "is_loaded_model", "check_model_args", "shared_engine",
-           "clear_engine_cache", "heads_key", "kwargs_key", "model_key", "iterate_in_thread"]
+           "clear_engine_cache", "heads_key", "kwargs_key", "model_key", "iterate_in_thread", "Cancellable"]
 
 
 # model.generate arguments the adapters set themselves, and engine.answer arguments that

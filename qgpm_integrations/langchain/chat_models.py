@@ -39,6 +39,7 @@ their scores, and timings.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import numbers
 from contextlib import aclosing
@@ -56,6 +57,7 @@ from qgpm.methods import method_spec
 from qgpm.serving import VLLMServer
 
 from .._common import (
+    Cancellable,
     clear_engine_cache,
     device_map_for,
     heads_key,
@@ -376,8 +378,13 @@ class QGPMChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         # LangChain's stream() reports every chunk to run_manager (on_llm_new_token) itself.
+        return self._chunks(*self._start(messages, stop, kwargs), kwargs)
+
+    def _start(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> tuple[Any, Any, Any]:
         engine, request, gen, call = self._plan(messages, stop, kwargs)
-        stream = request.stream(engine, call, **gen)
+        return engine, request, request.stream(engine, call, **gen)
+
+    def _chunks(self, engine: Any, request: Any, stream: Any, kwargs: dict[str, Any]) -> Iterator[ChatGenerationChunk]:
         try:
             for piece in stream:
                 if piece:
@@ -385,6 +392,8 @@ class QGPMChatModel(BaseChatModel):
         finally:
             stream.close()
         result = stream.result
+        if result is None:  # cancelled from outside (an async caller gone): nothing to report
+            return
         meta, usage = response_metadata(self, engine, request, result, kwargs)
         yield ChatGenerationChunk(
             message=AIMessageChunk(content="", response_metadata=meta, usage_metadata=usage, chunk_position="last"),
@@ -427,7 +436,8 @@ class QGPMChatModel(BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         # BaseChatModel's _astream also steps _stream in worker threads, but leaves it running when
         # the consumer stops early; this one closes it, which stops generation and joins its thread.
-        sync_manager = run_manager.get_sync() if run_manager else None
-        async with aclosing(iterate_in_thread(self._stream(messages, stop, sync_manager, **kwargs))) as chunks:
+        engine, request, stream = await asyncio.to_thread(self._start, messages, stop, kwargs)
+        # with the stream's cancel, a cancelled task stops a call still waiting for the model at once
+        async with aclosing(iterate_in_thread(Cancellable(self._chunks(engine, request, stream, kwargs), stream.cancel))) as chunks:
             async for chunk in chunks:
                 yield chunk

@@ -63,7 +63,7 @@ from qgpm.methods import Stage, method_spec
 from qgpm.serving import VLLMServer
 from qgpm.sources import parse_source
 
-from .._common import is_loaded_model, iterate_in_thread, shared_engine
+from .._common import Cancellable, is_loaded_model, iterate_in_thread, shared_engine
 from . import _tracing
 from ._prompt import PromptParts, read_prompt
 from ._responses import acompletions, completion, completions
@@ -378,7 +378,7 @@ class QGPMLLM(CustomLLM):
             if stream.result is not None:
                 yield "", self._finish(call, stream.result)
 
-        return pieces()
+        return Cancellable(pieces(), stream.cancel)  # a cancelled async caller stops a call still waiting for the model
 
     # ------------------------------------------------------------------ CustomLLM
     @llm_completion_callback()

@@ -423,6 +423,43 @@ def test_cancelling_ainvoke_stops_generation(tokenizer):
     assert len(forwards) < 1000
 
 
+def test_a_task_cancelled_while_its_call_waits_for_the_model_runs_nothing(tokenizer):
+    """A client gone while other calls hold the model: its ainvoke / astream call gives up its
+    turn and returns while the model is still held, with no forward of its own."""
+    import asyncio
+    import threading
+
+    from qgpm.runtime import model_lock
+
+    model = tiny_model("llama", len(tokenizer), seed=3)
+    llm = QGPMChatModel(model=model, tokenizer=tokenizer, heads=[(1, 0)], max_tokens=8)
+    forwards = []
+    handle = model.register_forward_pre_hook(lambda *a: forwards.append(1))
+
+    async def give_up(call):
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(call(), 0.3)
+
+    async def streamed():
+        return [c async for c in llm.astream("Tell me a story.")]
+
+    lock = model_lock(model)
+    lock.acquire()  # another call's turn
+    try:
+        for call in (lambda: llm.ainvoke("Tell me a story."), streamed):
+            done = threading.Thread(target=lambda: asyncio.run(give_up(call)))
+            done.start()
+            done.join(timeout=10)
+            assert not done.is_alive()  # returned while the model was still held
+        assert forwards == []
+    finally:
+        lock.release()
+    try:
+        assert llm.invoke("Tell me a story.").content is not None and forwards  # the hook counts a call's forwards
+    finally:
+        handle.remove()
+
+
 def test_a_model_that_fails_to_load_warns_of_nothing_first(tmp_path, caplog):
     llm = QGPMChatModel(model=str(tmp_path / "no_such_model"))
     with caplog.at_level("WARNING", logger="qgpm"), pytest.raises(FileNotFoundError, match="does not exist"):

@@ -212,6 +212,9 @@ class _Stream:
     def close(self):
         pass
 
+    def cancel(self):  # AnswerStream.cancel: stop from another thread without waiting
+        pass
+
 
 class StubEngine:
     """Stands in for qgpm.QGPM: answers ``"<method> answer to <question> from <n> docs"``.

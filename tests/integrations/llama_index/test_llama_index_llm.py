@@ -527,6 +527,9 @@ class _SlowStream:
     def close(self):
         self.closed = True
 
+    def cancel(self):
+        self.closed = True
+
 
 def test_cancelling_acomplete_stops_the_call(stub_engine, word_tokenizer):
     """acomplete runs the call as a stream stepped from worker threads: cancelling the awaiting task
