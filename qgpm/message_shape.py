@@ -41,7 +41,9 @@ _CUE = re.compile(
 )
 _TAG = re.compile(r"<(context|contexts|documents?|docs|sources?|passages?|retrieved_context|information)>[ \t]*\n?", re.I)
 _LABEL_BODY = rf"(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))"
-_LABEL = re.compile(rf"^[ \t]*(?:#{{1,6}}[ \t]*|\*\*)?{_LABEL_BODY}", re.I | re.M)
+# a label line, or a Markdown heading naming the context without a colon ("## Context", "### Retrieved documents")
+_LABEL = re.compile(rf"^[ \t]*(?:(?:#{{1,6}}[ \t]*|\*\*)?{_LABEL_BODY}|#{{1,6}}[ \t]*(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}[ \t]*\n)",
+                    re.I | re.M)
 # A label inside the instruction's first paragraph ("... based only on the following context:\n",
 # "... keep the answer concise. Context: {context}"): the context starts right after it.
 _INLINE_LABEL = re.compile(rf"\b{_LABEL_BODY}", re.I)
@@ -51,7 +53,8 @@ _RULE = re.compile(r"^[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*(?:\n|$)", r
 _PARA = re.compile(r"\n[ \t]*\n")
 # A question's label line ("Question:", "**Query:**", "Q:", ...); chat_prompt strips it too.
 QUESTION_LABEL = re.compile(
-    r"^[ \t]*(?:#{1,6}[ \t]*|\*\*)?(?:user[ \t]+)?(?:question|query|q|input)(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*",
+    r"^[ \t]*(?:(?:#{1,6}[ \t]*|\*\*)?(?:user[ \t]+)?(?:question|query|q|input)(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*"
+    r"|#{1,6}[ \t]*(?:user[ \t]+)?(?:question|query)[ \t]*(?=\n))",  # or a Markdown heading without a colon ("## Question")
     re.I | re.M,
 )
 _Q_TAG = re.compile(r"<(question|query)>(.*?)</\1>", re.I | re.S)

@@ -292,3 +292,14 @@ def test_a_question_label_on_a_line_of_its_own_keeps_its_line_break(label):
     system = f"Answer from the context.\n\nContext:\n{CONTEXT}"
     two = read_chat([{"role": "system", "content": system}, {"role": "user", "content": f"{label}{QUESTION}"}])
     assert two.question == QUESTION and two.template.endswith(escape_template(label) + "{question}")
+
+
+@pytest.mark.parametrize("context_heading, question_heading", [("## Context", "## Question"), ("### Retrieved documents", "### User question"),
+                                                                ("# Sources", "# Query")])
+def test_markdown_headings_without_a_colon_mark_the_context_and_the_question(context_heading, question_heading):
+    text = f"Answer from the context.\n\n{context_heading}\n{CONTEXT}\n\n{question_heading}\n{QUESTION}"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert list(parts.documents) == DOCS and parts.question == QUESTION and render(parts) == text
+    system = read_chat([{"role": "system", "content": f"Answer from the context.\n\n{context_heading}\n{CONTEXT}"},
+                        {"role": "user", "content": QUESTION}])
+    assert system.shape == "system_context" and list(system.documents) == DOCS
