@@ -2,8 +2,8 @@
 
 :func:`find_context_block` finds a context after a marker near the start of the message
 text: a tag such as ``<context>`` (the context ends at the last closing tag before the
-question, so a document that quotes ``</context>`` stays whole), a label line (``Context:``, ``Documents:``, ...), a
-label inside the instruction's first paragraph (``... the following context:``, ``... concise. Context: ``) or a line of it
+question, so a document that quotes ``</context>`` stays whole), a label line (``Context:``, ``Documents:``, ...) or a
+Markdown heading (``## Context``), a label inside the instruction's first paragraph (``... the following context:``, ``... concise. Context: ``) or a line of it
 that mentions the context and ends with a colon (``Use the text below:``), a rule
 line (``-----``) after an instruction that mentions the context, or a blank line after such
 an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS` characters or
