@@ -126,17 +126,13 @@ async def iterate_in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:
         with guard:
             return next(iterator, _END)
 
-    finished = False
-
     def close() -> None:
-        stop = getattr(iterator, "cancel", None)  # an AnswerStream: its next() in flight returns at once, not after a prefill
-        if not finished and callable(stop):
-            stop()
         with guard:
             closer = getattr(iterator, "close", None)
             if closer is not None:
                 closer()
 
+    finished = False
     try:
         while True:
             item = await _in_thread(step)
@@ -145,6 +141,9 @@ async def iterate_in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:
                 break
             yield item
     finally:
+        stop = getattr(iterator, "cancel", None)  # non-blocking: signalled here, not from a pool thread (all may be busy)
+        if not finished and callable(stop):
+            stop()  # an AnswerStream's next() in flight then returns at once, not after its pass 1 and prefill
         await asyncio.shield(_in_thread(close))
 
 

@@ -8,9 +8,9 @@ that mentions the context and ends with a colon (``Use the text below:``), a rul
 line (``-----``) after an instruction that mentions the context, or a blank line after such
 an instruction (then the block must be at least :data:`MIN_WEAK_CONTEXT_CHARS` characters or
 half the instruction's length). A context opened by a tag ends at its closing tag; one opened
-by a rule line ends at the same rule line where the template closes it (the last repeat, with
-no blank line after it: a rule line inside a document followed by more documents is the
-document's). With ``with_question=True`` the message must also end with
+by a rule line ends at the same rule line where the template closes it (its last repeat,
+followed by nothing or by one paragraph that mentions the context or opens as an instruction;
+a rule line inside a document is the document's). With ``with_question=True`` the message must also end with
 its question: after a ``Question:``-style label, in ``<question>`` tags, or as a short last
 paragraph ending with ``?``; or hold a labelled question before a ``Context:`` label line
 (``rlm/rag-prompt``). :mod:`qgpm.chat_prompt` applies it to whole conversations.
@@ -41,14 +41,19 @@ _CUE = re.compile(
 )
 _TAG = re.compile(r"<(context|contexts|documents?|docs|sources?|passages?|retrieved_context|information)>[ \t]*\n?", re.I)
 _LABEL_BODY = rf"(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))"
-# a label line, or a Markdown heading naming the context without a colon ("## Context", "### Retrieved documents")
-_LABEL = re.compile(rf"^[ \t]*(?:(?:#{{1,6}}[ \t]*|\*\*)?{_LABEL_BODY}|#{{1,6}}[ \t]*(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}[ \t]*\n)",
-                    re.I | re.M)
+_LABEL = re.compile(rf"^[ \t]*(?:#{{1,6}}[ \t]*|\*\*)?{_LABEL_BODY}", re.I | re.M)
+# A Markdown heading that names the context without a colon ("## Context", "### Retrieved documents"): a
+# marker only in the message's first two paragraphs (after at most the instruction), so a document's
+# own headings further on ("## Background", "## Sources") stay its text.
+_CONTEXT_HEADING = re.compile(r"^[ \t]*#{1,6}[ \t]*(?:retrieved[ \t]+|relevant[ \t]+)?(?:context|contexts|documents?|docs)[ \t]*\n", re.I | re.M)
 # A label inside the instruction's first paragraph ("... based only on the following context:\n",
 # "... keep the answer concise. Context: {context}"): the context starts right after it.
 _INLINE_LABEL = re.compile(rf"\b{_LABEL_BODY}", re.I)
 # A line of the instruction's first paragraph that mentions the context and ends with a colon ("Use the text below:").
 _CUE_LINE = re.compile(r"^[^\n]*:[ \t]*\n", re.M)
+# How a template's instruction after a closing rule line opens ("Answer from the notes only.")
+_INSTRUCTION_OPENING = re.compile(r"(?:please[ \t,]+)?(?:answer|respond|reply|use|using|given|based|according|only|do[ \t]+not|don't|if[ \t]+you)\b",
+                                  re.I)
 _RULE = re.compile(r"^[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*(?:\n|$)", re.M)
 _PARA = re.compile(r"\n[ \t]*\n")
 # A question's label line ("Question:", "**Query:**", "Q:", ...); chat_prompt strips it too.
@@ -143,7 +148,8 @@ def _question_span(text: str) -> tuple[int, int, int] | None:
     """(question start, end, start of the text around it) of a question at the end of
     ``text``: after a ``Question:``-style label, inside ``<question>`` tags, or a short last
     paragraph ending with ``?``. ``None`` if there is none."""
-    labels = list(QUESTION_LABEL.finditer(text))
+    # a colon-less "## Question" heading is the prompt's only after a "## Context"-style heading (a document's "## Query" is not)
+    labels = [m for m in QUESTION_LABEL.finditer(text) if ":" in m.group() or _context_heading(text, m.start()) is not None]
     if labels:
         m = labels[-1]
         q0, q1 = m.end(), len(text)
@@ -191,6 +197,15 @@ def _question_first(text: str, q: tuple[int, int, int]) -> ContextBlock | None:
                         context_label_start=m.start())
 
 
+def _context_heading(text: str, limit: int) -> re.Match | None:
+    """The first ``## Context``-style heading before ``limit`` that opens the message's first or
+    second paragraph (:data:`_CONTEXT_HEADING`), or ``None``."""
+    m = _CONTEXT_HEADING.search(text, 0, limit)
+    if m is None or len(_PARA.findall(text[: m.start()].rstrip())) > 0:
+        return None
+    return m
+
+
 def _context_start(text: str, limit: int) -> tuple[int, int, str, str | None] | None:
     """(instruction end, context start, marker, tag name) of the first context marker before ``limit``."""
     window = text[: min(limit, HEAD_LIMIT)]
@@ -198,6 +213,9 @@ def _context_start(text: str, limit: int) -> tuple[int, int, str, str | None] | 
     if m:
         return len(text[: m.start()].rstrip()), m.end(), "tag", m.group(1)
     m = _LABEL.search(window)
+    if m:
+        return len(text[: m.start()].rstrip()), m.end(), "label", None
+    m = _context_heading(window, len(window))
     if m:
         return len(text[: m.start()].rstrip()), m.end(), "label", None
     first_para = _PARA.search(window)
@@ -226,12 +244,16 @@ def _closing_tag(text: str, tag: str, start: int, end: int) -> re.Match | None:
 
 def _closing_rule(text: str, rule: str, start: int, end: int) -> int | None:
     """Where the rule line ``rule`` that opened a context at ``start`` closes it again: the
-    start of its last repeat on a line of its own before ``end``, when no blank line follows it
-    before ``end`` (the template's text after a closing rule is one paragraph, as in
-    LlamaIndex's templates; documents after a rule line inside a document are not). ``None``
-    where it is not so repeated."""
+    start of its last repeat on a line of its own before ``end``, when what follows it before
+    ``end`` is nothing or one paragraph that mentions the context or opens as an instruction (the
+    template's own text, as LlamaIndex's "Given the context information ..."); after a rule line
+    inside a document come more documents, or that document's own text. ``None`` where it is not
+    so repeated."""
     lines = [m for m in re.compile(r"^[ \t]*" + re.escape(rule) + r"[ \t]*$", re.M).finditer(text, start, end)]
-    if not rule or not lines or _PARA.search(text[lines[-1].end() : end].strip("\n")):
+    if not rule or not lines:
+        return None
+    after = text[lines[-1].end() : end].strip()
+    if after and (_PARA.search(after) or not (_CUE.search(after) or _INSTRUCTION_OPENING.match(after))):  # more documents, or a document's text
         return None
     return lines[-1].start()
 

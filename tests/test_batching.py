@@ -233,3 +233,27 @@ def test_a_call_closed_while_it_waits_for_the_model_runs_nothing(engine, method)
         assert forwards  # the hook counts a call's forwards
     finally:
         hook.remove()
+
+
+def test_a_cancelled_task_is_signalled_even_when_every_bridge_thread_is_busy(engine, monkeypatch):
+    """The cancel reaches a call waiting for the model from the event loop itself: with the
+    bridge's one thread blocked in that call's step, the task still ends while the model is held."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import qgpm.batching
+    from qgpm.runtime import model_lock
+
+    monkeypatch.setattr(qgpm.batching, "_POOL", ThreadPoolExecutor(max_workers=1))
+    lock = model_lock(engine.model)
+    lock.acquire()
+    try:
+        async def give_up():
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(engine.aanswer(needle_context(3, n=20), NEEDLE_QUESTION, method="vanilla", max_new_tokens=4), 0.3)
+        done = threading.Thread(target=lambda: asyncio.run(give_up()))
+        done.start()
+        done.join(timeout=10)
+        assert not done.is_alive()
+    finally:
+        lock.release()

@@ -295,7 +295,7 @@ def test_a_question_label_on_a_line_of_its_own_keeps_its_line_break(label):
 
 
 @pytest.mark.parametrize("context_heading, question_heading", [("## Context", "## Question"), ("### Retrieved documents", "### User question"),
-                                                                ("# Sources", "# Query")])
+                                                                ("# Documents", "# Query")])
 def test_markdown_headings_without_a_colon_mark_the_context_and_the_question(context_heading, question_heading):
     text = f"Answer from the context.\n\n{context_heading}\n{CONTEXT}\n\n{question_heading}\n{QUESTION}"
     parts = read_chat([{"role": "user", "content": text}])
@@ -303,3 +303,26 @@ def test_markdown_headings_without_a_colon_mark_the_context_and_the_question(con
     system = read_chat([{"role": "system", "content": f"Answer from the context.\n\n{context_heading}\n{CONTEXT}"},
                         {"role": "user", "content": QUESTION}])
     assert system.shape == "system_context" and list(system.documents) == DOCS
+
+
+@pytest.mark.parametrize(
+    "text, docs, question",
+    [
+        ("Answer from the context.\n\nContext:\n## Query\nSELECT name FROM users;\n\nThe table users has 3 rows.\n\nWhat does the query return?",
+         ["## Query\nSELECT name FROM users;", "The table users has 3 rows."], "What does the query return?"),
+        ("Use the following pieces of context to answer.\n\n# Solar panels\nPanels turn light into power on the roof.\n\n## Background\n"
+         "Panels were first sold in 1954.\n\nQuestion: When were panels first sold?",
+         ["# Solar panels\nPanels turn light into power on the roof.", "## Background\nPanels were first sold in 1954."],
+         "When were panels first sold?"),
+    ],
+)
+def test_headings_inside_the_documents_stay_document_text(text, docs, question):
+    parts = read_chat([{"role": "user", "content": text}])
+    assert list(parts.documents) == docs and parts.question == question and render(parts) == text
+
+
+def test_a_rule_line_inside_the_last_document_does_not_close_the_context():
+    text = ("Use the context below.\n---\nThe ferry leaves at nine.\n\nThe harbour log starts here.\n---\n"
+            "The log's key fact is 42.\nQuery: What is the log's key fact?")
+    block = find_context_block(text, with_question=True)
+    assert block.context.endswith("The log's key fact is 42.") and block.question == "What is the log's key fact?"
