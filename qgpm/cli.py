@@ -162,8 +162,7 @@ def _print_why(method: str, result, top: int) -> None:
         ranked = f", {by}" if by and said else ""
         print(f"\n{method} ranked (top {len(rows)} of {len(result.relevance)} sentences{ranked}; {d.promoted or 0} promoted):")
         if result.config is not None:
-            said = clip(result.config.provenance, 10**6)  # one line; its start names the preset, its end any overrides: both shown
-            print(f"  settings: {said if len(said) <= 260 else said[:120] + ' ... ' + said[-130:]}")
+            print(f"  settings: {clip(result.config.provenance, 255, tail=130)}")  # its start names the preset, its end any overrides
         print("  z: how far the sentence's relevance to the question stands above the context's average, in standard deviations")
         print("  score: its weight in the position plan, 1 = a full position step; lower: compressed on the fast rotary planes "
               "(remap stride) or left in place (reorder); text before the first relevant sentence also scores 1 and stays in place")

@@ -99,6 +99,4 @@ def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base:
         if name not in fields or name == "provenance":
             raise ValueError(f"unknown QGPMConfig field {name!r} in {ov!r}; fields: {', '.join(sorted(fields - {'provenance'}))}")
         changes[name] = coerce_value(value)
-    if not changes:
-        return cfg
-    return cfg.with_(**changes)  # its provenance says what was overridden
+    return cfg.with_(**changes) if changes else cfg  # with_ appends what was overridden to the provenance

@@ -92,11 +92,14 @@ def printable(text: str, keep: str = _TERMINAL_KEEPS) -> str:
     return text.translate(_pictures_but(keep))
 
 
-def clip(text: str, n: int) -> str:
+def clip(text: str, n: int, *, tail: int = 0) -> str:
     """``text`` on one line (its whitespace runs folded to one space, control characters shown:
-    :func:`printable`), cut to ``n`` characters with "…" where it was cut."""
+    :func:`printable`), cut to ``n`` characters with "…" where it was cut; with ``tail``, its
+    last ``tail`` characters are kept after " ... " instead."""
     text = printable(" ".join(text.split()))
-    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
+    if len(text) <= n:
+        return text
+    return text[: n - tail - 5] + " ... " + text[-tail:] if tail else text[: n - 1].rstrip() + "…"
 
 
 def check_count(k: Any, name: str) -> int:

@@ -294,7 +294,7 @@ def warn_vanilla_kept(eng: ModelView, planned: PlanOutcome, config: QGPMConfig) 
             "qgpm: the relevance ranks no sentence above another (every sentence scores the same: e.g. a lexical source "
             "that found none of the question's words in the context), so this call keeps vanilla positions; "
             "result.details['flat_relevance'] is True. " + (
-                "Rank with relevance='minilm' or 'heads' for a signal." if config.relevance in ("bm25",) else
+                "Rank with relevance='minilm' or 'heads' for a signal." if config.relevance == "bm25" else
                 f"The {config.relevance} relevance gave every sentence the same score here."))
     elif planned.flat:
         rule, message = "flat", (
@@ -367,7 +367,6 @@ def sentence_relevance(prompt: Prompt, planned: PlanOutcome, z: torch.Tensor | N
         for r, i in enumerate(order):
             ranks[i] = r
     promoted, dropped, front = set(planned.promoted), set(planned.term_dropped), set(planned.front)
-    moving = planned.moves
     ctx = prompt.context_text
     out = []
     for s in prompt.sentences:
@@ -377,7 +376,7 @@ def sentence_relevance(prompt: Prompt, planned: PlanOutcome, z: torch.Tensor | N
         zi = None if z is None else float(z[s.index])
         units = {s.index} if token_unit is None else set(token_unit[mask].tolist()) - {-1}
         start = s.start + len(ctx[s.start : s.end]) - len(ctx[s.start : s.end].lstrip())  # the span holds the whitespace before the text
-        moved_to = ("start" if units & front else "question") if moving and units & promoted else None
+        moved_to = ("start" if units & front else "question") if planned.moves and units & promoted else None
         out.append(SentenceRelevance(s.index, s.text, start, start + len(s.text), s.doc, ranks[s.index], b, sh, zi,
                                      promoted=bool(units & promoted), term_dropped=bool(units & dropped), moved_to=moved_to))
     return out

@@ -198,7 +198,7 @@ class QGPMChatModel(BaseChatModel):
     @model_validator(mode="before")
     @classmethod
     def _drop_remote_only(cls, values: Any) -> Any:
-        known = {n for n, f in cls.model_fields.items()} | {f.alias for f in cls.model_fields.values() if f.alias} | {"num_predict", *REMOTE_ONLY}
+        known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias} | {"num_predict", *REMOTE_ONLY}
         return budget_alias(drop_remote_only(name_unknown_fields(values, known)))  # api_key / max_retries: accepted, not used, named when set
 
     @field_validator("method")

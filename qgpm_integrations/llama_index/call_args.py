@@ -12,7 +12,6 @@ decoding ones.
 
 from __future__ import annotations
 
-
 import os
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
