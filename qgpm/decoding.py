@@ -10,7 +10,6 @@ by the same rules (:func:`finish_text`).
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import numbers
 from collections.abc import Mapping
@@ -22,8 +21,7 @@ from transformers import GenerationConfig, LogitsProcessorList, MinPLogitsWarper
 
 from .defaults import ANSWER_ARGUMENTS
 from .field_checks import closest_name
-
-logger = logging.getLogger("qgpm")
+from .log import warn_once
 
 __all__ = ["Decoding", "DECODING_FIELDS", "check_extra_values", "check_generate_extras", "check_stop", "cut_at_stop", "finish_text", "SeededSampler"]
 
@@ -77,7 +75,7 @@ class Decoding:
                                      ("min_p", extra.get("min_p"))) if v is not None]
             if unused:
                 verb = "has" if len(unused) == 1 else "have"
-                _warn_once(f"qgpm: temperature=0 decodes greedily, so {', '.join(unused)} {verb} no effect; set temperature > 0 to sample with them")
+                warn_once(f"qgpm: temperature=0 decodes greedily, so {', '.join(unused)} {verb} no effect; set temperature > 0 to sample with them")
         return cls(int(max_new_tokens), temperature, top_p, check_stop(stop), seed, dict(extra))
 
     @classmethod
@@ -91,16 +89,6 @@ class Decoding:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-_WARNED: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    """Log ``message`` on the ``qgpm`` logger once per process."""
-    if message not in _WARNED:
-        _WARNED.add(message)
-        logger.warning(message)
 
 
 def check_stop(stop: Any) -> tuple[str, ...]:

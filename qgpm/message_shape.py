@@ -12,7 +12,8 @@ by a rule line ends at the same rule line where the template closes it (its last
 followed by nothing or by one paragraph that mentions the context or opens as an instruction;
 a rule line inside a document is the document's). With ``with_question=True`` the message must also end with
 its question: after a ``Question:``-style label, in ``<question>`` tags, or as a short last
-paragraph ending with ``?``; or hold a labelled question before a ``Context:`` label line
+paragraph ending with ``?`` (of which only the last line, where that line opens with a short
+lead-in such as ``Now tell me:``; after a closing context tag, the tag's last line); or hold a labelled question before a ``Context:`` label line
 (``rlm/rag-prompt``). :mod:`qgpm.chat_prompt` applies it to whole conversations.
 """
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .explain import clip
+from .log import warn_once
 from .prompt import has_visible_text
 
 __all__ = ["ContextBlock", "find_context_block", "escape_template", "DOCUMENT_SEPARATOR", "MIN_WEAK_CONTEXT_CHARS", "HEAD_LIMIT", "QUESTION_LABEL"]
@@ -65,6 +68,8 @@ QUESTION_LABEL = re.compile(
 _Q_TAG = re.compile(r"<(question|query)>(.*?)</\1>", re.I | re.S)
 _ANSWER_CUE = re.compile(r"\s*\n[ \t]*(?:helpful[ \t]+)?(?:answer|a|response|assistant)[ \t]*:[ \t]*$", re.I)
 _SHORT_QUESTION = 500
+# A template's question line with its own short lead-in ("Now tell me: {question}", "Answer the question: {question}")
+_LED_QUESTION = re.compile(r"^[ \t]*[A-Za-z][^\n:?]{0,60}:[ \t]+(?=\S)", re.M)
 _ANSWER_LINE = re.compile(r"^[ \t]*(?:a|answer|response)[ \t]*:[ \t]*\S", re.I | re.M)  # an answer given in the text
 
 
@@ -177,8 +182,29 @@ def _question_span(text: str) -> tuple[int, int, int] | None:
         stripped = last.strip()
         if stripped.endswith("?") and len(stripped) <= _SHORT_QUESTION:
             q0 = m.end() + (len(last) - len(last.lstrip()))
+            if "\n" in stripped:
+                line0 = text.rindex("\n", q0, q0 + len(stripped)) + 1
+                led = _LED_QUESTION.match(text, line0)
+                if led is not None:  # "{last document}\nNow tell me: {question}": the last line is the template's question line
+                    return led.end(), q0 + len(stripped), line0
+                warn_once(f"qgpm: the question was read as the prompt's last paragraph, {stripped.count(chr(10)) + 1} lines "
+                           f"({clip(stripped, 80)!r}); if its first lines are the last document, put a blank line or a "
+                           "'Question:' label before the question in the prompt template")
             return q0, q0 + len(stripped), m.start()
     return None
+
+
+def _last_line_question(text: str) -> tuple[int, int, int] | None:
+    """(start, end, line start) of the last line of ``text`` with visible text, an ``Answer:``
+    cue at the end and a short lead-in (``Now tell me: ``) left out; ``None`` if there is none."""
+    cue = _ANSWER_CUE.search(text)
+    end = len(text[: cue.start() if cue else len(text)].rstrip())
+    if not has_visible_text(text[:end]):
+        return None
+    line0 = text.rfind("\n", 0, end) + 1
+    led = _LED_QUESTION.match(text, line0)
+    q0 = led.end() if led is not None and led.end() < end else line0 + len(text[line0:end]) - len(text[line0:end].lstrip())
+    return q0, end, line0
 
 
 def _question_first(text: str, q: tuple[int, int, int]) -> ContextBlock | None:
@@ -260,14 +286,16 @@ def _closing_rule(text: str, rule: str, start: int, end: int) -> int | None:
 
 def _question_after_tagged_block(text: str) -> tuple[int, int, int] | None:
     """The question of a message whose context sits in tags, looked for only after the closing
-    tag: a ``Q:`` line or a question inside the documents is not the prompt's question."""
+    tag: a ``Q:`` line or a question inside the documents is not the prompt's question. Without
+    a label, tags or a last paragraph ending with ``?`` there, it is the last line after the tag."""
     found = _context_start(text, len(text))
     if found is None or found[2] != "tag":
         return None
     close = _closing_tag(text, found[3], found[1], len(text))
     if close is None:
         return None
-    q = _question_span(text[close.end() :])
+    rest = text[close.end() :]
+    q = _question_span(rest) or _last_line_question(rest)  # right after the tag, without a blank line: the last line
     return None if q is None else (q[0] + close.end(), q[1] + close.end(), q[2] + close.end())
 
 

@@ -172,9 +172,9 @@ def test_bad_decoding_arguments(engine, stays_vanilla, change, exc, match):
 
 
 def test_greedy_decoding_says_once_which_sampling_settings_it_does_not_use(engine, caplog):
-    import qgpm.decoding
+    import qgpm.log
 
-    qgpm.decoding._WARNED.clear()
+    qgpm.log._WARNED.clear()
     with caplog.at_level(logging.WARNING, logger="qgpm"):
         engine.answer(CTX, Q, method="vanilla", max_new_tokens=2, seed=3, top_k=5)
         engine.answer(CTX, Q, method="vanilla", max_new_tokens=2, seed=3, top_k=5)

@@ -326,3 +326,30 @@ def test_a_rule_line_inside_the_last_document_does_not_close_the_context():
             "The log's key fact is 42.\nQuery: What is the log's key fact?")
     block = find_context_block(text, with_question=True)
     assert block.context.endswith("The log's key fact is 42.") and block.question == "What is the log's key fact?"
+
+
+@pytest.mark.parametrize("after", [f"{QUESTION}", f"Answer the question: {QUESTION}", f"Answer in one sentence.\n{QUESTION}\nAnswer:"])
+def test_a_question_on_the_line_after_the_closing_tag_leaves_the_last_document_whole(after):
+    docs = [DOCS[0], DOCS[1], "The coastguard cottages are now holiday lets."]
+    text = "Use the context to answer.\n<context>\n" + "\n\n".join(docs) + "\n</context>\n" + after
+    block = find_context_block(text, with_question=True)
+    assert block.marker == "tag" and block.documents() == docs and block.question == QUESTION
+    parts = read_chat([{"role": "user", "content": text}])
+    assert list(parts.documents) == docs and parts.question == QUESTION and render(parts) == text
+
+
+def test_a_led_question_line_right_after_the_last_document_is_the_question():
+    text = f"Use the context below.\nContext:\n{CONTEXT}\nNow tell me: {QUESTION}"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert list(parts.documents) == DOCS and parts.question == QUESTION and render(parts) == text
+
+
+def test_a_question_glued_to_the_last_document_is_read_as_one_paragraph_and_said(caplog):
+    import qgpm.log
+
+    qgpm.log._WARNED.clear()
+    text = f"Use the context below.\nContext:\n{CONTEXT}\n{QUESTION}"
+    with caplog.at_level("WARNING", logger="qgpm"):
+        parts = read_chat([{"role": "user", "content": text}])
+    assert parts.question == f"{DOCS[2]}\n{QUESTION}" and list(parts.documents) == DOCS[:2]
+    assert "put a blank line or a 'Question:' label before the question" in caplog.text
