@@ -38,6 +38,7 @@ from __future__ import annotations
 import ast
 import re
 import string
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional, Sequence
@@ -54,6 +55,8 @@ __all__ = ["PromptParts", "read_prompt", "split_documents", "split_context", "me
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _RULE_LINE = re.compile(r"[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*")
 _CONTEXT_VARS = ("context_str", "context_msg")
+# A node's metadata block as LlamaIndex writes it ("{key}: {value}" lines): short keys, no blank line
+_METADATA = re.compile(r"[A-Za-z_][\w.\- ]{0,40}:[^\n]{0,300}(?:\n[A-Za-z_][\w.\- ]{0,40}:[^\n]{0,300})*")
 _HISTORY_HEAD = "Conversation so far:"  # how qgpm.chat_prompt.history_text opens the earlier turns
 
 
@@ -83,8 +86,12 @@ class PromptParts:
 def split_documents(text: str) -> list[str]:
     """The blank-line-separated parts of ``text`` that hold visible text, stripped.
 
-    A context formatted as a Python list of strings (``simple_summarize`` passes its
-    context as a list, which the template formats with ``str``) is read back as that list.
+    A part made only of ``key: value`` lines -- a node's metadata, which LlamaIndex writes
+    above the node's text with a blank line between (``"{metadata_str}\n\n{content}"``) --
+    opens the part after it, so a node's source stays with its text: always where its keys are
+    the ones most parts of this kind share, else where the next part is not of this kind. A context formatted as a
+    Python list of strings (older ``simple_summarize`` versions pass their context as a list,
+    which the template formats with ``str``) is read back as that list.
     """
     texts = [text]
     stripped = text.strip()
@@ -95,7 +102,17 @@ def split_documents(text: str) -> list[str]:
             value = None
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             texts = value
-    return [p.strip() for t in texts for p in _BLANK_LINE.split(t) if has_visible_text(p)]
+    parts = [p.strip() for t in texts for p in _BLANK_LINE.split(t) if has_visible_text(p)]
+    keys = [tuple(line.split(":", 1)[0] for line in p.splitlines()) if _METADATA.fullmatch(p) else None for p in parts]
+    counts = Counter(k for k in keys if k)
+    usual = {k for k, n in counts.items() if n >= 2 and n == max(counts.values())}  # the keys every node of the index has
+    out: list[str] = []
+    for i, part in enumerate(parts):
+        if i and keys[i - 1] and (keys[i - 1] in usual or not keys[i]) and out[-1] == parts[i - 1]:
+            out[-1] = f"{out[-1]}\n\n{part}"
+        else:
+            out.append(part)
+    return out
 
 
 # --------------------------------------------------------------------------- LlamaIndex's default templates

@@ -20,7 +20,7 @@ from qgpm_integrations.llama_index._prompt import PromptParts, read_prompt, spli
 NODE_A = "Sources: the city archive.\n\nThe Fernside Wing has 36 beds."
 NODE_B = "---------------------\nQuery: what is on the second floor?\nThe library."
 CONTEXT = NODE_A + "\n\n" + NODE_B
-DOCS = ("Sources: the city archive.", "The Fernside Wing has 36 beds.", NODE_B)
+DOCS = (NODE_A, NODE_B)  # "Sources: ..." reads as node A's metadata block, which opens its text
 QUESTION = "How many beds does the Fernside Wing have?"
 
 
@@ -90,6 +90,24 @@ def test_other_templates_are_read_by_the_core_shape_reader():
 )
 def test_prompts_without_a_context_and_a_question_are_none(text):
     assert read_prompt(text) is None
+
+
+def test_a_nodes_metadata_stays_with_its_text():
+    """LlamaIndex writes a node's metadata above its text with a blank line between; Reorder and
+    Top-K move documents, so the metadata block must be part of the node's document."""
+    from llama_index.core.schema import MetadataMode, TextNode
+
+    texts = ["The Fernside Wing has 36 beds.", "The library is on the second floor.\n\nIt opens at nine.", "Note: closed on Sundays."]
+    nodes = [TextNode(text=t, metadata={"file_name": f"doc{i}.txt", "page_label": str(i + 1)}) for i, t in enumerate(texts)]
+    context = "\n\n".join(n.get_content(metadata_mode=MetadataMode.LLM) for n in nodes)
+    parts = read_prompt(DEFAULT_TEXT_QA_PROMPT.format(context_str=context, query_str=QUESTION))
+    assert parts.documents == (
+        "file_name: doc0.txt\npage_label: 1\n\nThe Fernside Wing has 36 beds.",
+        "file_name: doc1.txt\npage_label: 2\n\nThe library is on the second floor.", "It opens at nine.",
+        "file_name: doc2.txt\npage_label: 3\n\nNote: closed on Sundays.",
+    )
+    # two metadata-like parts in a row: the first stands alone, the second opens the text after it
+    assert split_documents("Note: x\n\nsource: a.txt\n\nText.") == ["Note: x", "source: a.txt\n\nText."]
 
 
 def test_split_documents():
