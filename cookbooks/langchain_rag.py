@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None, *, heads: Any = None) -> list[dict]:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--reranker", default=DEFAULT_RERANKER, help=f"qgpm.rerank spec for Top-K / Reorder (bm25, minilm, judge, ...; default {DEFAULT_RERANKER})")
     ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
-    ap.add_argument("--heads", default=None, help="head-set JSON for QGPM (default: the stored set)")
+    ap.add_argument("--heads", default=None, help="head-set JSON for QGPM (default: the stored set); read only by a config that ranks with the heads (relevance='heads')")
     ap.add_argument("--json", default=None, help="write the answers to this JSON file")
     ap.add_argument("--data", type=Path, default=DATA, help=f"the folder of questions.json and corpus/*.md (default: {DATA})")
     ap.add_argument("--vllm-url", default=None, help="generate on this vLLM server (bash scripts/vllm_server.sh --port 8000)")

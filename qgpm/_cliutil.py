@@ -29,7 +29,8 @@ VLLM_MODEL_HELP = "the served model's name on the --vllm-url server (default: th
 VLLM_TIMEOUT_HELP = ("seconds to wait for each answer chunk from the --vllm-url server (default 120: a call queued behind others "
                      "waits for their prefills first)")
 HEADS_HELP = ("head set for pass 1: stored (default: the set stored for this model, found by its fingerprint) | "
-              "a head-set JSON file | 'layer:head,...' e.g. 14:3,15:6 | calibrate (calibrate now, not stored)")
+              "a head-set JSON file | 'layer:head,...' e.g. 14:3,15:6 | calibrate (calibrate now, not stored); read only where "
+              "the config ranks with the heads (--config relevance=heads: the recipe and the presets rank with minilm)")
 RERANKER_HELP = "reranker spec for topk/reorder: minilm | bm25 | judge | judge:<model> | cross-encoder:<model> | embedding:<model> (default: qgpm.defaults.DEFAULT_RERANKER, minilm)"
 CONFIG_HELP = ("QGPM settings: a JSON file (e.g. best_config.json from `qgpm tune`) and/or FIELD=VALUE overrides of "
                "QGPMConfig fields (repeatable, e.g. --config k_sharp=3); overrides apply on top of the file, else on top of "

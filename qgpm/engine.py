@@ -140,7 +140,8 @@ class QGPM:
         ``model``: ``None``/``"smollm2"`` (embedded default), an HF id or local folder,
         or a path to a ``.gguf`` file. ``heads``: ``None`` = the stored set for this model;
         ``"calibrate"`` = calibrate now on synthetic samples; a path to a head-set JSON;
-        or a list of ``(layer, head)``. ``reuse_prefill``: see :class:`QGPM`. ``generator``: where
+        or a list of ``(layer, head)``; read by calls whose config ranks with the heads (``relevance="heads"``, not the
+        presets' ``"minilm"``: a warning says so). ``reuse_prefill``: see :class:`QGPM`. ``generator``: where
         pass 2 and decoding run (see :meth:`use_generator`; default: this process).
         ``pass1_layers_only`` (default: ``True`` exactly when ``generator`` is given): load only the
         decoder layers pass 1 reads (:mod:`qgpm.partial`; ``engine.weights_not_loaded`` says how many
@@ -188,11 +189,11 @@ class QGPM:
         else:
             hs = choose_head_set(heads, self.fingerprint, self.name)
             if isinstance(hs, HeadSetMissingError):  # no stored set: vanilla and the baselines still work
-                self.head_set, self._head_error = None, hs
+                self.head_set, self._head_error, self.heads_chosen = None, hs, False
                 return
         if self._support_error is None:
             check_heads_fit(hs.heads, self.model)
-        self.head_set, self._head_error = hs, None
+        self.head_set, self._head_error, self.heads_chosen = hs, None, heads is not None  # chosen: not the stored set
 
     def require_supported(self) -> None:
         """Raise why this model cannot run QGPM's position methods (a family or rotary kind qgpm

@@ -51,6 +51,7 @@ class ModelView(Protocol):
     rotary: Any
     n_layers: int
     head_set: HeadSet | None
+    heads_chosen: bool  # the head set was given (heads=...), not the stored one
 
     def pass1_precision(self, config: QGPMConfig | None = None, context_tokens: int | None = None) -> torch.dtype | None: ...
 
@@ -185,7 +186,12 @@ def _prepare_heads(eng: ModelView, prompt: Prompt, question: str, cfg: QGPMConfi
         view["planned"], view["relevance"], view["details"] = plan_call(eng, prompt, z, rules, capacity, note=False)
         return view["planned"]
 
-    heads = eng.head_set.top(cfg.max_heads).heads if parse_source(cfg.relevance).heads and eng.head_set is not None else []
+    reads_heads = parse_source(cfg.relevance).heads
+    if eng.heads_chosen and not reads_heads:
+        _note_once(eng, f"qgpm: this engine's head set was given (heads=...), but the call's config ranks the sentences with "
+                        f"relevance={cfg.relevance!r}, which reads no head; set relevance='heads' (or 'heads+<reranker>') in the "
+                        "config to rank with them (qgpm ask: --config relevance=heads)")
+    heads = eng.head_set.top(cfg.max_heads).heads if reads_heads and eng.head_set is not None else []
     # a pass 1 at another precision is not the model's prefill: never reused
     precision = eng.pass1_precision(cfg, prompt.context_tokens) if heads else None
     ranked = qgpm_relevance(eng.model, prompt, question, cfg, heads, plan_from, n_layers=eng.n_layers, precision=precision,

@@ -62,6 +62,22 @@ def test_reranker_source_runs_no_pass1_and_needs_no_head_set(tokenizer, monkeypa
     assert torch.equal(call.z, expected)
 
 
+def test_chosen_heads_that_the_config_does_not_read_are_said_once(tokenizer, caplog, one_thread):
+    model = tiny_model("llama", len(tokenizer))
+    cfg = QGPMConfig(relevance="bm25", remap="reorder", split_layer=0, keep_length=0.0)
+    context = needle_context(5)
+    stored = QGPM(model, tokenizer, name="model-without-heads", config=cfg)  # no head set given: nothing to say
+    with caplog.at_level("WARNING", logger="qgpm"):
+        stored.answer(context, NEEDLE_QUESTION, max_new_tokens=2)
+    assert "reads no head" not in caplog.text
+    engine = QGPM(model, tokenizer, name="model-without-heads", heads=[(0, 0), (1, 1)], config=cfg)
+    with caplog.at_level("WARNING", logger="qgpm"):
+        engine.answer(context, NEEDLE_QUESTION, max_new_tokens=2)
+        engine.answer(context, NEEDLE_QUESTION, max_new_tokens=2)
+        engine.answer(context, NEEDLE_QUESTION, config=cfg.with_(relevance="heads+bm25"), max_new_tokens=2)
+    assert caplog.text.count("relevance='bm25', which reads no head") == 1
+
+
 @pytest.mark.parametrize("spec", ["nosuch", "minlm", "heads+nope", "bm25:x", "cross-encoder", "cross-encoder:"])
 def test_unknown_relevance_source_fails_when_the_config_is_built(spec):
     with pytest.raises(ValueError, match=r"is not a relevance source; use 'heads', a reranker \(bm25, minilm"):
