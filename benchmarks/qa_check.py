@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     samples = {(k[0], k[3]): (first[k]["seed"], first[k]["length"], first[k]["gold"]) for k in common}
     qs = questions(samples)
     got = {m: {k: kinds(rows[m][k], qs[(k[0], k[3])]) for k in common} for m in labels}
-    in_q = [f"{t} {i}" for (t, i), (_, _, gold) in sorted(samples.items()) if gold_in_question(qs[(t, i)], gold)]
+    in_q = [f"{t} sample {i}" for (t, i), (_, _, gold) in sorted(samples.items()) if gold_in_question(qs[(t, i)], gold)]
     print(f"{len(common)} QA samples every series ran ({len(samples)} questions), {args.length} tokens. "
           f"Questions that contain their gold: {', '.join(in_q) or 'none'}.\n")
 

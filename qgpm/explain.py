@@ -95,11 +95,20 @@ def printable(text: str, keep: str = _TERMINAL_KEEPS) -> str:
 def clip(text: str, n: int, *, tail: int = 0) -> str:
     """``text`` on one line (its whitespace runs folded to one space, control characters shown:
     :func:`printable`), cut to ``n`` characters with "…" where it was cut; with ``tail``, its
-    last ``tail`` characters are kept after " ... " instead."""
+    last ``tail`` characters are kept after " ... " instead, both cuts moved back to a space
+    within 20 characters (no word is cut in two)."""
     text = printable(" ".join(text.split()))
     if len(text) <= n:
         return text
-    return text[: n - tail - 5] + " ... " + text[-tail:] if tail else text[: n - 1].rstrip() + "…"
+    if not tail:
+        return text[: n - 1].rstrip() + "…"
+    cut, back = n - tail - 5, len(text) - tail
+    head, end = text[:cut], text[back:]
+    if text[cut] != " " and " " in head[-20:]:  # mid-word
+        head = head[: head.rindex(" ")]
+    if text[back - 1] != " " and " " in end[:20]:
+        end = end[end.index(" ") + 1 :]
+    return head.rstrip() + " ... " + end.lstrip()
 
 
 def check_count(k: Any, name: str) -> int:
@@ -164,7 +173,8 @@ def ranked_by(result: Explained) -> str | None:
     if stage is Stage.HEADS:
         return "ranked by the model's heads"
     if stage is Stage.EVIDENCE:
-        return "ranked by the given evidence: the sentences holding it first, the others in context order"
+        return ("ranked by the given evidence: the sentences holding it first, the others in context order; only the evidence "
+                "text moves, the rest of its sentence keeps its place")
     return None
 
 

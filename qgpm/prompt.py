@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from .chat_template import render_chat
+from .log import warn_once
 from .segment import Sentence, assign_tokens_to_sentences, has_visible_text, split_documents
 from .tokens import encode_prompt
 
@@ -46,6 +47,11 @@ __all__ = [
 
 DEFAULT_TEMPLATE = "{instruction}\n\n{context}\n\n{question}"
 DEFAULT_INSTRUCTION = "Answer the question using the text below."
+PLAIN_TEXT_ADVICE = (
+    "qgpm: this model's tokenizer has no chat template, so the prompt is plain text with no end of turn, and a base model may "
+    "repeat the prompt or write on past its answer; give it a labelled question, an answer cue and a stop string, e.g. "
+    "template='{instruction}\\n\\n{context}\\n\\nQuestion: {question}', answer_prefix='Answer:', stop=['\\n']")
+"""Said once (logger ``qgpm``) when such a prompt is rendered with the default template and no ``answer_prefix``."""
 _FIELDS = ("instruction", "context", "question")
 
 
@@ -287,6 +293,8 @@ def _render(tokenizer: Any, spec: PromptSpec, context_text: str) -> RenderedProm
         system_span = located[0] if spec.system and located is not None else None
         add_special = False
     else:
+        if spec.template in (DEFAULT_TEMPLATE, "{context}\n\n{question}") and not spec.answer_prefix:
+            warn_once(PLAIN_TEXT_ADVICE)
         head = (spec.system + "\n\n" if spec.system else "") + user + "\n\n"
         where = len(spec.system) + 2 if spec.system else 0
         system_span = (0, len(spec.system)) if spec.system else None

@@ -33,7 +33,8 @@ class SentenceRelevance:
     stride, ``s_low`` = most compressed on fast planes; text before the first relevant
     sentence also scores 1, kept in place). ``promoted``: the plan acted on the sentence as
     relevant (moved under ``remap="reorder"`` / ``"move"``, kept a full step while others were
-    compressed under ``"stride"``); ``moved_to``: where a moved sentence went, ``"question"``
+    compressed under ``"stride"``; for the Oracle, the sentence holds evidence, and only the
+    evidence text moved, not the rest of the sentence); ``moved_to``: where a moved sentence went, ``"question"``
     (next to the question) or ``"start"`` (the context's start, every second one under
     ``placement="ends"``), ``None`` where nothing moved it; ``term_dropped``: it was among the
     top ranked but the query-term filter (``term_ratio``) left it in place. ``text`` is the

@@ -208,6 +208,9 @@ def test_methods_without_a_ranking_say_what_they_did(engine):
     short = engine.answer("The gate opens at six.", QUESTION, method="string", options=StringOptions(shift=None), max_new_tokens=2)
     assert short.details.settings.get("remapped") is False and "standard positions: the prompt is too short" in short.explain()
     assert clip("x" * 200, 120).endswith("…") and len(clip("x" * 200, 120)) == 120 and clip("short", 120) == "short"
+    words = " ".join(f"word{i:02d}" for i in range(40))
+    assert clip(words, 60, tail=20) == "word00 word01 word02 word03 word04 ... word37 word38 word39"  # cut between words: as it is
+    assert clip(words, 63, tail=22) == "word00 word01 word02 word03 word04 ... word37 word38 word39"  # both cuts mid-word: moved to a space
 
 
 def test_control_characters_from_the_context_reach_no_terminal(engine, capsys):
@@ -255,7 +258,8 @@ def test_the_oracle_says_its_ranking_is_the_evidence_and_the_rest_is_context_ord
     res = engine.answer(CONTEXT, QUESTION, method="oracle", evidence=[gold], max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))
     top = res.top_sentences(len(res.relevance))
     assert top[0].text == gold and [s.index for s in top[1:]] == sorted(s.index for s in top[1:])  # context order after the evidence
-    said = "ranked by the given evidence: the sentences holding it first, the others in context order"
+    said = ("ranked by the given evidence: the sentences holding it first, the others in context order; only the evidence text "
+            "moves, the rest of its sentence keeps its place")
     assert said in res.explain(3).splitlines()[0] and html.escape(said) in res.to_html()
     cli._print_why("oracle", res, top=3)
     heads = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))

@@ -62,6 +62,19 @@ def case(request, tokenizer, llama3_tokenizer, plain_tokenizer):
     return engine, INJECTIONS["llama3" if request.param == "llama3" else "smollm2"]
 
 
+def test_a_plain_text_prompt_in_the_default_form_says_how_to_cue_the_answer(plain_tokenizer, tokenizer, caplog):
+    import qgpm.log
+
+    qgpm.log._WARNED.clear()
+    with caplog.at_level("WARNING", logger="qgpm"):
+        build_prompt(tokenizer, PromptSpec(CONTEXT, QUESTION))  # a chat template: nothing to say
+        build_prompt(plain_tokenizer, PromptSpec(CONTEXT, QUESTION, answer_prefix="Answer:"))  # cued: nothing to say
+        assert "no chat template" not in caplog.text
+        build_prompt(plain_tokenizer, PromptSpec(CONTEXT, QUESTION))
+        build_prompt(plain_tokenizer, PromptSpec(CONTEXT, QUESTION, instruction=""))
+    assert caplog.text.count("has no chat template") == 1 and "answer_prefix='Answer:'" in caplog.text
+
+
 def test_plain_prompt_form_without_chat_template(plain_tokenizer):
     """A base model's prompt: system, the rendered user message and the answer prefix as
     plain text (blank lines between), the tokenizer's own special tokens added, every

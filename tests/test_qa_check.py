@@ -52,7 +52,7 @@ def test_the_table_counts_strict_answers_and_pairs_them(tmp_path, capsys, monkey
     assert mod.main([str(path), "--length", "16384", "--series", "vanilla=vvv,qgpm=qqq"]) == 0
     out = capsys.readouterr().out
     assert asked[0] == {("qa_1", 0): (1000, 16384, ["Sunnyside"]), ("qa_1", 4): (1004, 16384, ["Geochronologists"])}
-    assert "Questions that contain their gold: qa_1 0." in out
+    assert "Questions that contain their gold: qa_1 sample 0." in out
     assert "| vanilla | 2 | 1 | 0 | 1 |" in out
     assert "| qgpm | 3 | 1 | 1 | 1 (1/1, 1) |" in out
     assert mod.main([str(path), "--length", "16384", "--series", "vanilla=vvv,qgpm=qqq", "--against", "qgpm"]) == 0
