@@ -1308,3 +1308,21 @@ def test_an_interrupted_eval_keeps_its_answers_in_rows_jsonl_and_says_how_to_res
     assert len(_rows(out)) == 1
     monkeypatch.setattr(runner, "answer_sample", real)
     assert main(args) == 0 and len(_rows(out)) == 2
+
+
+def test_the_harness_logs_its_own_notes_and_only_warnings_of_other_libraries():
+    """qgpm eval / tune show qgpm's INFO notes; other libraries' INFO lines (sentence-transformers'
+    "Load pretrained ...") stay out of the progress bar's way."""
+    import logging
+
+    from qgpm.eval.cli import _setup_logging
+
+    root, ours = logging.getLogger(), logging.getLogger("qgpm")
+    levels = (root.level, ours.level)
+    try:
+        _setup_logging()
+        assert logging.getLogger("qgpm.eval").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("sentence_transformers.SentenceTransformer").isEnabledFor(logging.INFO)
+    finally:
+        root.setLevel(levels[0])
+        ours.setLevel(levels[1])

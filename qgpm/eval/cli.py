@@ -23,6 +23,8 @@ import os
 import time
 from typing import Sequence
 
+from tqdm.contrib.logging import logging_redirect_tqdm
+
 from qgpm._cliutil import RERANKER_HELP, QGPMArgumentParser, methods_arg, remote_call_config, run_cli, split_config_args
 from qgpm.baselines import options_from_strings
 from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options, check_lengths, confidence_summary, fitting_lengths
@@ -123,7 +125,10 @@ def register(subparsers) -> None:
 
 
 def _setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    """qgpm's own progress notes (INFO) on stderr; other libraries' only from WARNING (their
+    INFO lines, as sentence-transformers' "Load pretrained ...", broke the progress bar)."""
+    logging.basicConfig(format="%(message)s")
+    logging.getLogger("qgpm").setLevel(logging.INFO)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -168,12 +173,13 @@ def main_eval(args) -> int:
                     out_dir=args.out, reranker=args.reranker, k=args.k, only=only, resume=args.resume, shard=args.shard)  # likewise
     engine, config = _engine_and_config(args)
     t = time.time()
-    out = run_eval(
-        engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, out_dir=args.out,
-        split=args.split, config=config, reranker=args.reranker, k=args.k, logprob=args.logprob, resume=args.resume,
-        progress=args.progress, shard=args.shard, haystack=args.haystack, max_new_tokens=args.max_new_tokens,
-        on_error="raise" if args.fail_fast else "record", command=command_line(args), options=options, only=only,
-    )
+    with logging_redirect_tqdm():  # log lines above the progress bar, not through it
+        out = run_eval(
+            engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, methods=args.methods, out_dir=args.out,
+            split=args.split, config=config, reranker=args.reranker, k=args.k, logprob=args.logprob, resume=args.resume,
+            progress=args.progress, shard=args.shard, haystack=args.haystack, max_new_tokens=args.max_new_tokens,
+            on_error="raise" if args.fail_fast else "record", command=command_line(args), options=options, only=only,
+        )
     state = partial_state()
     if state is None or state.is_main_process:
         print(f"done in {time.time() - t:.0f} s: {out / 'rows.jsonl'}, {out / 'report.md'}")
@@ -191,13 +197,14 @@ def main_tune(args) -> int:
     if args.shard is not None:  # a shard without samples fails before the model loads
         shard_items(work_items(tasks, args.lengths, args.depths, args.n, args.split), args.shard)
     engine, base = _engine_and_config(args)
-    summary = tune(
-        engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, out_dir=args.out,
-        grid=grid, trials=args.trials, search_seed=args.search_seed, base_config=base,
-        split=args.split, objective=args.objective, guard=args.guard, logprob=args.logprob, progress=args.progress,
-        haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=command_line(args), oracle=args.oracle,
-        methods=args.methods, shard=args.shard,
-    )
+    with logging_redirect_tqdm():
+        summary = tune(
+            engine, tasks=tasks, lengths=args.lengths, depths=args.depths, n=args.n, out_dir=args.out,
+            grid=grid, trials=args.trials, search_seed=args.search_seed, base_config=base,
+            split=args.split, objective=args.objective, guard=args.guard, logprob=args.logprob, progress=args.progress,
+            haystack=args.haystack, max_new_tokens=args.max_new_tokens, command=command_line(args), oracle=args.oracle,
+            methods=args.methods, shard=args.shard,
+        )
     b, v = summary["best"], summary["vanilla"]
     print(f"best trial #{b['trial']}: acc {100 * (b['acc'] or 0):.1f}% (vanilla {100 * (v['acc'] or 0):.1f}%), changes {b['changes']}")
     print(f"wrote {os.path.join(args.out, 'tune_summary.md')} and best_config.json")
