@@ -72,6 +72,7 @@ from ._tracing import QGPMTrace
 from .call_args import check_context_window, check_init_args, check_no_query_wrapper, check_window, config_window, decoding_args
 
 logger = logging.getLogger("qgpm")
+_PLAIN_WARNINGS = 16  # distinct prompt openings warned of per LLM instance
 
 __all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION"]
 
@@ -184,7 +185,7 @@ class QGPMLLM(CustomLLM):
     _engine: Any = PrivateAttr()
     _lock: Any = PrivateAttr(default=None)
     _last: Optional[QGPMResult] = PrivateAttr(default=None)
-    _warned_plain: bool = PrivateAttr(default=False)
+    _warned_plain: set = PrivateAttr(default_factory=set)  # the prompt openings already warned of
     _overheads: dict = PrivateAttr(default_factory=dict)
 
     def __init__(
@@ -298,12 +299,15 @@ class QGPMLLM(CustomLLM):
         if parts is not None:
             return self._answer_call(parts, system, kwargs)
         decoding = decoding_args(self, kwargs)  # a call that fails here warns of nothing
-        if not self._warned_plain:
-            self._warned_plain = True
+        # once per opening: a chat engine's query rewriting (plain by nature) must not use up the warning for a QA template
+        opening = prompt.lstrip().split("\n", 1)[0][:60] if formatted else ""
+        if opening not in self._warned_plain and len(self._warned_plain) < _PLAIN_WARNINGS:
+            self._warned_plain.add(opening)
             why = ("an output_parser is set" if self.output_parser is not None
                    else "the prompt is not one of LlamaIndex's QA / refine templates and has no 'Context:' block before a question")
-            logger.warning("QGPMLLM answers a prompt as plain chat without QGPM (%s; result.method == 'plain'). To answer over "
-                           "nodes with QGPM, use QGPMSynthesizer or the default templates. Logged once per LLM instance.", why)
+            logger.warning("QGPMLLM answers a prompt as plain chat without QGPM (%s; result.method == 'plain'; the prompt opens %r). "
+                           "To answer over nodes with QGPM, use QGPMSynthesizer or the default templates. Logged once per LLM "
+                           "instance for each prompt opening (at most %d).", why, opening or "as given to complete()", _PLAIN_WARNINGS)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return LLMCall(None, (messages,), decoding, self._join_trace(), {"step": "plain"})
 

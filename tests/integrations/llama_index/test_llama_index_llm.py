@@ -475,6 +475,12 @@ def test_plain_chat_fallback_is_logged_once(stub_engine, word_tokenizer, caplog)
     with caplog.at_level("WARNING", logger="qgpm"):
         llm.predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?"), context_str="Text.")
     assert stub_engine.calls[-1][0] == "answer" and "plain chat" not in caplog.text
+    # a chat engine's query rewriting answers plainly first; a QA template read as nothing later is still said
+    with caplog.at_level("WARNING", logger="qgpm"):
+        llm.predict(PromptTemplate("Rewrite the follow-up as a standalone question.\n{q}"), q="And then?")
+        llm.predict(PromptTemplate("Rewrite the follow-up as a standalone question.\n{q}"), q="Why?")
+        llm.predict(PromptTemplate("Notes to use:\n{context_str}\nNow answer: {query_str}"), context_str="Text.", query_str="Q?")
+    assert caplog.text.count("answers a prompt as plain chat without QGPM") == 2 and "'Notes to use:'" in caplog.text
 
 
 def test_a_reranker_source_needs_no_head_set(stub_engine, word_tokenizer, monkeypatch):
