@@ -45,6 +45,8 @@ _CUE = re.compile(
 _TAG = re.compile(r"<(context|contexts|documents?|docs|sources?|passages?|retrieved_context|information)>[ \t]*\n?", re.I)
 _LABEL_BODY = rf"(?:retrieved[ \t]+|relevant[ \t]+)?{_NOUNS}(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*(?:\n|(?=\S))"
 _LABEL = re.compile(rf"^[ \t]*(?:#{{1,6}}[ \t]*|\*\*)?{_LABEL_BODY}", re.I | re.M)
+# A document's own metadata line ("Source: a.pdf", "Reference: RFC 9110"): a one-item noun with its value on the same line
+_META_LINE = re.compile(r"[ \t]*(?:\*\*)?(?:source|reference)(?:\*\*)?[ \t]*:[ \t]*(?:\*\*)?[ \t]*\Z", re.I)
 # A Markdown heading that names the context without a colon ("## Context", "### Retrieved documents"): a
 # marker only in the message's first two paragraphs (after at most the instruction), so a document's
 # own headings further on ("## Background", "## Sources") stay its text.
@@ -238,7 +240,7 @@ def _context_start(text: str, limit: int) -> tuple[int, int, str, str | None] | 
     m = _TAG.search(window)
     if m:
         return len(text[: m.start()].rstrip()), m.end(), "tag", m.group(1)
-    m = _LABEL.search(window)
+    m = next((m for m in _LABEL.finditer(window) if not _META_LINE.match(m.group())), None)
     if m:
         return len(text[: m.start()].rstrip()), m.end(), "label", None
     m = _context_heading(window, len(window))

@@ -353,3 +353,12 @@ def test_a_question_glued_to_the_last_document_is_read_as_one_paragraph_and_said
         parts = read_chat([{"role": "user", "content": text}])
     assert parts.question == f"{DOCS[2]}\n{QUESTION}" and list(parts.documents) == DOCS[:2]
     assert "put a blank line or a 'Question:' label before the question" in caplog.text
+
+
+def test_a_documents_source_line_is_not_the_context_label():
+    docs = ["Source: a.pdf\n" + DOCS[0], "Source: b.pdf\n" + DOCS[1], "Reference: town records\n" + DOCS[2]]
+    text = "Use the retrieved context below to answer.\n\n" + "\n\n".join(docs) + f"\n\nQuestion: {QUESTION}"
+    parts = read_chat([{"role": "user", "content": text}])
+    assert list(parts.documents) == docs and parts.instruction == "Use the retrieved context below to answer." and render(parts) == text
+    labelled = "Sources:\n" + "\n\n".join(docs) + f"\n\nQuestion: {QUESTION}"  # a label line of its own still opens the context
+    assert list(read_chat([{"role": "user", "content": labelled}]).documents) == docs
