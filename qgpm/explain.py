@@ -95,20 +95,25 @@ def printable(text: str, keep: str = _TERMINAL_KEEPS) -> str:
 def clip(text: str, n: int, *, tail: int = 0) -> str:
     """``text`` on one line (its whitespace runs folded to one space, control characters shown:
     :func:`printable`), cut to ``n`` characters with "…" where it was cut; with ``tail``, its
-    last ``tail`` characters are kept after " ... " instead, both cuts moved back to a space
-    within 20 characters (no word is cut in two)."""
+    last ``tail`` characters are kept after " ... " instead (where ``n`` leaves room for them).
+    A cut inside a word moves back to the space before it, if that lies within 20 characters."""
     text = printable(" ".join(text.split()))
     if len(text) <= n:
         return text
-    if not tail:
-        return text[: n - 1].rstrip() + "…"
-    cut, back = n - tail - 5, len(text) - tail
-    head, end = text[:cut], text[back:]
-    if text[cut] != " " and " " in head[-20:]:  # mid-word
-        head = head[: head.rindex(" ")]
-    if text[back - 1] != " " and " " in end[:20]:
+    if not tail or n - tail - 5 < 1:
+        return _cut_back(text, n - 1) + "…"
+    end = text[len(text) - tail :]
+    if text[len(text) - tail - 1] != " " and " " in end[:20]:  # mid-word
         end = end[end.index(" ") + 1 :]
-    return head.rstrip() + " ... " + end.lstrip()
+    return _cut_back(text, n - tail - 5) + " ... " + end.lstrip()
+
+
+def _cut_back(text: str, cut: int) -> str:
+    """``text[:cut]``, moved back to a space within 20 characters where ``cut`` falls inside a word."""
+    head = text[: max(cut, 0)]
+    if cut < len(text) and text[cut] != " " and " " in head[-20:]:
+        head = head[: head.rindex(" ")]
+    return head.rstrip()
 
 
 def check_count(k: Any, name: str) -> int:

@@ -12,9 +12,12 @@ by a rule line ends at the same rule line where the template closes it (its last
 followed by nothing or by one paragraph that mentions the context or opens as an instruction;
 a rule line inside a document is the document's). With ``with_question=True`` the message must also end with
 its question: after a ``Question:``-style label, in ``<question>`` tags, or as a short last
-paragraph ending with ``?`` (of which only the last line, where that line opens with a short
-lead-in such as ``Now tell me:``; after a closing context tag, the tag's last line); or hold a labelled question before a ``Context:`` label line
-(``rlm/rag-prompt``). :mod:`qgpm.chat_prompt` applies it to whole conversations.
+paragraph ending with ``?`` (of which only the last line, where that line opens with a
+lead-in that ends in "question:", "query:", "me:", "answer:" and the like, as ``Now tell me:``;
+an unlabelled paragraph of several lines is said once, as it may hold the last document; after
+a closing context tag, the one line there that ends with ``?``); or hold a labelled question
+before a ``Context:`` label line (``rlm/rag-prompt``). :mod:`qgpm.chat_prompt` applies it to
+whole conversations.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .explain import clip
 from .log import warn_once
 from .prompt import has_visible_text
 
@@ -71,7 +73,9 @@ _Q_TAG = re.compile(r"<(question|query)>(.*?)</\1>", re.I | re.S)
 _ANSWER_CUE = re.compile(r"\s*\n[ \t]*(?:helpful[ \t]+)?(?:answer|a|response|assistant)[ \t]*:[ \t]*$", re.I)
 _SHORT_QUESTION = 500
 # A template's question line with its own short lead-in ("Now tell me: {question}", "Answer the question: {question}")
-_LED_QUESTION = re.compile(r"^[ \t]*[A-Za-z][^\n:?]{0,60}:[ \t]+(?=\S)", re.M)
+_LED_QUESTION = re.compile(r"^[ \t]*[A-Za-z][^\n:?]{0,50}\b(?:question|query|ask|asks|me|answer|input)[ \t]*:[ \t]+(?=\S)", re.I | re.M)
+GLUED_QUESTION_WARNING = ("qgpm: a prompt's question was read as its last paragraph of several lines, right after the context; if its "
+                          "first lines are the last document, put a blank line or a 'Question:' label before the question in the template")
 _ANSWER_LINE = re.compile(r"^[ \t]*(?:a|answer|response)[ \t]*:[ \t]*\S", re.I | re.M)  # an answer given in the text
 
 
@@ -189,24 +193,22 @@ def _question_span(text: str) -> tuple[int, int, int] | None:
                 led = _LED_QUESTION.match(text, line0)
                 if led is not None:  # "{last document}\nNow tell me: {question}": the last line is the template's question line
                     return led.end(), q0 + len(stripped), line0
-                warn_once(f"qgpm: the question was read as the prompt's last paragraph, {stripped.count(chr(10)) + 1} lines "
-                           f"({clip(stripped, 80)!r}); if its first lines are the last document, put a blank line or a "
-                           "'Question:' label before the question in the prompt template")
             return q0, q0 + len(stripped), m.start()
     return None
 
 
-def _last_line_question(text: str) -> tuple[int, int, int] | None:
-    """(start, end, line start) of the last line of ``text`` with visible text, an ``Answer:``
-    cue at the end and a short lead-in (``Now tell me: ``) left out; ``None`` if there is none."""
+def _question_line(text: str) -> tuple[int, int, int] | None:
+    """(start, end, line start) of the one line of ``text`` that ends with ``?`` (an ``Answer:``
+    cue at the end aside), a lead-in such as ``Now tell me: `` left out; ``None`` where no line
+    or several lines end so (the other lines are the template's own: "Answer in one word.")."""
     cue = _ANSWER_CUE.search(text)
-    end = len(text[: cue.start() if cue else len(text)].rstrip())
-    if not has_visible_text(text[:end]):
+    end = cue.start() if cue else len(text)
+    asked = [m for m in re.finditer(r"^[ \t]*(\S[^\n]*?\?)[ \t]*$", text[:end], re.M)]
+    if len(asked) != 1:
         return None
-    line0 = text.rfind("\n", 0, end) + 1
-    led = _LED_QUESTION.match(text, line0)
-    q0 = led.end() if led is not None and led.end() < end else line0 + len(text[line0:end]) - len(text[line0:end].lstrip())
-    return q0, end, line0
+    m = asked[0]
+    led = _LED_QUESTION.match(text, m.start(), m.end(1))
+    return (led.end() if led else m.start(1)), m.end(1), m.start()
 
 
 def _question_first(text: str, q: tuple[int, int, int]) -> ContextBlock | None:
@@ -286,19 +288,20 @@ def _closing_rule(text: str, rule: str, start: int, end: int) -> int | None:
     return lines[-1].start()
 
 
-def _question_after_tagged_block(text: str) -> tuple[int, int, int] | None:
-    """The question of a message whose context sits in tags, looked for only after the closing
-    tag: a ``Q:`` line or a question inside the documents is not the prompt's question. Without
-    a label, tags or a last paragraph ending with ``?`` there, it is the last line after the tag."""
+def _question_after_tagged_block(text: str) -> tuple[bool, tuple[int, int, int] | None]:
+    """(whether the message's context sits in closed tags, its question): the question of such a
+    message is looked for only after the closing tag, where a ``Q:`` line or a question inside
+    the documents is not the prompt's question. Without a label, tags or a last paragraph ending
+    with ``?`` there, it is the one line after the tag that ends with ``?``; else there is none."""
     found = _context_start(text, len(text))
     if found is None or found[2] != "tag":
-        return None
+        return False, None
     close = _closing_tag(text, found[3], found[1], len(text))
     if close is None:
-        return None
+        return False, None
     rest = text[close.end() :]
-    q = _question_span(rest) or _last_line_question(rest)  # right after the tag, without a blank line: the last line
-    return None if q is None else (q[0] + close.end(), q[1] + close.end(), q[2] + close.end())
+    q = _question_span(rest) or _question_line(rest)  # right after the tag, without a blank line: the line that asks
+    return True, None if q is None else (q[0] + close.end(), q[1] + close.end(), q[2] + close.end())
 
 
 def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None:
@@ -306,7 +309,8 @@ def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None
 
     With ``with_question=True`` the message must also end with its question (after a
     ``Question:``-style label, in ``<question>`` tags, or as a short last paragraph ending
-    with ``?``); the context then ends where the question's part begins. Returns ``None``
+    with ``?``; see the module docs for a question right after the last document or the closing
+    tag); the context then ends where the question's part begins. Returns ``None``
     where no block (or, with ``with_question``, no question after it) is found.
     """
     if not isinstance(text, str) or not text.strip():
@@ -314,7 +318,9 @@ def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None
     end = len(text)
     q = None
     if with_question:
-        q = _question_after_tagged_block(text) or _question_span(text)
+        tagged, q = _question_after_tagged_block(text)
+        if not tagged:
+            q = _question_span(text)
         if q is None:
             return None
         first = _question_first(text, q)
@@ -343,6 +349,8 @@ def find_context_block(text: str, *, with_question: bool) -> ContextBlock | None
     if marker == "paragraph" and has_visible_text(text[c0:c1]):
         if c1 - c0 < min(MIN_WEAK_CONTEXT_CHARS, max(1, head_end // 2)):
             return None
+    if q is not None and tag is None and not text[q[2] : q[0]].strip() and "\n" in text[q[0] : q[1]]:
+        warn_once(GLUED_QUESTION_WARNING)  # an unlabelled question of several lines may hold the last document
     return ContextBlock(
         text=text, instruction_end=head_end, start=c0, end=c1, marker=marker,
         question_start=None if q is None else q[0], question_end=None if q is None else q[1],

@@ -328,7 +328,8 @@ def test_a_rule_line_inside_the_last_document_does_not_close_the_context():
     assert block.context.endswith("The log's key fact is 42.") and block.question == "What is the log's key fact?"
 
 
-@pytest.mark.parametrize("after", [f"{QUESTION}", f"Answer the question: {QUESTION}", f"Answer in one sentence.\n{QUESTION}\nAnswer:"])
+@pytest.mark.parametrize("after", [f"{QUESTION}", f"Answer the question: {QUESTION}", f"Answer in one sentence.\n{QUESTION}\nAnswer:",
+                                   f"{QUESTION}\nAnswer in one word.", f"\n{QUESTION}\n\nAnswer only from the context. If unsure, say so."])
 def test_a_question_on_the_line_after_the_closing_tag_leaves_the_last_document_whole(after):
     docs = [DOCS[0], DOCS[1], "The coastguard cottages are now holiday lets."]
     text = "Use the context to answer.\n<context>\n" + "\n\n".join(docs) + "\n</context>\n" + after
@@ -336,6 +337,20 @@ def test_a_question_on_the_line_after_the_closing_tag_leaves_the_last_document_w
     assert block.marker == "tag" and block.documents() == docs and block.question == QUESTION
     parts = read_chat([{"role": "user", "content": text}])
     assert list(parts.documents) == docs and parts.question == QUESTION and render(parts) == text
+
+
+@pytest.mark.parametrize("after", ["Please summarize the documents.", "Answer in one word.\nBe brief.", "Is it A?\nOr is it B?"])
+def test_after_a_closing_tag_a_line_that_asks_nothing_or_two_that_ask_are_no_question(after):
+    text = "<context>\n" + CONTEXT + "\n</context>\n" + after
+    assert find_context_block(text, with_question=True) is None  # as before: no question read, the call is plain chat
+
+
+@pytest.mark.parametrize("line, question", [("Regarding the skeleton: when was it found?", "Regarding the skeleton: when was it found?"),
+                                            ("At 10: 30 what happened?", "At 10: 30 what happened?"),
+                                            ("Now tell me: " + QUESTION, QUESTION), ("My question: " + QUESTION, QUESTION)])
+def test_only_a_lead_in_that_asks_is_cut_off_the_question(line, question):
+    text = "<context>\n" + CONTEXT + "\n</context>\n" + line
+    assert find_context_block(text, with_question=True).question == question
 
 
 def test_a_led_question_line_right_after_the_last_document_is_the_question():
@@ -353,6 +368,13 @@ def test_a_question_glued_to_the_last_document_is_read_as_one_paragraph_and_said
         parts = read_chat([{"role": "user", "content": text}])
     assert parts.question == f"{DOCS[2]}\n{QUESTION}" and list(parts.documents) == DOCS[:2]
     assert "put a blank line or a 'Question:' label before the question" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="qgpm"):
+        read_chat([{"role": "user", "content": f"Use the context below.\nContext:\n{CONTEXT}\nWhere is the museum?"}])  # said once
+        assert read_chat([{"role": "user", "content": "Hi there.\n\nQuick one,\nis it sunny?"}]).mode == "plain"  # no context
+        two_lines = f"Use the context below.\nContext:\n{CONTEXT}\n\nQuestion: I saw a whale.\nWhen was it found?"  # labelled
+        assert read_chat([{"role": "user", "content": two_lines}]).question == "I saw a whale.\nWhen was it found?"
+    assert "last paragraph" not in caplog.text
 
 
 def test_a_documents_source_line_is_not_the_context_label():

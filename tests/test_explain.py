@@ -211,6 +211,7 @@ def test_methods_without_a_ranking_say_what_they_did(engine):
     words = " ".join(f"word{i:02d}" for i in range(40))
     assert clip(words, 60, tail=20) == "word00 word01 word02 word03 word04 ... word37 word38 word39"  # cut between words: as it is
     assert clip(words, 63, tail=22) == "word00 word01 word02 word03 word04 ... word37 word38 word39"  # both cuts mid-word: moved to a space
+    assert clip(words, 17) == "word00 word01…" and clip("abcdefghijklmn", 10, tail=20) == "abcdefghi…"  # no room for the tail
 
 
 def test_control_characters_from_the_context_reach_no_terminal(engine, capsys):

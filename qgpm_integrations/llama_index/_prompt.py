@@ -38,7 +38,6 @@ from __future__ import annotations
 import ast
 import re
 import string
-from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Iterable, Optional, Sequence
@@ -50,7 +49,7 @@ from qgpm.chat_prompt import find_context_block, history_text
 from qgpm.message_shape import QUESTION_LABEL
 from qgpm.prompt import has_visible_text
 
-__all__ = ["PromptParts", "read_prompt", "split_documents", "split_context", "messages_to_prompt"]
+__all__ = ["PromptParts", "is_own_plain_prompt", "read_prompt", "split_documents", "split_context", "messages_to_prompt"]
 
 _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 _RULE_LINE = re.compile(r"[ \t]*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})[ \t]*")
@@ -88,8 +87,10 @@ def split_documents(text: str) -> list[str]:
 
     A part made only of ``key: value`` lines -- a node's metadata, which LlamaIndex writes
     above the node's text with a blank line between (``"{metadata_str}\n\n{content}"``) --
-    opens the part after it, so a node's source stays with its text: always where its keys are
-    the ones most parts of this kind share, else where the next part is not of this kind. A context formatted as a
+    opens the part after it, so a node's source stays with its text, where the same keys open at
+    least two parts and each time text of another shape follows (so "Q: ... / A: ..." entries,
+    records of ``Name: ... / Beds: ...`` lines or a one-off "Note: ..." paragraph stay apart).
+    With one node retrieved, its metadata stays a document of its own. A context formatted as a
     Python list of strings (older ``simple_summarize`` versions pass their context as a list,
     which the template formats with ``str``) is read back as that list.
     """
@@ -104,11 +105,15 @@ def split_documents(text: str) -> list[str]:
             texts = value
     parts = [p.strip() for t in texts for p in _BLANK_LINE.split(t) if has_visible_text(p)]
     keys = [tuple(line.split(":", 1)[0] for line in p.splitlines()) if _METADATA.fullmatch(p) else None for p in parts]
-    counts = Counter(k for k in keys if k)
-    usual = {k for k, n in counts.items() if n >= 2 and n == max(counts.values())}  # the keys every node of the index has
+    opens: dict[tuple, list[bool]] = {}  # for each key set: is each of its parts followed by a part of another shape?
+    for i, k in enumerate(keys):
+        if k:
+            opens.setdefault(k, []).append(i + 1 < len(parts) and keys[i + 1] != k)
+    # metadata: key sets seen at least twice, each time above text of another shape (FAQ entries and records follow their own kind)
+    meta = {k for k, after in opens.items() if len(after) >= 2 and all(after)}
     out: list[str] = []
     for i, part in enumerate(parts):
-        if i and keys[i - 1] and (keys[i - 1] in usual or not keys[i]) and out[-1] == parts[i - 1]:
+        if i and keys[i - 1] in meta and out[-1] == parts[i - 1]:
             out[-1] = f"{out[-1]}\n\n{part}"
         else:
             out.append(part)
@@ -126,6 +131,27 @@ def _default_templates() -> list[str]:
                      chat_prompts.CHAT_REFINE_PROMPT_TMPL_MSGS):
         texts += [m.content for m in messages if isinstance(m.content, str) and any(f"{{{v}}}" in m.content for v in _CONTEXT_VARS)]
     return list(dict.fromkeys(texts))
+
+
+_READ_TEMPLATES = ("DEFAULT_SIMPLE_INPUT_TMPL", "DEFAULT_TEXT_QA_PROMPT_TMPL", "DEFAULT_REFINE_PROMPT_TMPL", "DEFAULT_TREE_SUMMARIZE_TMPL")
+
+
+@lru_cache(maxsize=1)
+def _own_plain_patterns() -> tuple[re.Pattern[str], ...]:
+    """Patterns of LlamaIndex's own prompts that ask no question over nodes: the default
+    templates other than question answering (summaries, keyword extraction, text to SQL, ...)
+    and the chat engines' query rewriting."""
+    from llama_index.core.chat_engine import condense_plus_context, condense_question
+
+    texts = [v for k, v in vars(default_prompts).items() if k.endswith("_TMPL") and isinstance(v, str) and k not in _READ_TEMPLATES]
+    texts += [condense_question.DEFAULT_TEMPLATE, condense_plus_context.DEFAULT_CONDENSE_PROMPT_TEMPLATE]
+    return tuple(_template_pattern(t) for t in texts)
+
+
+def is_own_plain_prompt(text: str) -> bool:
+    """Whether ``text`` is one of LlamaIndex's own prompts that ask no question over nodes
+    (:func:`_own_plain_patterns`), which ``QGPMLLM`` answers as plain chat by design."""
+    return any(p.search(text) for p in _own_plain_patterns())
 
 
 def _template_pattern(template: str, *, then_rest: bool = False) -> re.Pattern[str]:

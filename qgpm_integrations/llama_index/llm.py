@@ -65,14 +65,13 @@ from qgpm.sources import parse_source
 
 from .._common import Cancellable, is_loaded_model, iterate_in_thread, shared_engine
 from . import _tracing
-from ._prompt import PromptParts, read_prompt
+from ._prompt import PromptParts, is_own_plain_prompt, read_prompt
 from ._responses import acompletions, completion, completions
 from ._tokens import plain_ids, qgpm_prompt_overhead, set_tokenizer
 from ._tracing import QGPMTrace
 from .call_args import check_context_window, check_init_args, check_no_query_wrapper, check_window, config_window, decoding_args
 
 logger = logging.getLogger("qgpm")
-_PLAIN_WARNINGS = 16  # distinct prompt openings warned of per LLM instance
 
 __all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION"]
 
@@ -185,7 +184,7 @@ class QGPMLLM(CustomLLM):
     _engine: Any = PrivateAttr()
     _lock: Any = PrivateAttr(default=None)
     _last: Optional[QGPMResult] = PrivateAttr(default=None)
-    _warned_plain: set = PrivateAttr(default_factory=set)  # the prompt openings already warned of
+    _warned_plain: set = PrivateAttr(default_factory=set)  # True: LlamaIndex's own plain prompts said; False: any other said
     _overheads: dict = PrivateAttr(default_factory=dict)
 
     def __init__(
@@ -299,15 +298,19 @@ class QGPMLLM(CustomLLM):
         if parts is not None:
             return self._answer_call(parts, system, kwargs)
         decoding = decoding_args(self, kwargs)  # a call that fails here warns of nothing
-        # once per opening: a chat engine's query rewriting (plain by nature) must not use up the warning for a QA template
-        opening = prompt.lstrip().split("\n", 1)[0][:60] if formatted else ""
-        if opening not in self._warned_plain and len(self._warned_plain) < _PLAIN_WARNINGS:
-            self._warned_plain.add(opening)
-            why = ("an output_parser is set" if self.output_parser is not None
-                   else "the prompt is not one of LlamaIndex's QA / refine templates and has no 'Context:' block before a question")
-            logger.warning("QGPMLLM answers a prompt as plain chat without QGPM (%s; result.method == 'plain'; the prompt opens %r). "
-                           "To answer over nodes with QGPM, use QGPMSynthesizer or the default templates. Logged once per LLM "
-                           "instance for each prompt opening (at most %d).", why, opening or "as given to complete()", _PLAIN_WARNINGS)
+        # LlamaIndex's own prompts that ask no question over nodes (a chat engine's query rewriting, ...) are plain by
+        # nature: said apart, at INFO, so they do not use up the warning a custom QA template that is not read needs
+        own = self.output_parser is None and is_own_plain_prompt(prompt)
+        if own not in self._warned_plain:
+            self._warned_plain.add(own)
+            if own:
+                logger.info("QGPMLLM answers LlamaIndex's own prompts that ask no question over nodes (query rewriting, keyword "
+                            "extraction, ...) as plain chat without QGPM (result.method == 'plain'). Logged once per LLM instance.")
+            else:
+                why = ("an output_parser is set" if self.output_parser is not None
+                       else "the prompt is not one of LlamaIndex's QA / refine templates and has no 'Context:' block before a question")
+                logger.warning("QGPMLLM answers a prompt as plain chat without QGPM (%s; result.method == 'plain'). To answer over "
+                               "nodes with QGPM, use QGPMSynthesizer or the default templates. Logged once per LLM instance.", why)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
         return LLMCall(None, (messages,), decoding, self._join_trace(), {"step": "plain"})
 

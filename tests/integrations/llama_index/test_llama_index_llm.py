@@ -475,12 +475,20 @@ def test_plain_chat_fallback_is_logged_once(stub_engine, word_tokenizer, caplog)
     with caplog.at_level("WARNING", logger="qgpm"):
         llm.predict(DEFAULT_TEXT_QA_PROMPT_SEL.partial_format(query_str="Q?"), context_str="Text.")
     assert stub_engine.calls[-1][0] == "answer" and "plain chat" not in caplog.text
-    # a chat engine's query rewriting answers plainly first; a QA template read as nothing later is still said
+    # a chat engine's query rewriting is plain by design (said at INFO) and leaves the warning for a QA template not read
+    from llama_index.core.chat_engine.condense_question import DEFAULT_PROMPT as CONDENSE
+
+    fresh = QGPMLLM(engine=stub_engine)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="qgpm"):
+        fresh.predict(CONDENSE, chat_history="user: Who built it?\nassistant: The council.", question="And when?")
+        fresh.predict(CONDENSE, chat_history="user: Who built it?", question="Why?")
+    assert [r.levelname for r in caplog.records] == ["INFO"] and "own prompts that ask no question" in caplog.text
+    caplog.clear()
     with caplog.at_level("WARNING", logger="qgpm"):
-        llm.predict(PromptTemplate("Rewrite the follow-up as a standalone question.\n{q}"), q="And then?")
-        llm.predict(PromptTemplate("Rewrite the follow-up as a standalone question.\n{q}"), q="Why?")
-        llm.predict(PromptTemplate("Notes to use:\n{context_str}\nNow answer: {query_str}"), context_str="Text.", query_str="Q?")
-    assert caplog.text.count("answers a prompt as plain chat without QGPM") == 2 and "'Notes to use:'" in caplog.text
+        fresh.predict(PromptTemplate("Notes to use:\n{context_str}\nNow answer: {query_str}"), context_str="Text.", query_str="Q?")
+        fresh.complete("Tell me a joke.")
+    assert caplog.text.count("answers a prompt as plain chat without QGPM") == 1
 
 
 def test_a_reranker_source_needs_no_head_set(stub_engine, word_tokenizer, monkeypatch):

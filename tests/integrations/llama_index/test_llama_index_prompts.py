@@ -20,7 +20,7 @@ from qgpm_integrations.llama_index._prompt import PromptParts, read_prompt, spli
 NODE_A = "Sources: the city archive.\n\nThe Fernside Wing has 36 beds."
 NODE_B = "---------------------\nQuery: what is on the second floor?\nThe library."
 CONTEXT = NODE_A + "\n\n" + NODE_B
-DOCS = (NODE_A, NODE_B)  # "Sources: ..." reads as node A's metadata block, which opens its text
+DOCS = ("Sources: the city archive.", "The Fernside Wing has 36 beds.", NODE_B)
 QUESTION = "How many beds does the Fernside Wing have?"
 
 
@@ -106,8 +106,15 @@ def test_a_nodes_metadata_stays_with_its_text():
         "file_name: doc1.txt\npage_label: 2\n\nThe library is on the second floor.", "It opens at nine.",
         "file_name: doc2.txt\npage_label: 3\n\nNote: closed on Sundays.",
     )
-    # two metadata-like parts in a row: the first stands alone, the second opens the text after it
-    assert split_documents("Note: x\n\nsource: a.txt\n\nText.") == ["Note: x", "source: a.txt\n\nText."]
+    # look-alikes stay apart: FAQ entries and records (each followed by its own kind), a one-off "Note:" paragraph
+    faq = ["Q: When does it open?\nA: At nine.", "Q: Where is it?\nA: Behind the station.", "Q: How many beds?\nA: 36."]
+    assert split_documents("\n\n".join(faq)) == faq
+    records = ["Name: Fernside Wing\nBeds: 36", "Name: Kingsley\nBeds: 20", "Name: Oak\nBeds: 12"]
+    assert split_documents("\n\n".join(records)) == records
+    assert split_documents("Text A.\n\nNote: closed on Sundays.\n\nText B.") == ["Text A.", "Note: closed on Sundays.", "Text B."]
+    # metadata above FAQ nodes opens them
+    nodes = ["file_name: a.txt\n\n" + faq[0], faq[1], "file_name: b.txt\n\n" + faq[2]]
+    assert split_documents("\n\n".join(nodes)) == nodes
 
 
 def test_split_documents():
