@@ -1163,6 +1163,20 @@ def test_a_series_is_paired_with_the_baseline_config_of_its_own_budget_whatever_
     assert "its series: topk@" in capsys.readouterr().err
 
 
+def test_a_series_paired_with_the_only_baseline_run_otherwise_is_said(caplog):
+    from qgpm.eval.stats import base_for
+
+    fp = {"model": "m", "dtype": "float32", "haystack": None}
+    configs = {"q3": dict(fp, method="qgpm", max_new_tokens=3, config={"keep_length": 0}), "v128": dict(fp, method="vanilla", max_new_tokens=128),
+               "q128": dict(fp, method="qgpm", max_new_tokens=128, config={})}
+    labels = {("qgpm", "q3"): "qgpm@q3", ("qgpm", "q128"): "qgpm@q128", ("vanilla", "v128"): "vanilla"}
+    with caplog.at_level("WARNING", logger="qgpm"):
+        assert base_for("qgpm@q128", ["vanilla"], labels, configs) == "vanilla"
+        assert "other settings" not in caplog.text  # run as the series was
+        assert base_for("qgpm@q3", ["vanilla"], labels, configs) == "vanilla"
+    assert "qgpm@q3 is paired with vanilla, which was run with other settings (max_new_tokens differ)" in caplog.text
+
+
 def test_rows_of_one_question_are_one_content():
     """NoLiMa seeds that draw the same question cluster as one content in the sign-flip test;
     rows without a question_id cluster by seed, as before."""

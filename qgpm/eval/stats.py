@@ -187,33 +187,35 @@ budget, haystack, stop, generator)."""
 
 
 def base_for(label: str, base_labels: Sequence[str], labels: dict, configs: Mapping[str, dict] | None) -> str:
-    """The baseline series ``label`` is paired with: with one baseline config, that one; with
-    several, the one whose fingerprint (``configs``: config hash -> the manifest's fingerprint)
-    agrees with the series' own on the fields every method records (stop, max_new_tokens, model,
-    dtype, haystack, generator: all but :data:`METHOD_FIELDS`) and on those of :data:`METHOD_FIELDS`
-    both record (``k`` of two Top-K configs); else the first, with a warning
-    (logger ``qgpm``, once per series) naming the choice."""
-    if len(base_labels) == 1:
-        return base_labels[0]
-    matches: list[str] = []
+    """The baseline series ``label`` is paired with: the baseline config whose fingerprint
+    (``configs``: config hash -> the manifest's fingerprint) agrees with the series' own on the
+    fields every method records (stop, max_new_tokens, model, dtype, haystack, generator: all but
+    :data:`METHOD_FIELDS`) and on those of :data:`METHOD_FIELDS` both record (``k`` of two Top-K
+    configs). Where none or several agree, the first, with a warning (logger ``qgpm``, once per
+    series) naming the choice; with one baseline config, that one, with a warning naming the
+    fields that differ where it was run otherwise (another answer budget, model or dtype)."""
+    differ: dict[str, list[str]] = {}
     if configs:
         hash_of = {lab: h for (_, h), lab in labels.items()}
-        common = {k for b in base_labels for k in configs.get(hash_of[b], {})} - METHOD_FIELDS  # every method records these
+        common = {k for b in base_labels for k in configs.get(hash_of.get(b, ""), {})} - METHOD_FIELDS  # every method records these
         own = configs.get(hash_of.get(label, ""), {})
-
-        def agrees(b: str) -> bool:  # a method's own field counts where both record it (vanilla has no reranker, no k)
-            fp = configs.get(hash_of[b], {})
+        for b in base_labels:  # a method's own field counts where both record it (vanilla has no reranker, no k)
+            fp = configs.get(hash_of.get(b, ""), {})
             keys = common | ((set(own) & set(fp)) - {"method"})
-            return all(own.get(k) == fp.get(k) for k in keys)
-
-        matches = [b for b in base_labels if agrees(b)]
+            differ[b] = sorted(k for k in keys if own and own.get(k) != fp.get(k))
+    matches = [b for b in base_labels if configs and not differ[b]]
     if len(matches) == 1:
         return matches[0]
     if (label, tuple(base_labels)) not in _WARNED_BASE:
         _WARNED_BASE.add((label, tuple(base_labels)))
-        why = "no fingerprints given" if not configs else f"{len(matches)} of their fingerprints match its own"
-        logger.warning("qgpm: %s is paired with %s, the first of the baseline configs %s (%s); pass one of those labels "
-                       "as --baseline to choose", label, base_labels[0], ", ".join(base_labels), why)
+        if len(base_labels) == 1 and configs:
+            logger.warning("qgpm: %s is paired with %s, which was run with other settings (%s differ): its wins and losses "
+                           "compare more than the method; run the baseline as the series was run", label, base_labels[0],
+                           ", ".join(differ[base_labels[0]]))
+        elif len(base_labels) > 1:
+            why = "no fingerprints given" if not configs else f"{len(matches)} of their fingerprints match its own"
+            logger.warning("qgpm: %s is paired with %s, the first of the baseline configs %s (%s); pass one of those labels "
+                           "as --baseline to choose", label, base_labels[0], ", ".join(base_labels), why)
     return base_labels[0]
 
 
