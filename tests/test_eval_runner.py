@@ -1033,6 +1033,32 @@ def test_targets_and_diagnosis_on_hand_made_rows(tmp_path):
     assert json.loads((tmp_path / "stats.json").read_text())["targets"]
 
 
+def test_targets_judge_every_qgpm_config_against_the_named_baseline(tmp_path):
+    from qgpm.eval.targets import judged_series, targets_and_diagnosis
+
+    rows = _hand_rows()
+    rows += [dict(r, config_hash="q1", correct=True, score=1.0) for r in rows if r["method"] == "qgpm"]  # a second qgpm config
+    rows += [dict(r, method="reorder", config_hash="r0") for r in rows if r["method"] == "vanilla"]
+    triples, skipped = judged_series(rows)
+    assert skipped is None and [m for m, _, _ in triples] == ["qgpm@q0", "qgpm@q1"] and {b for _, b, _ in triples} == {"vanilla"}
+    checks, diag, _ = targets_and_diagnosis(rows, n_boot=200)
+    gains = {c.target: c.value for c in checks if c.target.startswith("retrieval") and "all depths" in c.target}
+    assert gains == {"retrieval: qgpm@q0 − vanilla ≥ +10 pts (all depths)": pytest.approx(40.0),
+                     "retrieval: qgpm@q1 − vanilla ≥ +10 pts (all depths)": pytest.approx(65.0)}
+    assert [d["series"] for d in diag] == ["qgpm@q0", "qgpm@q1"]
+    checks, _, _ = targets_and_diagnosis(rows, baseline="reorder", n_boot=200)
+    assert checks and all("reorder" in c.target and "vanilla" not in c.target for c in checks)  # named after their baseline
+    rows += [dict(r, config_hash="v1") for r in rows if r["method"] == "vanilla"]  # which vanilla? not guessed
+    checks, diag, skipped = targets_and_diagnosis(rows, n_boot=200)
+    assert checks == [] and diag == [] and "vanilla ran with 2 configs here (vanilla@v0, vanilla@v1)" in skipped
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "Targets and diagnosis skipped" in report(tmp_path, plots=False, n_boot=200).read_text()
+    rows = [r for r in rows if r["config_hash"] != "v1"]
+    rows += [dict(r, method="oracle", config_hash=h) for r in rows if r["method"] == "vanilla" for h in ("o0", "o1")]
+    checks, diag, note = targets_and_diagnosis(rows, n_boot=200)  # two Oracle configs: judged without the Oracle
+    assert checks and not any("oracle" in c.target for c in checks) and "oracle@o0, oracle@o1" in note
+
+
 def test_plain_text_models_answer_with_their_first_paragraph(tiny_engine, tokenizer, monkeypatch):
     """A model without a chat template has no end of turn: the harness stops its answer at the
     first blank line, and the stop rule is part of the rows' config hash (chat models' hashes

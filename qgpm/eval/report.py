@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 from qgpm.eval.hashes import config_value
 from qgpm.eval.rows import METHOD_ORDER, dedupe_rows, read_manifest, read_rows
 from qgpm.eval.stats import base_for, group_accuracy, group_paired, series_labels, summarize
-from qgpm.eval.targets import check_targets, diagnose, targets_markdown
+from qgpm.eval.targets import targets_and_diagnosis, targets_markdown
 from qgpm.plan import KEPT_REASONS
 from qgpm.samples.tasks import TASKS
 
@@ -303,31 +303,33 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
         body = [[t, L, *[("–" if (t, L, lab) not in lp_groups else f"{_mean(lp_groups[(t, L, lab)]):.2f}") for lab in order]] for t, L in tls]
         md += _table(["task", "length", *order], body) + [""]
 
-    diag = []
-    q_rows = [r for r in rows if r["method"] == "qgpm" and not r.get("error") and "evidence_rank" in r]
-    if q_rows:
-        for t, L in tls:
-            rs = [r for r in q_rows if r["task"] == t and int(r["length"]) == L]
-            ranks = [r["evidence_rank"] for r in rs if r["evidence_rank"] is not None]
-            if rs:
+    diag = []  # one row per series (a label), never pooling two configs of a method
+    for t, L in tls:
+        for lab in order:
+            rs = [r for r in rows if r["task"] == t and int(r["length"]) == L and labels[(r["method"], r["config_hash"])] == lab
+                  and not r.get("error")]
+            ranked = [r for r in rs if r["method"] == "qgpm" and "evidence_rank" in r]
+            kept = [r for r in rs if r["method"] == "topk" and "evidence_kept" in r]
+            if ranked:
+                rs = ranked
+                ranks = [r["evidence_rank"] for r in rs if r["evidence_rank"] is not None]
                 mrr = _mean([1 / (x + 1) for x in ranks])
                 top1 = _mean([float(x == 0) for x in ranks])
-                diag.append([t, L, "qgpm", len(rs), "–" if mrr is None else f"{mrr:.2f}", _pct(top1, 0), "–"])
-    k_rows = [r for r in rows if r["method"] == "topk" and not r.get("error") and "evidence_kept" in r]
-    for t, L in tls:
-        rs = [r for r in k_rows if r["task"] == t and int(r["length"]) == L]
-        if rs:
-            diag.append([t, L, "topk", len(rs), "–", "–", _pct(_mean([float(r["evidence_kept"]) for r in rs]), 0)])
+                diag.append([t, L, lab, len(rs), "–" if mrr is None else f"{mrr:.2f}", _pct(top1, 0), "–"])
+            elif kept:
+                diag.append([t, L, lab, len(kept), "–", "–", _pct(_mean([float(r["evidence_kept"]) for r in kept]), 0)])
     if diag:
         md += ["## Retrieval diagnostics", "",
                "qgpm: MRR and top-1 rate of the evidence sentence under QGPM's relevance ranking (the config's relevance source); "
                "topk: share of samples whose evidence survived the edit.", ""]
-        md += _table(["task", "length", "method", "n", "evidence MRR", "evidence top-1 %", "evidence kept %"], diag) + [""]
+        md += _table(["task", "length", "series", "n", "evidence MRR", "evidence top-1 %", "evidence kept %"], diag) + [""]
 
     md += _kept_vanilla_section(rows, labels, order)
-    md += targets_markdown(rows, baseline=baseline, n_boot=n_boot, seed=seed)
-    summary["targets"] = [c.to_dict() for c in check_targets(rows, baseline=baseline, n_boot=n_boot, seed=seed)]
-    summary["diagnosis"] = diagnose(rows, baseline=baseline, n_boot=n_boot, seed=seed)
+    checks, diagnosis, note = targets_and_diagnosis(rows, baseline=baseline, n_boot=n_boot, seed=seed)
+    md += targets_markdown(checks, diagnosis, note)
+    summary["targets"], summary["diagnosis"] = [c.to_dict() for c in checks], diagnosis
+    if note:
+        summary["targets_note"] = note
     (out / STATS_FILE).write_text(json.dumps(_strict(summary), indent=1, default=str, allow_nan=False) + "\n")
 
     md += ["## Cost (means per answer)", ""]

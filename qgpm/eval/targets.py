@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from qgpm.eval.stats import pair_key, paired, series_labels
 
-__all__ = ["TargetCheck", "check_targets", "diagnose", "RETRIEVAL_TASKS", "GUARD_TASKS", "MID_DEPTHS"]
+__all__ = ["TargetCheck", "check_targets", "diagnose", "judged_series", "targets_and_diagnosis", "targets_markdown", "RETRIEVAL_TASKS", "GUARD_TASKS", "MID_DEPTHS"]
 
 RETRIEVAL_TASKS = ("niah_multikey_1", "niah_multikey_2", "nolima_direct", "nolima_assoc")
 GUARD_TASKS = ("niah_single_2", "qa_1", "qa_2")
@@ -64,9 +64,32 @@ def _task(rows: Sequence[dict], task: str, depths: Sequence[float] | None = None
     return out
 
 
+def judged_series(rows: Sequence[dict], *, baseline: str = "vanilla") -> tuple[list[tuple[str, str, str]], str | None]:
+    """The ``(qgpm series, baseline series, oracle series)`` label triples the targets judge, and a
+    note on what is left out: every qgpm config (``qgpm``, ``qgpm@<hash>``) against the one
+    ``baseline`` series (``baseline`` may be a label) and the one oracle series. Where the
+    baseline ran with several configs nothing is judged (against which would be a guess: pass a
+    label as ``--baseline``); where the Oracle did, its target and its diagnosis column are left out."""
+    labs = set(series_labels(rows).values())
+
+    def of(name: str) -> list[str]:
+        return [name] if name in labs else sorted(lab for lab in labs if lab.startswith(name + "@"))
+
+    bases, oracles = of(baseline), of("oracle")
+    if len(bases) > 1:
+        return [], (f"Targets and diagnosis skipped: {baseline} ran with {len(bases)} configs here ({', '.join(bases)}); "
+                    "regenerate with `qgpm report --baseline <one of those labels>`.")
+    note = None
+    if len(oracles) > 1:
+        note = f"The Oracle's target and columns are left out: it ran with {len(oracles)} configs here ({', '.join(oracles)})."
+    oracle = oracles[0] if len(oracles) == 1 else ""  # "": no series, so no Oracle target
+    return [(m, bases[0] if bases else baseline, oracle) for m in of("qgpm")], note
+
+
 def check_targets(rows: Sequence[dict], *, method: str = "qgpm", baseline: str = "vanilla", oracle: str = "oracle",
                   n_boot: int = 10_000, seed: int = 0) -> list[TargetCheck]:
-    """Every target that the rows can judge (tasks present, methods present)."""
+    """Every target that the rows can judge (tasks present, series present); ``method``,
+    ``baseline`` and ``oracle`` are series labels (:func:`judged_series` picks them)."""
     by = _by_label(rows)
     m, v, o = by.get(method, []), by.get(baseline, []), by.get(oracle, [])
     tasks = sorted({r["task"] for r in m})
@@ -75,19 +98,19 @@ def check_targets(rows: Sequence[dict], *, method: str = "qgpm", baseline: str =
         mt = _task(m, t)
         if t in RETRIEVAL_TASKS and v:
             p = paired(mt, _task(v, t), n_boot=n_boot, seed=seed)
-            out.append(TargetCheck("retrieval: qgpm − vanilla ≥ +10 pts (all depths)", t, p.n, 100 * p.diff, 100 * p.lo, 100 * p.hi,
+            out.append(TargetCheck(f"retrieval: {method} − {baseline} ≥ +10 pts (all depths)", t, p.n, 100 * p.diff, 100 * p.lo, 100 * p.hi,
                                    "≥ +10", None if p.n == 0 else 100 * p.diff >= 10, f"b/c = {p.b}/{p.c}"))
             pm = paired(_task(m, t, MID_DEPTHS), _task(v, t, MID_DEPTHS), n_boot=n_boot, seed=seed)
-            out.append(TargetCheck("retrieval: significant at mid depths (25–75 %)", t, pm.n, 100 * pm.diff, 100 * pm.lo, 100 * pm.hi,
+            out.append(TargetCheck(f"retrieval: {method} significantly above {baseline} at mid depths (25–75 %)", t, pm.n, 100 * pm.diff, 100 * pm.lo, 100 * pm.hi,
                                    "McNemar p < 0.05, b > c", None if pm.n == 0 else (pm.p < 0.05 and pm.b > pm.c),
                                    f"b/c = {pm.b}/{pm.c}, p = {pm.p:.3g}"))
         if t in GUARD_TASKS and v:
             p = paired(mt, _task(v, t), n_boot=n_boot, seed=seed)
-            out.append(TargetCheck("guard: qgpm − vanilla ≥ −1 pt", t, p.n, 100 * p.diff, 100 * p.lo, 100 * p.hi,
+            out.append(TargetCheck(f"guard: {method} − {baseline} ≥ −1 pt", t, p.n, 100 * p.diff, 100 * p.lo, 100 * p.hi,
                                    "≥ −1", None if p.n == 0 else 100 * p.diff >= -1, f"b/c = {p.b}/{p.c}, p = {p.p:.3g}"))
         if o:
             p = paired(mt, _task(o, t), n_boot=n_boot, seed=seed)
-            out.append(TargetCheck("qgpm − oracle ≥ −2 pts", t, p.n, 100 * p.diff, 100 * p.lo, 100 * p.hi,
+            out.append(TargetCheck(f"{method} − {oracle} ≥ −2 pts", t, p.n, 100 * p.diff, 100 * p.lo, 100 * p.hi,
                                    "≥ −2", None if p.n == 0 else 100 * p.diff >= -2, f"b/c = {p.b}/{p.c}"))
     return out
 
@@ -98,7 +121,8 @@ def _acc(rows: Sequence[dict]) -> float | None:
 
 def diagnose(rows: Sequence[dict], *, method: str = "qgpm", baseline: str = "vanilla", oracle: str = "oracle",
              n_boot: int = 10_000, seed: int = 0) -> list[dict[str, Any]]:
-    """Per task: head-signal quality, the Oracle's gain, and QGPM's gain split by the heads' evidence rank."""
+    """Per task: head-signal quality, the Oracle's gain, and QGPM's gain split by the heads' evidence rank
+    (``method``, ``baseline``, ``oracle``: series labels, as for :func:`check_targets`)."""
     by = _by_label(rows)
     m, v, o = by.get(method, []), by.get(baseline, []), by.get(oracle, [])
     out = []
@@ -110,7 +134,7 @@ def diagnose(rows: Sequence[dict], *, method: str = "qgpm", baseline: str = "van
         top1 = [r for r in mt if r.get("evidence_rank") == 0]
         rest = [r for r in mt if r.get("evidence_rank") != 0]
         d: dict[str, Any] = {
-            "task": t, "n": len(mt),
+            "series": method, "task": t, "n": len(mt),
             "evidence_top1": (sum(1 for x in known if x == 0) / len(known)) if known else None,
             "evidence_top3": (sum(1 for x in known if x < 3) / len(known)) if known else None,
             "evidence_mrr": (sum(1 / (x + 1) for x in known) / len(known)) if known else None,
@@ -133,14 +157,23 @@ def diagnose(rows: Sequence[dict], *, method: str = "qgpm", baseline: str = "van
     return out
 
 
-def targets_markdown(rows: Sequence[dict], **kw: Any) -> list[str]:
-    """The "Targets" and "Diagnosis" sections of ``report.md`` (empty when qgpm is absent)."""
-    checks = check_targets(rows, **kw)
-    diag = diagnose(rows, **kw)
+def targets_and_diagnosis(rows: Sequence[dict], *, baseline: str = "vanilla", n_boot: int = 10_000,
+                          seed: int = 0) -> tuple[list[TargetCheck], list[dict[str, Any]], str | None]:
+    """The targets and the diagnosis of every qgpm series (:func:`judged_series`), and its note
+    on what was left out."""
+    triples, note = judged_series(rows, baseline=baseline)
+    checks = [c for m, b, o in triples for c in check_targets(rows, method=m, baseline=b, oracle=o, n_boot=n_boot, seed=seed)]
+    diag = [d for m, b, o in triples for d in diagnose(rows, method=m, baseline=b, oracle=o, n_boot=n_boot, seed=seed)]
+    return checks, diag, note
+
+
+def targets_markdown(checks: Sequence[TargetCheck], diag: Sequence[dict[str, Any]], note: str | None) -> list[str]:
+    """The "Targets" and "Diagnosis" sections of ``report.md``, after the note on what was left
+    out (:func:`judged_series`); nothing when no qgpm series ran."""
     if not checks and not diag:
-        return []
+        return ["## Targets", "", note, ""] if note else []
     fmt = lambda x, s="+.1f": "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, s)  # noqa: E731
-    md = ["## Targets", "",
+    md = ["## Targets", "", *([note, ""] if note else []),
           "Per task, pooled over lengths and depths, paired by sample (Δ in points, paired bootstrap 95 % CI). "
           "met = the point estimate passes the threshold (the CI says how sure that is).", "",
           "| target | task | pairs | Δ [95% CI] | threshold | met | detail |", "|---|---|---|---|---|---|---|"]
@@ -152,13 +185,13 @@ def targets_markdown(rows: Sequence[dict], **kw: Any) -> list[str]:
            "the evidence sentence (qgpm rows). oracle Δ: what the remapping gives with perfect relevance. qgpm Δ | top-1: "
            "QGPM's gain on the samples where the evidence was ranked first; | rest: on the others. Δlogp: mean paired gold log-prob difference (nats). "
            "same answer %: qgpm's answer text equals the baseline's.", "",
-           "| task | n | evidence top-1 % | top-3 % | MRR | oracle Δ [CI] | oracle Δlogp | qgpm Δ [CI] | qgpm Δlogp | same answer % | qgpm Δ \\| top-1 (n) | qgpm Δ \\| rest (n) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| series | task | n | evidence top-1 % | top-3 % | MRR | oracle Δ [CI] | oracle Δlogp | qgpm Δ [CI] | qgpm Δlogp | same answer % | qgpm Δ \\| top-1 (n) | qgpm Δ \\| rest (n) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for d in diag:
         pct = lambda x: "–" if x is None else f"{100 * x:.0f}"  # noqa: E731
         o = f"{fmt(d.get('oracle_delta'))} [{fmt(d.get('oracle_lo'))}, {fmt(d.get('oracle_hi'))}]" if "oracle_delta" in d else "–"
         q = f"{fmt(d.get('qgpm_delta'))} [{fmt(d.get('qgpm_lo'))}, {fmt(d.get('qgpm_hi'))}]" if "qgpm_delta" in d else "–"
-        md.append(f"| {d['task']} | {d['n']} | {pct(d['evidence_top1'])} | {pct(d['evidence_top3'])} | {fmt(d['evidence_mrr'], '.2f')} | {o} | "
+        md.append(f"| {d['series']} | {d['task']} | {d['n']} | {pct(d['evidence_top1'])} | {pct(d['evidence_top3'])} | {fmt(d['evidence_mrr'], '.2f')} | {o} | "
                   f"{fmt(d.get('oracle_logprob'), '+.2f')} | {q} | {fmt(d.get('qgpm_logprob'), '+.2f')} | {pct(d.get('same_answer'))} | "
                   f"{fmt(d.get('qgpm_delta_top1'))} ({d.get('n_top1', 0)}) | {fmt(d.get('qgpm_delta_rest'))} ({d.get('n_rest', 0)}) |")
     md.append("")
