@@ -163,9 +163,13 @@ def test_resume_skips_done_rows_and_reruns_only_changed_methods(tiny_engine, tmp
     text = (out / "report.md").read_text()
     assert "qgpm@" in text  # two qgpm configs -> labelled series
 
-    # no-resume starts afresh
+    # no-resume starts afresh, its manifest too
     _run(tiny_engine, out, methods=["vanilla"], resume=False)
     assert len(_rows(out)) == 2
+    from qgpm.eval.rows import read_manifest
+
+    man = read_manifest(out)
+    assert len(man["runs"]) == 1 and list(man["configs"]) == [_rows(out)[0]["config_hash"]]
 
 
 def test_error_rows_are_recorded_and_retried(tiny_engine, tmp_path, monkeypatch):
@@ -1346,6 +1350,10 @@ def test_an_interrupted_eval_keeps_its_answers_in_rows_jsonl_and_says_how_to_res
     assert main(args) == 130
     assert "interrupted; the answers so far are kept: rerun the same command to resume" in capsys.readouterr().err
     assert len(_rows(out)) == 1
+    from qgpm.eval.rows import read_manifest
+
+    man = read_manifest(out)  # the stopped run's settings are on record with its row, though it never finished
+    assert _rows(out)[0]["config_hash"] in man["configs"] and "runs" not in man
     monkeypatch.setattr(runner, "answer_sample", real)
     assert main(args) == 0 and len(_rows(out)) == 2
 

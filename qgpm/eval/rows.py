@@ -173,12 +173,14 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> dict:
     return man
 
 
-def update_manifest(out_dir: str | os.PathLike[str], entry: dict, fingerprints: dict[str, dict]) -> None:
-    """Add a run ``entry`` (also as ``latest``) and the ``{config_hash: fingerprint}`` map
-    to ``manifest.json`` (atomic, under :func:`folder_lock`)."""
+def update_manifest(out_dir: str | os.PathLike[str], entry: dict | None, fingerprints: dict[str, dict]) -> None:
+    """Add the ``{config_hash: fingerprint}`` map and a run ``entry`` (also as ``latest``; ``None``:
+    the fingerprints only, written before a run answers, so rows of a run that is stopped still
+    have their settings on record) to ``manifest.json`` (atomic, under :func:`folder_lock`)."""
     with folder_lock(out_dir):
         man = read_manifest(out_dir)
         man.setdefault("configs", {}).update(fingerprints)
-        man.setdefault("runs", []).append(entry)
-        man["latest"] = entry
+        if entry is not None:
+            man.setdefault("runs", []).append(entry)
+            man["latest"] = entry
         _atomic_write(Path(out_dir) / MANIFEST_FILE, json.dumps(man, indent=1, default=str) + "\n")

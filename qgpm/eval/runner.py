@@ -67,7 +67,7 @@ from qgpm.engine import METHODS
 from qgpm.eval.answering import answer_sample
 from qgpm.eval.hashes import check_options, config_dict, config_hash, engine_dtype, engine_heads, method_fingerprint, reranker_name
 from qgpm.eval.processes import Processes, split_processes
-from qgpm.eval.rows import ROWS_FILE, append_row, end_torn_line, merge_rows, norm_depth, rank_file, rank_files, read_manifest, read_rows, row_key, update_manifest
+from qgpm.eval.rows import MANIFEST_FILE, ROWS_FILE, append_row, end_torn_line, merge_rows, norm_depth, rank_file, rank_files, read_manifest, read_rows, row_key, update_manifest
 from qgpm.eval.work import DEFAULT_DEPTHS, WorkItem, prefetched_samples, select_items, work_items
 from qgpm.heads import parse_heads as _parse_heads
 from qgpm.loading import parse_dtype, resolve_device
@@ -195,16 +195,16 @@ def check_eval_args(*, tasks: Sequence[str], lengths: Sequence[int], depths: Seq
 
 
 def _prepare_out(out: Path, procs: Processes, shard: tuple[int, int] | None, resume: bool) -> None:
-    """Create ``out``; without ``resume`` the main process clears every rows file (a manual
-    shard only its own). A ``manifest.json`` there that cannot be read stops every process now,
+    """Create ``out``; without ``resume`` the main process clears every rows file and the manifest
+    (a manual shard only its own rows file). A ``manifest.json`` there that cannot be read stops every process now,
     before any work (:func:`~qgpm.eval.rows.read_manifest`)."""
     out.mkdir(parents=True, exist_ok=True)
     read_manifest(out)
     if not resume:
         if shard is not None:
             rank_file(out, procs.rank).unlink(missing_ok=True)
-        elif procs.rank == 0:
-            for f in [out / ROWS_FILE, *rank_files(out)]:
+        elif procs.rank == 0:  # the manifest too: its runs and configs described the rows cleared
+            for f in [out / ROWS_FILE, *rank_files(out), out / MANIFEST_FILE]:
                 f.unlink(missing_ok=True)
     procs.barrier()
 
@@ -342,6 +342,7 @@ def run_eval(
     started = time.time()
     if procs.rank == 0:
         log.info("qgpm eval: %d samples x %d methods (%d processes); %d answers to run here", len(items), len(methods), procs.world, n_calls)
+        update_manifest(out, None, {hashes[m]: fps[m] for m in methods})  # before any row: a stopped run's rows keep their settings
     try:
         errors = _run_pending(engine, pending, out, procs, split=split, hashes=hashes, on_error=on_error, haystack=haystack,
                               max_new_tokens=max_new_tokens, prefetch=prefetch, progress=progress,
