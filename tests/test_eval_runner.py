@@ -1358,6 +1358,14 @@ def test_an_interrupted_eval_keeps_its_answers_in_rows_jsonl_and_says_how_to_res
     assert main(args) == 0 and len(_rows(out)) == 2
 
 
+def test_a_report_over_no_answered_sample_says_why(tmp_path):
+    (tmp_path / "rows.jsonl").write_text("")
+    with pytest.raises(ValueError, match="holds no rows: no sample was answered"):
+        report(tmp_path, plots=False)
+    with pytest.raises(FileNotFoundError, match="no rows in"):
+        report(tmp_path / "elsewhere", plots=False)
+
+
 def test_the_harness_logs_its_own_notes_and_only_warnings_of_other_libraries():
     """qgpm eval / tune show qgpm's INFO notes; other libraries' INFO lines (sentence-transformers'
     "Load pretrained ...") stay out of the progress bar's way."""

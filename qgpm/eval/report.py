@@ -192,6 +192,9 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
     out = Path(out_dir)
     rows = dedupe_rows(read_rows(out))
     if not rows:
+        if (out / "rows.jsonl").is_file():
+            raise ValueError(f"{out / 'rows.jsonl'} holds no rows: no sample was answered (the log says why each was skipped, "
+                             "e.g. a length too short for the task's prompt); rerun with longer --lengths")
         raise FileNotFoundError(f"no rows in {out} (expected {out / 'rows.jsonl'})")
     manifest = read_manifest(out)
     configs = manifest.get("configs") or {}
