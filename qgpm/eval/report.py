@@ -307,20 +307,20 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
         md += _table(["task", "length", *order], body) + [""]
 
     diag = []  # one row per series (a label), never pooling two configs of a method
+    ranked: dict[tuple, list[dict]] = {}  # (task, length, label) -> its qgpm rows with an evidence rank / topk rows with evidence_kept
+    for r in rows:
+        if not r.get("error") and ((r["method"] == "qgpm" and "evidence_rank" in r) or (r["method"] == "topk" and "evidence_kept" in r)):
+            ranked.setdefault((r["task"], int(r["length"]), labels[(r["method"], r["config_hash"])]), []).append(r)
     for t, L in tls:
         for lab in order:
-            rs = [r for r in rows if r["task"] == t and int(r["length"]) == L and labels[(r["method"], r["config_hash"])] == lab
-                  and not r.get("error")]
-            ranked = [r for r in rs if r["method"] == "qgpm" and "evidence_rank" in r]
-            kept = [r for r in rs if r["method"] == "topk" and "evidence_kept" in r]
-            if ranked:
-                rs = ranked
+            rs = ranked.get((t, L, lab))
+            if rs and rs[0]["method"] == "qgpm":
                 ranks = [r["evidence_rank"] for r in rs if r["evidence_rank"] is not None]
                 mrr = _mean([1 / (x + 1) for x in ranks])
                 top1 = _mean([float(x == 0) for x in ranks])
                 diag.append([t, L, lab, len(rs), "–" if mrr is None else f"{mrr:.2f}", _pct(top1, 0), "–"])
-            elif kept:
-                diag.append([t, L, lab, len(kept), "–", "–", _pct(_mean([float(r["evidence_kept"]) for r in kept]), 0)])
+            elif rs:
+                diag.append([t, L, lab, len(rs), "–", "–", _pct(_mean([float(r["evidence_kept"]) for r in rs]), 0)])
     if diag:
         md += ["## Retrieval diagnostics", "",
                "qgpm: MRR and top-1 rate of the evidence sentence under QGPM's relevance ranking (the config's relevance source); "

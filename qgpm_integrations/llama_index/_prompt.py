@@ -112,11 +112,13 @@ def split_documents(text: str) -> list[str]:
     # metadata: key sets seen at least twice, each time above text of another shape (FAQ entries and records follow their own kind)
     meta = {k for k, after in opens.items() if len(after) >= 2 and all(after)}
     out: list[str] = []
-    for i, part in enumerate(parts):
-        if i and keys[i - 1] in meta and out[-1] == parts[i - 1]:
+    opening = False  # the last part out is a metadata block still waiting for its text
+    for part, k in zip(parts, keys):
+        if opening:
             out[-1] = f"{out[-1]}\n\n{part}"
         else:
             out.append(part)
+        opening = not opening and k in meta
     return out
 
 

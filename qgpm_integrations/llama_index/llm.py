@@ -300,8 +300,8 @@ class QGPMLLM(CustomLLM):
         decoding = decoding_args(self, kwargs)  # a call that fails here warns of nothing
         # LlamaIndex's own prompts that ask no question over nodes (a chat engine's query rewriting, ...) are plain by
         # nature: said apart, at INFO, so they do not use up the warning a custom QA template that is not read needs
-        own = self.output_parser is None and is_own_plain_prompt(prompt)
-        if own not in self._warned_plain:
+        own = len(self._warned_plain) < 2 and self.output_parser is None and is_own_plain_prompt(prompt)  # matched while unsaid
+        if len(self._warned_plain) < 2 and own not in self._warned_plain:
             self._warned_plain.add(own)
             if own:
                 logger.info("QGPMLLM answers LlamaIndex's own prompts that ask no question over nodes (query rewriting, keyword "
