@@ -132,6 +132,13 @@ def parse_grid(spec: str | None) -> dict[str, list]:
         vals = [coerce_value(v) for v in values.split(",") if v.strip()]
         if not vals:
             raise ValueError(f"no values for {name!r} in grid")
+        for v in vals:  # a value of the wrong type is a typo whatever the other fields hold: refused before the model loads
+            try:
+                QGPMConfig().with_(**{name: v})
+            except TypeError as exc:
+                raise ValueError(f"grid value {name}={v!r}: {exc}") from None
+            except ValueError:
+                pass  # a constraint between fields: the grid point's other values decide (expand_grid)
         grid[name] = vals
     return grid
 
