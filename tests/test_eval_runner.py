@@ -99,7 +99,7 @@ def test_runner_writes_a_row_per_sample_and_method(tiny_engine, tmp_path):
     # the report is written with the run; its header names the relevance source, also the default one
     assert (out / "report.md").is_file() and (out / "stats.json").is_file()
     assert f"relevance source `{tiny_engine.config.relevance}`" in (out / "report.md").read_text()
-    heads = _run(tiny_engine, tmp_path / "heads", methods=["vanilla"], depths=[0.0], config=tiny_engine.config.with_(relevance="heads"))
+    heads = _run(tiny_engine, tmp_path / "heads", methods=["qgpm"], depths=[0.0], config=tiny_engine.config.with_(relevance="heads"))
     assert "relevance source `heads`" in (heads / "report.md").read_text()  # the default, left out of the stored config
     # a resumed folder's header describes its rows, not only the latest run
     _run(tiny_engine, out, methods=["vanilla"], depths=[0.5])
@@ -393,6 +393,22 @@ def test_report_from_hand_made_rows(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_header_names_only_the_settings_the_latest_runs_methods_read(tmp_path):
+    rows = [r for r in _hand_rows() if r["method"] == "vanilla"]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    latest = {"command": "qgpm eval ...", "n": 20, "reranker": "minilm", "k": 5, "heads": [[1, 2]], "config": {"relevance": "heads"},
+              "config_provenance": "preset"}
+
+    def header(methods):
+        (tmp_path / "manifest.json").write_text(json.dumps({"runs": [], "latest": dict(latest, methods=methods)}))
+        return [line for line in report(tmp_path, plots=False).read_text().splitlines() if line.startswith("- the latest run") or line.startswith("- its QGPM")]
+
+    assert header(["vanilla"]) == ["- the latest run: `qgpm eval ...` (methods vanilla; n = 20 per (task, length, depth))"]
+    assert header(["vanilla", "reorder"])[0].endswith("(methods vanilla, reorder; n = 20 per (task, length, depth); reranker (reorder) minilm)")
+    qgpm = header(["vanilla", "qgpm", "topk"])
+    assert qgpm[0].endswith("reranker (topk) minilm, k=5; heads `[[1, 2]]`; relevance source `heads`)") and qgpm[1].startswith("- its QGPM config")
+
+
 def test_report_draws_no_plot_for_a_task_whose_answers_all_errored(tmp_path, recwarn):
     """A (task, length) where every answer errored has nothing to plot: no empty figure and no
     legend warning; the other task's plot and the errors section are still written."""
@@ -421,6 +437,29 @@ def test_report_counts_the_calls_a_rule_kept_at_vanilla_positions(tmp_path):
     assert "## Calls that kept the model's own positions" in text
     assert "| task | length | series | calls | flat | keep_length |" in text
     assert "| niah_multikey_1 | 1024 | qgpm | 20 | 5 | 5 |" in text
+
+
+def test_cost_table_averages_the_log_prob_time_over_scored_answers_only(tmp_path):
+    """Rows run with --no-logprob hold no gold log-prob: their log-prob time (0.0 in older rows)
+    does not pull the mean down; a series that scored none shows a dash."""
+    rows = _hand_rows()
+    for i, r in enumerate(rows):
+        scored = r["method"] == "vanilla" or i % 4 == 1
+        r["logprob_gold"] = -1.0 if scored else None
+        r["timings"] = {"edit_s": 0.0, "pass1_s": 0.5 if r["method"] == "qgpm" else 0.0, "prefill_s": 2.0, "decode_s": 1.0,
+                        "logprob_s": 1.5 if scored else 0.0, "wall_s": 3.0}
+    for r in rows[:2]:
+        r["timings"]["logprob_s"] = None  # newer unscored rows write None
+        r["logprob_gold"] = None
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = report(tmp_path, plots=False).read_text()
+    assert "| series | answers | prompt tokens | answer tokens | edit s | ranking s | prefill s | decode s | log-prob s | wall s |" in text
+    assert "| vanilla | 20 | 0 | 0.0 | 0.000 | 0.000 | 2.000 | 1.000 | 1.500 | 3.000 |" in text
+    assert "| qgpm | 20 | 0 | 0.0 | 0.000 | 0.500 | 2.000 | 1.000 | 1.500 | 3.000 |" in text
+    for r in rows:
+        r["logprob_gold"] = None
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert "| vanilla | 20 | 0 | 0.0 | 0.000 | 0.000 | 2.000 | 1.000 | – | 3.000 |" in report(tmp_path, plots=False).read_text()
 
 
 def test_merge_dedupes_and_prefers_successful_rows(tmp_path):
@@ -596,8 +635,11 @@ def test_grid_and_config_parsing(tmp_path):
     assert len(valid) == 4 and len(invalid) == 2  # k_sharp=8 is not < k_broad=8
     same, _ = expand_grid(parse_grid("k_sharp=4,4.0,2"), QGPMConfig())
     assert [c.k_sharp for c in same] == [4, 2]  # 4 and 4.0 are one config
-    with pytest.raises(ValueError, match=r"grid point \{'k_sharp': 'abc'\}"):  # a typo is an error, not a skipped point
-        expand_grid(parse_grid("k_sharp=abc"), QGPMConfig())
+    with pytest.raises(ValueError, match=r"grid value k_sharp='abc'.*must be a number"):  # a typo is an error, found as the grid is read
+        parse_grid("k_sharp=2,abc")
+    with pytest.raises(ValueError, match=r"grid point \{'k_sharp': 'abc'\}"):  # a grid built in code is checked as it expands
+        expand_grid({"k_sharp": ["abc"]}, QGPMConfig())
+    assert parse_grid("k_sharp=9") == {"k_sharp": [9]}  # not < the default k_broad=8, but another grid field may raise k_broad
     with pytest.raises(ValueError, match="unknown QGPMConfig field"):
         parse_grid("k_sharpp=1")
     p = tmp_path / "c.json"
@@ -937,6 +979,8 @@ def test_eval_refuses_what_it_can_check_before_the_model_loads(tmp_path, monkeyp
         assert eval_cli.main([*base, *extra, "--out", str(tmp_path / out)]) == 2
         assert said in capsys.readouterr().err
         assert out == "tested" or not (tmp_path / out).exists()  # no folder left behind
+    assert eval_cli.main(["tune", "--tasks", "qa_1", "--lengths", "1024", "--n", "1", "--grid", "k_sharp=abc", "--out", str(tmp_path / "t")]) == 2
+    assert "grid value k_sharp='abc'" in capsys.readouterr().err
 
 
 def test_eval_refuses_lengths_beyond_the_window_before_any_answer(tiny_engine, tmp_path):

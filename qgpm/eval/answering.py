@@ -106,7 +106,7 @@ def answer_sample(engine, sample: EvalSample, method: str, *, config=None, reran
         "timings": {
             "edit_s": round(tm.edit_s, 4), "pass1_s": round(tm.pass1_s, 4), "plan_s": round(tm.plan_s, 4),
             "prefill_s": round(tm.prefill_s, 4), "decode_s": round(tm.decode_s, 4), "answer_s": round(tm.total_s, 4),
-            "logprob_s": round(res.details.score_s or 0.0, 4), "run_s": round(time.perf_counter() - t_run, 4),
+            "logprob_s": round(res.details.score_s or 0.0, 4) if logprob else None, "run_s": round(time.perf_counter() - t_run, 4),
             "wall_s": round(time.perf_counter() - t0, 4),
         },
     }

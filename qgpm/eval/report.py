@@ -23,6 +23,7 @@ from qgpm.eval.hashes import config_value
 from qgpm.eval.rows import METHOD_ORDER, dedupe_rows, read_manifest, read_rows
 from qgpm.eval.stats import base_for, group_accuracy, group_paired, series_labels, summarize
 from qgpm.eval.targets import targets_and_diagnosis, targets_markdown
+from qgpm.methods import METHODS, method_spec
 from qgpm.plan import KEPT_REASONS
 from qgpm.samples.tasks import TASKS
 
@@ -177,13 +178,19 @@ def _header(rows: Sequence[dict], manifest: Mapping[str, Any], order: Sequence[s
     if runs:
         out.append(f"- written by {len(runs)} run{'s' if len(runs) != 1 else ''} (each with its command in manifest.json); model: {', '.join(models)}")
     if latest:
-        out += [
-            f"- the latest run: `{latest.get('command')}` (methods {', '.join(latest.get('methods') or [])}; n = {latest.get('n')} per "
-            f"(task, length, depth); reranker (topk/reorder) {latest.get('reranker')}, k={latest.get('k')}; heads `{latest.get('heads')}`; "
-            f"relevance source `{config_value(latest.get('config') or {}, 'relevance')}`)",
-            f"- its QGPM config: `{json.dumps(latest.get('config'))}` ({latest.get('config_provenance')})",
-            f"- versions: {latest.get('versions')}; processes: {latest.get('processes')}; latest run wall time {latest.get('wall_s')} s",
-        ]
+        methods = latest.get("methods") or []
+        specs = [method_spec(m) for m in methods if m in METHODS]
+        read = ""  # only the settings its methods read (a vanilla run has no reranker and no config)
+        if any(s.reranker for s in specs) or not specs:
+            read += f"; reranker ({'/'.join(s.name for s in specs if s.reranker) or 'topk/reorder'}) {latest.get('reranker')}"
+        if any(s.takes_k for s in specs) or not specs:
+            read += f", k={latest.get('k')}"
+        if any(s.config for s in specs) or not specs:
+            read += f"; heads `{latest.get('heads')}`; relevance source `{config_value(latest.get('config') or {}, 'relevance')}`"
+        out.append(f"- the latest run: `{latest.get('command')}` (methods {', '.join(methods)}; n = {latest.get('n')} per (task, length, depth){read})")
+        if any(s.config for s in specs) or not specs:
+            out.append(f"- its QGPM config: `{json.dumps(latest.get('config'))}` ({latest.get('config_provenance')})")
+        out.append(f"- versions: {latest.get('versions')}; processes: {latest.get('processes')}; latest run wall time {latest.get('wall_s')} s")
     return out
 
 
@@ -342,11 +349,17 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
         if not rs:
             continue
         tm = [r.get("timings") or {} for r in rs]
-        f = lambda key: _mean([x[key] for x in tm if key in x])  # noqa: E731
+        f = lambda key, ts=tm: _mean([x[key] for x in ts if x.get(key) is not None])  # noqa: E731
         fmt = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
+        scored = [r.get("timings") or {} for r in rs if r.get("logprob_gold") is not None]  # --no-logprob rows hold logprob_s 0.0
         body.append([lab, len(rs), f"{_mean([r.get('prompt_tokens') or 0 for r in rs]):.0f}", f"{_mean([r.get('answer_tokens') or 0 for r in rs]):.1f}",
-                     fmt(f("edit_s")), fmt(f("pass1_s")), fmt(f("prefill_s")), fmt(f("decode_s")), fmt(f("logprob_s")), fmt(f("wall_s"))])
-    md += _table(["series", "answers", "prompt tokens", "answer tokens", "edit s", "pass-1 s", "prefill s", "decode s", "log-prob s", "wall s"], body) + [""]
+                     fmt(f("edit_s")), fmt(f("pass1_s")), fmt(f("prefill_s")), fmt(f("decode_s")), fmt(f("logprob_s", scored)), fmt(f("wall_s"))])
+    md += ["edit s: the context edit (Reorder's and Top-K's reranker runs here); ranking s: QGPM's relevance pass "
+           "(the model's attention pass 1, or the MiniLM reranker under the minilm source); prefill s includes the gold "
+           "answer scored in the same forward; log-prob s: over the answers that scored the gold log-prob only "
+           "(–: none did). Seconds are wall time on the machine and threads of each row's run, so series run at other "
+           "times compare only roughly; cost_per_answer_* benchmarks time methods side by side.", ""]
+    md += _table(["series", "answers", "prompt tokens", "answer tokens", "edit s", "ranking s", "prefill s", "decode s", "log-prob s", "wall s"], body) + [""]
 
     errs = [r for r in rows if r.get("error")]
     if errs:
