@@ -53,8 +53,12 @@ def calibrated_min_top_z(relevance: Any, head_set: Any) -> tuple[float | None, s
         return None, f"relevance={source.spec!r} fuses two z scales and no threshold is calibrated for the fusion"
     if source.heads:
         value = head_set.min_top_z if head_set is not None else None
-        return (value, None) if value is not None else (
-            None, "the model's head set stores no calibrated threshold (recalibrate it: qgpm calibrate)")
+        if value is not None:
+            return value, None
+        if head_set is not None and "confidence" in head_set.meta:  # calibrated, and no cut separated its samples
+            return None, ("the model's head set was calibrated but no threshold separated its samples (qgpm calibrate said why): "
+                          "set min_top_z to a z value yourself, or calibrate on more samples (--n, --holdout)")
+        return None, "the model's head set stores no calibrated threshold (recalibrate it: qgpm calibrate)"
     stored = reranker_confidence(source.reranker)
     value = None if stored is None else stored.get("min_top_z")
     if value is None:

@@ -72,6 +72,13 @@ def test_no_threshold_turns_the_rule_off_with_a_warning(tokenizer, caplog):
     assert not res.details["flat_relevance"] and not bm25.details["flat_relevance"]
     notes = [r.getMessage() for r in caplog.records if "min_top_z='calibrated' has no threshold" in r.getMessage()]
     assert any("stores no calibrated threshold" in n for n in notes) and any("reranker 'bm25'" in n for n in notes)
+    # a set calibrated where no cut separated its samples: recalibrating the same way would not help
+    caplog.clear()
+    unseparated = engine_with(tokenizer, {"min_top_z": None, "found_top_z": [3.0, 4.0], "missed_top_z": []})
+    with caplog.at_level(logging.WARNING, logger="qgpm"):
+        unseparated.answer(CONTEXT, QUESTION, config=unseparated.config.with_(**HEADS), max_new_tokens=2)
+    said = [r.getMessage() for r in caplog.records if "has no threshold" in r.getMessage()]
+    assert said and "no threshold separated its samples" in said[0] and "set min_top_z" in said[0] and "recalibrate it" not in said[0]
 
 
 def test_the_eval_fingerprint_names_the_calibrated_threshold(tokenizer):
