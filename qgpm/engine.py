@@ -52,7 +52,7 @@ from .prompt import DEFAULT_TEMPLATE
 from .results import AnswerStream, PreparedCall, QGPMResult, SentenceRelevance, StreamState, Timings, Usage
 from .rope import LiveRotary, RotaryInfo
 from .layers import input_device, unwrap_adapters
-from .runtime import check_supported
+from .runtime import check_answering_model, check_supported
 from .streaming import stream_text, unless_closed
 from .tokens import continuation_ids, max_token_chars, plain_backend
 
@@ -88,8 +88,7 @@ class QGPM:
     ) -> None:
         check_engine_args(config=config, reuse_prefill=reuse_prefill, heads=heads, generator=generator)
         model = unwrap_adapters(model)  # a PEFT wrapper: the model inside, its LoRA layers active
-        if not getattr(tokenizer, "is_fast", False):
-            raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
+        check_answering_model(model, tokenizer)  # fast tokenizer, causal decoder, a vocabulary the embeddings hold
         self.model, self.tokenizer, self.reuse_prefill = model, tokenizer, reuse_prefill
         self._warned_attention: set[str] = set()
         # one-time tokenizer setup for the input checks (so no call pays for it)

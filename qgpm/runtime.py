@@ -37,6 +37,7 @@ __all__ = [
     "RotaryInfo",
     "rotary_info",
     "check_supported",
+    "check_answering_model",
     "decoder_layers",
     "model_lock",
     "model_turn",
@@ -135,6 +136,40 @@ def check_supported(model: torch.nn.Module) -> None:
                 f"RoPE type '{one.rope_type}'{where} of this {family} model is not supported ({why}); supported RoPE types: "
                 f"{', '.join(_SUPPORTED_ROPE_TYPES)}; method='vanilla' and the input-editing methods still run"
             )
+
+
+def check_answering_model(model: torch.nn.Module, tokenizer: object) -> None:
+    """Refuse, before any work, a model or tokenizer no method can answer with (vanilla included):
+    a slow tokenizer (roles and sentences map to tokens by character offsets), an encoder or
+    encoder-decoder checkpoint (a BERT-like encoder loads as a causal LM with a new, random LM head
+    and answers noise), or a tokenizer whose vocabulary overruns the model's embedding table
+    (another model's tokenizer: an ``IndexError`` deep in torch otherwise)."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise TypeError("QGPM needs a fast (Rust) tokenizer: character offsets map roles and sentences to tokens")
+    cfg, name = model.config, type(model).__name__
+    family = getattr(cfg, "model_type", name)
+    if getattr(cfg, "is_encoder_decoder", False) or (family in _encoder_families() and not getattr(cfg, "is_decoder", False)):
+        raise UnsupportedModelError(
+            f"{name} ('{family}') is an encoder{'-decoder' if getattr(cfg, 'is_encoder_decoder', False) else ''}, not a "
+            "decoder-only causal LM: it cannot answer (every method, vanilla included, needs a causal LM such as Llama, "
+            "Qwen2, Mistral or Gemma 3); load one with AutoModelForCausalLM")
+    try:
+        rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    except (AttributeError, NotImplementedError):  # a model class without the accessor: nothing to compare
+        rows = None
+    vocab = getattr(tokenizer, "vocab_size", None)
+    if isinstance(rows, int) and isinstance(vocab, int) and vocab > rows:
+        raise ValueError(f"the tokenizer's vocabulary ({vocab} tokens) is larger than the model's embedding table ({rows} rows): "
+                         "it is not this model's tokenizer; load the tokenizer saved with the model (AutoTokenizer.from_pretrained "
+                         "on the model's own folder or id)")
+
+
+def _encoder_families() -> frozenset[str]:
+    """Families transformers knows both as masked-LM encoders and as causal LMs (BERT, RoBERTa,
+    ...): their causal-LM class is a decoder only with ``config.is_decoder=True``."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) & frozenset(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
 
 @contextlib.contextmanager

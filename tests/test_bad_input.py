@@ -348,6 +348,24 @@ def test_unknown_method(engine, stays_vanilla):
     raises(ValueError, "unknown method", engine.stream, CTX, Q, method="magic")
 
 
+def test_what_no_method_can_answer_with_is_refused_when_the_engine_is_built(tokenizer):
+    """An encoder checkpoint loads as a causal LM with a random LM head and answered noise under
+    vanilla; another model's tokenizer overran the embeddings deep in torch; a slow tokenizer has
+    no offsets. Each is refused at QGPM(...), naming what to load instead."""
+    from transformers import BertConfig, BertLMHeadModel
+
+    bert = BertLMHeadModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64)).eval()
+    raises(UnsupportedModelError, r"BertLMHeadModel \('bert'\) is an encoder, not a decoder-only causal LM.*vanilla included", QGPM, bert, tokenizer)
+    raises(ValueError, r"vocabulary \(49152 tokens\) is larger than the model's embedding table \(1000 rows\).*tokenizer saved with the model",
+           QGPM, tiny_model("llama", 1000), tokenizer)
+    QGPM(tiny_model("llama", len(tokenizer) + 64), tokenizer, heads=[(0, 0)])  # a padded embedding table is fine
+
+    class Slow:
+        is_fast = False
+
+    raises(TypeError, "fast \\(Rust\\) tokenizer", QGPM, tiny_model("llama", len(tokenizer)), Slow())
+
+
 def test_unsupported_family_is_named_and_stays_vanilla(tokenizer):
     from transformers import GPT2Config, GPT2LMHeadModel
 
