@@ -102,14 +102,6 @@ def check_config(eng: ModelView, cfg: Any, spec: MethodSpec) -> QGPMConfig:
     if cfg.unmodulated_layers > n:
         raise ValueError(f"config.unmodulated_layers={cfg.unmodulated_layers} exceeds this model's {n} layers")
     check_local_layers(cfg, eng.rotary)
-    if spec.stage is Stage.HEADS:
-        source = parse_source(cfg.relevance)
-        if source.heads:  # no head set: the engine's own error, with what to do; heads in layers not loaded: named
-            check_heads_fit(eng.heads, eng.model, loaded=True)
-        if source.reranker is not None:  # an unknown spec or a missing package fails here, before any model work
-            get_reranker(source.reranker)
-        if cfg.term_ratio is not None:  # the query-term filter's BM25, before pass 1
-            require_bm25("QGPMConfig.term_ratio (the query-term filter)")
     if cfg.remap == "reorder" and reorder_needs_masks(cfg, n):  # two maps or vanilla layers: per-layer masks (sdpa / eager)
         if eng.rotary.layered:
             raise ValueError(REORDER_LAYERED_ERROR)
@@ -122,6 +114,14 @@ def check_config(eng: ModelView, cfg: Any, spec: MethodSpec) -> QGPMConfig:
                 "model's own attention), or remap='stride'"
             )
         reorder_mask_kind(eng.model)
+    if spec.stage is Stage.HEADS:  # last: a reranker loads here (MiniLM: about 2 s), after the cheap refusals
+        source = parse_source(cfg.relevance)
+        if source.heads:  # no head set: the engine's own error, with what to do; heads in layers not loaded: named
+            check_heads_fit(eng.heads, eng.model, loaded=True)
+        if source.reranker is not None:  # an unknown spec or a missing package fails here, before any model work
+            get_reranker(source.reranker)
+        if cfg.term_ratio is not None:  # the query-term filter's BM25, before pass 1
+            require_bm25("QGPMConfig.term_ratio (the query-term filter)")
     return cfg
 
 

@@ -4,6 +4,8 @@ before the question, while every token keeps its place in the input and the KV c
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -205,6 +207,10 @@ def test_engine_refuses_the_mask_path_on_a_sliding_window_model_before_pass_1(fa
         with pytest.raises(ValueError, match="sliding window of 16 tokens.*split_layer=0, unmodulated_layers=0"):
             engine.answer(context, "Which town is sentence 5 about?", max_new_tokens=3, config=REORDER.with_(unmodulated_layers=1))
         assert calls == []
+        # also under a reranker source: refused before the reranker loads
+        with mock.patch("qgpm.call_checks.get_reranker", side_effect=AssertionError("the reranker loaded")):
+            with pytest.raises(ValueError, match="sliding window of 16 tokens"):
+                engine.answer(context, "Which town is sentence 5 about?", max_new_tokens=3, config=REORDER.with_(unmodulated_layers=1, relevance="minilm"))
     finally:
         handle.remove()
     res = engine.answer(context, "Which town is sentence 5 about?", max_new_tokens=3, config=REORDER.with_(split_layer=0, keep_length=0))
