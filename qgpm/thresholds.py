@@ -55,7 +55,8 @@ def calibrated_min_top_z(relevance: Any, head_set: Any) -> tuple[float | None, s
         value = head_set.min_top_z if head_set is not None else None
         if value is not None:
             return value, None
-        if head_set is not None and "confidence" in head_set.meta:  # calibrated, and no cut separated its samples
+        record = head_set.meta.get("confidence") if head_set is not None else None
+        if isinstance(record, dict) and "found_top_z" in record:  # calibrated, and no cut separated its samples
             return None, ("the model's head set was calibrated but no threshold separated its samples (qgpm calibrate said why): "
                           "set min_top_z to a z value yourself, or calibrate on more samples (--n, --holdout)")
         return None, "the model's head set stores no calibrated threshold (recalibrate it: qgpm calibrate)"

@@ -79,6 +79,8 @@ def test_no_threshold_turns_the_rule_off_with_a_warning(tokenizer, caplog):
         unseparated.answer(CONTEXT, QUESTION, config=unseparated.config.with_(**HEADS), max_new_tokens=2)
     said = [r.getMessage() for r in caplog.records if "has no threshold" in r.getMessage()]
     assert said and "no threshold separated its samples" in said[0] and "set min_top_z" in said[0] and "recalibrate it" not in said[0]
+    hand_made = engine_with(tokenizer, {"min_top_z": None})  # a confidence entry no calibration wrote: recalibrating is the advice
+    assert "recalibrate it" in calibrated_min_top_z("heads", hand_made.head_set)[1]
 
 
 def test_the_eval_fingerprint_names_the_calibrated_threshold(tokenizer):

@@ -407,6 +407,11 @@ def test_report_header_names_only_the_settings_the_latest_runs_methods_read(tmp_
     assert header(["vanilla", "reorder"])[0].endswith("(methods vanilla, reorder; n = 20 per (task, length, depth); reranker (reorder) minilm)")
     qgpm = header(["vanilla", "qgpm", "topk"])
     assert qgpm[0].endswith("reranker (topk) minilm, k=5; heads `[[1, 2]]`; relevance source `heads`)") and qgpm[1].startswith("- its QGPM config")
+    oracle = header(["oracle"])  # the Oracle reads the config, not the heads or the relevance source
+    assert oracle[0].endswith("(methods oracle; n = 20 per (task, length, depth))") and oracle[1].startswith("- its QGPM config")
+    latest["config"] = {"relevance": "minilm"}
+    assert header(["qgpm"])[0].endswith("(task, length, depth); relevance source `minilm`)")  # the minilm source reads no heads
+    assert "reranker (topk/reorder) minilm, k=5; heads" in header(["vanilla", "a-method-since-renamed"])[0]  # unknown: every setting
 
 
 def test_report_draws_no_plot_for_a_task_whose_answers_all_errored(tmp_path, recwarn):
@@ -640,6 +645,10 @@ def test_grid_and_config_parsing(tmp_path):
     with pytest.raises(ValueError, match=r"grid point \{'k_sharp': 'abc'\}"):  # a grid built in code is checked as it expands
         expand_grid({"k_sharp": ["abc"]}, QGPMConfig())
     assert parse_grid("k_sharp=9") == {"k_sharp": [9]}  # not < the default k_broad=8, but another grid field may raise k_broad
+    for typo, says in (("remap=stride,strde", "remap must be 'stride'"), ("relevance=minlm", "minlm"), ("min_top_z=calibratd", "min_top_z")):
+        with pytest.raises(ValueError, match=f"grid value .* is taken by no config: .*{says}"):  # a choice misspelt
+            parse_grid(typo)
+    assert parse_grid("moved_order=text;local_layers=vanilla") == {"moved_order": ["text"], "local_layers": ["vanilla"]}  # each valid on some base
     with pytest.raises(ValueError, match="unknown QGPMConfig field"):
         parse_grid("k_sharpp=1")
     p = tmp_path / "c.json"

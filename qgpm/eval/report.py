@@ -23,8 +23,9 @@ from qgpm.eval.hashes import config_value
 from qgpm.eval.rows import METHOD_ORDER, dedupe_rows, read_manifest, read_rows
 from qgpm.eval.stats import base_for, group_accuracy, group_paired, series_labels, summarize
 from qgpm.eval.targets import targets_and_diagnosis, targets_markdown
-from qgpm.methods import METHODS, method_spec
+from qgpm.methods import METHODS, Stage, method_spec
 from qgpm.plan import KEPT_REASONS
+from qgpm.sources import parse_source
 from qgpm.samples.tasks import TASKS
 
 __all__ = ["report", "plot_depth_curves", "REPORT_FILE", "STATS_FILE"]
@@ -180,15 +181,20 @@ def _header(rows: Sequence[dict], manifest: Mapping[str, Any], order: Sequence[s
     if latest:
         methods = latest.get("methods") or []
         specs = [method_spec(m) for m in methods if m in METHODS]
+        every = len(specs) < len(methods) or not specs  # a method this version does not know: name every setting
+        relevance = config_value(latest.get("config") or {}, "relevance")
+        ranked = every or any(s.stage is Stage.HEADS for s in specs)
         read = ""  # only the settings its methods read (a vanilla run has no reranker and no config)
-        if any(s.reranker for s in specs) or not specs:
+        if every or any(s.reranker for s in specs):
             read += f"; reranker ({'/'.join(s.name for s in specs if s.reranker) or 'topk/reorder'}) {latest.get('reranker')}"
-        if any(s.takes_k for s in specs) or not specs:
+        if every or any(s.takes_k for s in specs):
             read += f", k={latest.get('k')}"
-        if any(s.config for s in specs) or not specs:
-            read += f"; heads `{latest.get('heads')}`; relevance source `{config_value(latest.get('config') or {}, 'relevance')}`"
+        if ranked and (every or parse_source(relevance).heads):
+            read += f"; heads `{latest.get('heads')}`"
+        if ranked:
+            read += f"; relevance source `{relevance}`"
         out.append(f"- the latest run: `{latest.get('command')}` (methods {', '.join(methods)}; n = {latest.get('n')} per (task, length, depth){read})")
-        if any(s.config for s in specs) or not specs:
+        if every or any(s.config for s in specs):
             out.append(f"- its QGPM config: `{json.dumps(latest.get('config'))}` ({latest.get('config_provenance')})")
         out.append(f"- versions: {latest.get('versions')}; processes: {latest.get('processes')}; latest run wall time {latest.get('wall_s')} s")
     return out
@@ -355,8 +361,9 @@ def report(out_dir: str | Path, *, baseline: str = "vanilla", plots: bool = True
         body.append([lab, len(rs), f"{_mean([r.get('prompt_tokens') or 0 for r in rs]):.0f}", f"{_mean([r.get('answer_tokens') or 0 for r in rs]):.1f}",
                      fmt(f("edit_s")), fmt(f("pass1_s")), fmt(f("prefill_s")), fmt(f("decode_s")), fmt(f("logprob_s", scored)), fmt(f("wall_s"))])
     md += ["edit s: the context edit (Reorder's and Top-K's reranker runs here); ranking s: QGPM's relevance pass "
-           "(the model's attention pass 1, or the MiniLM reranker under the minilm source); prefill s includes the gold "
-           "answer scored in the same forward; log-prob s: over the answers that scored the gold log-prob only "
+           "(the model's attention pass 1 and/or the relevance source's reranker); prefill s includes the gold answer "
+           "scored in the same forward when this process generates (a remote generator's rows score it apart, in log-prob s only); "
+           "log-prob s: over the answers that scored the gold log-prob only "
            "(–: none did). Seconds are wall time on the machine and threads of each row's run, so series run at other "
            "times compare only roughly; cost_per_answer_* benchmarks time methods side by side.", ""]
     md += _table(["series", "answers", "prompt tokens", "answer tokens", "edit s", "ranking s", "prefill s", "decode s", "log-prob s", "wall s"], body) + [""]

@@ -40,7 +40,7 @@ from typing import Any, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
-from qgpm.config import QGPMConfig
+from qgpm.config import PRESETS, RECIPE, QGPMConfig
 from qgpm.config_files import coerce_value, load_config  # load_config re-exported
 from qgpm.defaults import PASS1_FIELDS
 from qgpm.plan import inert_fields
@@ -132,15 +132,33 @@ def parse_grid(spec: str | None) -> dict[str, list]:
         vals = [coerce_value(v) for v in values.split(",") if v.strip()]
         if not vals:
             raise ValueError(f"no values for {name!r} in grid")
-        for v in vals:  # a value of the wrong type is a typo whatever the other fields hold: refused before the model loads
-            try:
-                QGPMConfig().with_(**{name: v})
-            except TypeError as exc:
-                raise ValueError(f"grid value {name}={v!r}: {exc}") from None
-            except ValueError:
-                pass  # a constraint between fields: the grid point's other values decide (expand_grid)
+        for v in vals:
+            _check_grid_value(name, v)
         grid[name] = vals
     return grid
+
+
+def _check_grid_value(name: str, value: Any) -> None:
+    """Refuse, before the model loads, a grid value that is a typo whatever the other fields hold:
+    one of the wrong type (``k_sharp=abc``), or a text no base config takes alone (``remap=strde``,
+    ``relevance=minlm``: a choice's spelling). Numbers outside a constraint between fields
+    (``k_sharp=9`` against the default ``k_broad=8``) are left to their grid point (:func:`expand_grid`)."""
+    try:
+        QGPMConfig().with_(**{name: value})
+        return
+    except TypeError as exc:
+        raise ValueError(f"grid value {name}={value!r}: {exc}") from None
+    except ValueError as exc:
+        first = exc
+    if not isinstance(value, str):
+        return
+    for base in (RECIPE, *PRESETS.values()):
+        try:
+            base.with_(**{name: value})
+            return  # valid on another base: the run's base decides
+        except ValueError:
+            continue
+    raise ValueError(f"grid value {name}={value!r} is taken by no config: {first}") from None
 
 
 def expand_grid(grid: dict[str, list], base: QGPMConfig) -> tuple[list[QGPMConfig], list[dict]]:
