@@ -7,6 +7,7 @@ qgpm`` has loaded all of them but :mod:`qgpm.samples.tasks`, the tasks ``tasks_a
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import Any, Callable, NoReturn, Sequence
@@ -18,7 +19,7 @@ from qgpm.explain import printable
 from qgpm.loading import resolve_source, source_fingerprint
 from qgpm.samples.tasks import TASKS
 
-__all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_cli", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP", "VLLM_URL_HELP", "VLLM_MODEL_HELP", "VLLM_TIMEOUT_HELP"]
+__all__ = ["QGPMArgumentParser", "UsageError", "csv_list", "methods_arg", "tasks_arg", "run_cli", "run_command", "DEVICE_HELP", "DTYPE_HELP", "HEADS_HELP", "CONFIG_HELP", "RERANKER_HELP", "VLLM_URL_HELP", "VLLM_MODEL_HELP", "VLLM_TIMEOUT_HELP", "vllm_server_args"]
 
 DEVICE_HELP = "cpu | cuda | cuda:N | auto (default auto: the first GPU if torch sees one, else the CPU; under accelerate launch, cuda = each process's own GPU)"
 DTYPE_HELP = "float32 | bfloat16 | float16 | auto (default auto: the checkpoint's dtype)"
@@ -28,6 +29,21 @@ VLLM_URL_HELP = ("run pass 2 and decoding on a vLLM server at this address (e.g.
 VLLM_MODEL_HELP = "the served model's name on the --vllm-url server (default: the only model it serves)"
 VLLM_TIMEOUT_HELP = ("seconds to wait for each answer chunk from the --vllm-url server (default 120: a call queued behind others "
                      "waits for their prefills first)")
+
+
+def vllm_server_args(args: Any) -> dict[str, Any] | None:
+    """``VLLMServer``'s keyword arguments from ``--vllm-url`` / ``--vllm-model`` / ``--vllm-timeout``,
+    or ``None`` without ``--vllm-url``; the other two without it, or a timeout that is not a positive
+    number of seconds, raise :class:`UsageError` (before any model loads)."""
+    url, model, timeout = getattr(args, "vllm_url", None), getattr(args, "vllm_model", None), getattr(args, "vllm_timeout", None)
+    if not url:
+        given = [flag for flag, value in (("--vllm-model", model), ("--vllm-timeout", timeout)) if value is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} only apply with --vllm-url: add --vllm-url URL, or leave {'them' if len(given) > 1 else 'it'} out")
+        return None
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"--vllm-timeout must be a positive number of seconds, got {timeout}")
+    return {"model": model, **({"timeout": timeout} if timeout is not None else {})}
 HEADS_HELP = ("head set for pass 1: stored (default: the set stored for this model, found by its fingerprint) | "
               "a head-set JSON file | 'layer:head,...' e.g. 14:3,15:6 | calibrate (calibrate now, not stored); read only where "
               "the config ranks with the heads (--config relevance=heads: the recipe and the presets rank with minilm)")

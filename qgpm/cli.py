@@ -33,6 +33,7 @@ from ._cliutil import (
     RERANKER_HELP,
     VLLM_MODEL_HELP,
     VLLM_TIMEOUT_HELP,
+    vllm_server_args,
     VLLM_URL_HELP,
     QGPMArgumentParser,
     UsageError,
@@ -78,16 +79,16 @@ def default_example() -> int:
 
 
 def _read_context(spec: str) -> str:
-    if spec == "-":
-        return sys.stdin.read()
     try:
+        if spec == "-":
+            return sys.stdin.buffer.read().decode("utf-8")
         with open(spec, encoding="utf-8") as f:
             return f.read()
     except OSError as exc:
         raise UsageError(f"--context {spec}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise UsageError(f"--context {spec}: not UTF-8 text ({exc.reason} at byte offset {exc.start}); convert it first, "
-                         f"e.g. iconv -f latin1 -t utf-8 {spec}") from None
+                         f"e.g. iconv -f latin1 -t utf-8 {'FILE' if spec == '-' else spec}") from None
 
 
 def _check_heads_before_loading(args: argparse.Namespace, heads, config_file, overrides: Sequence[str]) -> None:
@@ -190,6 +191,12 @@ def _print_why(method: str, result, top: int) -> None:
 
 def _ask(args: argparse.Namespace) -> int:
     text, questions = sample_document()
+    if args.question is not None and not args.question.strip():
+        raise UsageError("the question is empty: give one, or leave it out to ask the bundled example question")
+    try:
+        (args.question or "").encode("utf-8")
+    except UnicodeEncodeError:  # bytes the shell passed that are no UTF-8 (surrogate-escaped by Python)
+        raise UsageError("the question is not UTF-8 text: set the terminal's encoding to UTF-8, or convert it") from None
     if args.example is not None and (args.context or args.question):
         raise UsageError("--example picks a bundled question about the bundled document; with --context or a question of "
                          "your own it has no use: leave it out")
@@ -222,6 +229,8 @@ def _ask(args: argparse.Namespace) -> int:
             raise UsageError('method oracle needs --evidence "exact text from the context" (repeatable)')
     elif evidence:
         raise UsageError("--evidence is only used by method oracle (add it to --methods)")
+    if any(not e.strip() for e in evidence):
+        raise UsageError('--evidence is empty: give exact text from the context, e.g. --evidence "the sentence that answers"')
     missing = [e for e in evidence if e.strip() not in text]
     if missing:
         raise UsageError(f"--evidence {missing[0][:60]!r} is not an exact substring of the context")
@@ -265,10 +274,10 @@ def _ask(args: argparse.Namespace) -> int:
     check_config_args(config_file, overrides)  # bad fields or values fail here, before the model loads
     if any(s.stage is Stage.HEADS for s in specs):
         _check_heads_before_loading(args, heads, config_file, overrides)  # a reranker relevance source needs no head set
-    generator = None
-    if args.vllm_url:
+    generator, server = None, vllm_server_args(args)
+    if server is not None:
         try:
-            generator = VLLMServer(args.vllm_url, model=args.vllm_model, timeout=args.vllm_timeout)
+            generator = VLLMServer(args.vllm_url, **server)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
@@ -361,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--config", action="append", default=None, metavar="FILE|FIELD=VALUE", help=CONFIG_HELP)
     g.add_argument("--vllm-url", default=None, metavar="URL", help=VLLM_URL_HELP)
     g.add_argument("--vllm-model", default=None, metavar="NAME", help=VLLM_MODEL_HELP)
-    g.add_argument("--vllm-timeout", type=float, default=120.0, metavar="S", help=VLLM_TIMEOUT_HELP)
+    g.add_argument("--vllm-timeout", type=float, default=None, metavar="S", help=VLLM_TIMEOUT_HELP)
     ask.add_argument("--reranker", default=None, help=RERANKER_HELP)
     ask.add_argument("--k", type=int, default=None, help=f"chunks kept by topk (default {DEFAULT_K})")
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")

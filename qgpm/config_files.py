@@ -62,7 +62,7 @@ def _config_file(spec: str | Path, fields: set[str]) -> QGPMConfig:
     ``"config"`` (``best_config.json``). A key that is no field raises, naming it."""
     try:
         d = json.loads(Path(spec).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"config file {str(spec)!r} is not valid JSON ({exc}); it must hold an object of QGPMConfig fields, "
                          'e.g. {"k_sharp": 4, "remap": "reorder"}') from None
     d = d.get("config", d) if isinstance(d, dict) else d

@@ -34,6 +34,29 @@ def test_ask_plot_without_matplotlib_is_refused_before_the_model_loads(capsys, m
     _one_line_error(capsys, main(["ask", "--plot", str(tmp_path / "p.png")]), "matplotlib", "qgpm[eval]")
 
 
+def test_ask_refuses_unreadable_or_empty_input_before_the_model_loads(capsys, monkeypatch, tmp_path):
+    """An empty question ran the bundled example for a minute; bytes that are no UTF-8 on stdin or
+    in the question, an empty --evidence and vLLM flags without --vllm-url got past the checks."""
+    import io
+    import sys
+
+    import qgpm.cli
+
+    monkeypatch.setattr(qgpm.cli.QGPM, "from_pretrained", lambda *a, **k: pytest.fail("the model loaded"))
+    ctx = tmp_path / "notes.txt"
+    ctx.write_text("The lease was signed by Ada Park in May.", encoding="utf-8")
+    _one_line_error(capsys, main(["ask", ""]), "the question is empty")
+    _one_line_error(capsys, main(["ask", "--example", "3", ""]), "the question is empty")
+    _one_line_error(capsys, main(["ask", "--context", str(ctx), "Who signed \udcff?"]), "not UTF-8 text")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 latin-1 text"), encoding="utf-8"))
+    _one_line_error(capsys, main(["ask", "--context", "-", "Who signed?"]), "--context -: not UTF-8 text", "iconv")
+    _one_line_error(capsys, main(["ask", "--context", str(ctx), "--methods", "oracle", "--evidence", " ", "Who?"]), "--evidence is empty")
+    _one_line_error(capsys, main(["ask", "--context", str(ctx), "--vllm-model", "m", "Who?"]), "--vllm-model only apply with --vllm-url")
+    bad = tmp_path / "c.json"
+    bad.write_bytes(b"\xff\xfe\x00")
+    _one_line_error(capsys, main(["ask", "--context", str(ctx), "--config", str(bad), "Who?"]), f"config file '{bad}' is not valid JSON")
+
+
 @pytest.mark.real_model
 def test_ask_default_answers_bundled_question_and_shows_ranking(smollm, capsys):
     _, questions = sample_document()

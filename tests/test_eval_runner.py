@@ -910,6 +910,7 @@ def test_scores_from_another_model_shape_is_rejected(tiny_dir, tmp_path, capsys)
     (["--shallow-bound", "3"], "give shallow_tolerance too"),
     (["--scores-from", "x.json", "--n", "4"], "give one of them"),
     (["--shallow-tolerance", "0.05", "--shallow-bound", "0"], "shallow_bound must be >= 1"),
+    (["--out", "."], "--out . is a folder: give the head-set file to write"),
 ])
 def test_cli_calibrate_rejects_bad_depth_options_before_loading(extra, says, tmp_path, capsys):
     from qgpm.eval.cli import main
@@ -984,7 +985,10 @@ def test_eval_refuses_what_it_can_check_before_the_model_loads(tmp_path, monkeyp
     for extra, out, said in ((["--methods", "topk", "--reranker", "bogus"], "a", "unknown reranker 'bogus'"),
                              (["--methods", "topk", "--k", "0"], "b", "k must be >= 1"),
                              (["--methods", "vanilla", "--only", str(ids)], "c", "outside this run"),
-                             (["--methods", "vanilla", "--split", "dev"], "tested", "holds rows of the test split and this run is on dev")):
+                             (["--methods", "vanilla", "--split", "dev"], "tested", "holds rows of the test split and this run is on dev"),
+                             (["--methods", "vanilla", "--vllm-timeout", "5"], "d", "--vllm-timeout only apply with --vllm-url"),
+                             (["--methods", "vanilla", "--vllm-url", "http://127.0.0.1:9", "--vllm-timeout", "-5"], "e",
+                              "--vllm-timeout must be a positive number of seconds, got -5.0")):
         assert eval_cli.main([*base, *extra, "--out", str(tmp_path / out)]) == 2
         assert said in capsys.readouterr().err
         assert out == "tested" or not (tmp_path / out).exists()  # no folder left behind

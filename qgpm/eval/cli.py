@@ -25,7 +25,7 @@ from typing import Sequence
 
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from qgpm._cliutil import RERANKER_HELP, QGPMArgumentParser, methods_arg, remote_call_config, run_cli, split_config_args
+from qgpm._cliutil import RERANKER_HELP, QGPMArgumentParser, methods_arg, remote_call_config, run_cli, split_config_args, vllm_server_args
 from qgpm.baselines import options_from_strings
 from qgpm.calibrate import HeadScores, calibrate_heads, check_depth_options, check_lengths, confidence_summary, fitting_lengths
 from qgpm.config_files import check_config_args, load_config
@@ -141,7 +141,7 @@ def _engine(args, config=None, heads=None):
     if getattr(args, "vllm_url", None):
         from qgpm.serving import VLLMServer  # heavy: httpx and the rich/click of its CLI (about 70 ms here), only with --vllm-url
 
-        kw["generator"] = VLLMServer(args.vllm_url, model=args.vllm_model, timeout=args.vllm_timeout)
+        kw["generator"] = VLLMServer(args.vllm_url, **vllm_server_args(args))
         kw["reuse_prefill"] = False  # pass 1's KV states stay here: nothing to reuse on the server
         kw["pass1_layers_only"] = not getattr(args, "logprob", True)  # the gold log-prob is scored here, on every layer
     return load_engine(args.model, device=args.device, dtype=args.dtype, heads=heads if heads is not None else getattr(args, "heads", None),
@@ -163,6 +163,7 @@ def _engine_and_config(args):
 
 def main_eval(args) -> int:
     _setup_logging()
+    vllm_server_args(args)  # --vllm-model / --vllm-timeout without --vllm-url, a bad timeout: before the model loads
     options = options_from_strings(getattr(args, "options", []) or [])  # bad settings fail before the model loads
     tasks = args.tasks or ["niah_multikey_1", "nolima_direct"]
     only = None
@@ -188,6 +189,7 @@ def main_eval(args) -> int:
 
 def main_tune(args) -> int:
     _setup_logging()
+    vllm_server_args(args)  # as in eval
     grid = parse_grid(args.grid) if args.grid else None  # a bad grid fails before the model loads
     if args.oracle and args.methods is not None and "oracle" not in args.methods:
         raise ValueError(f"--oracle adds the Oracle to the methods, but --methods {','.join(args.methods)} leaves it out: "
@@ -213,6 +215,8 @@ def main_tune(args) -> int:
 
 def main_calibrate(args) -> int:
     check_data_packages()  # before the model loads
+    if args.out is not None and os.path.isdir(args.out):  # found only when the set was written, after the whole calibration
+        raise ValueError(f"--out {args.out} is a folder: give the head-set file to write, e.g. {os.path.join(args.out, 'heads.json')}")
     check_depth_options(args.max_layer, args.shallow_tolerance, has_holdout=args.holdout > 0,
                         shallow_bound=args.shallow_bound)  # before the model loads
     scores = earlier = None

@@ -111,7 +111,7 @@ def add_model_args(p: argparse.ArgumentParser, heads: bool = True, answers: bool
     if answers:
         g.add_argument("--vllm-url", default=None, metavar="URL", help=VLLM_URL_HELP)
         g.add_argument("--vllm-model", default=None, metavar="NAME", help=VLLM_MODEL_HELP)
-        g.add_argument("--vllm-timeout", type=float, default=120.0, metavar="S", help=VLLM_TIMEOUT_HELP)
+        g.add_argument("--vllm-timeout", type=float, default=None, metavar="S", help=VLLM_TIMEOUT_HELP)
         g.add_argument("--no-reuse-prefill", dest="reuse_prefill", action="store_false",
                        help="QGPM calls always stop pass 1 at the deepest head's layer and prefill the whole prompt in pass 2 "
                             "(QGPM(reuse_prefill=False); rows made before the reuse existed were computed so)")
