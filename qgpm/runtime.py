@@ -167,7 +167,7 @@ def check_answering_model(model: torch.nn.Module, tokenizer: object) -> None:
 def _encoder_families() -> frozenset[str]:
     """Families transformers knows both as masked-LM encoders and as causal LMs (BERT, RoBERTa,
     ...): their causal-LM class is a decoder only with ``config.is_decoder=True``."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES  # heavy: transformers' auto classes, read only when an engine is built
 
     return frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) & frozenset(MODEL_FOR_MASKED_LM_MAPPING_NAMES)
 
