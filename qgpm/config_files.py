@@ -73,7 +73,11 @@ def _config_file(spec: str | Path, fields: set[str]) -> QGPMConfig:
     if unknown:
         raise ValueError(f"config file {str(spec)!r} has keys that are no QGPMConfig field: {', '.join(map(repr, unknown))}; "
                          f"fields: {', '.join(sorted(fields))}")
-    return QGPMConfig(**d)
+    d = dict(d)
+    said = d.pop("provenance", None)
+    if said is not None and not isinstance(said, str):
+        raise ValueError(f"config file {str(spec)!r}: provenance must be text (where the settings come from), got {type(said).__name__} {said!r}")
+    return QGPMConfig(**d, provenance=f"config file {Path(spec).name}" + (f" ({said})" if said else ""))
 
 
 def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base: QGPMConfig | None = None) -> QGPMConfig | None:

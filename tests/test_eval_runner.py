@@ -654,6 +654,10 @@ def test_grid_and_config_parsing(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps(QGPMConfig(s_low=0.2).to_dict()))
     assert load_config(p, ["tau=2"]) == QGPMConfig(s_low=0.2, tau=2.0)
+    assert load_config(p, ["tau=2"]).provenance == "config file c.json (initial defaults (untuned)); then overridden: tau=2"  # the file is named
+    p.write_text(json.dumps({"s_low": 0.2, "provenance": 5}))
+    with pytest.raises(ValueError, match="provenance must be text"):
+        load_config(p)
     assert load_config(None) is None
     p.write_text(json.dumps({"config": {"s_low": 0.2, "k_sharpp": 1}}))
     with pytest.raises(ValueError, match="'k_sharpp'"):  # a misspelt key is not dropped
