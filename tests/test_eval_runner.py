@@ -731,8 +731,15 @@ def test_cli_calibrate_writes_head_set_found_by_model_name(tiny_dir, tmp_path, m
     from qgpm.eval.cli import main
     from qgpm.heads import stored_head_set_path
 
+    from transformers.utils import logging as hf_logging
+
     monkeypatch.setenv("QGPM_HOME", str(tmp_path / "home"))
-    assert main(["calibrate", "--model", str(tiny_dir), "--n", "2", "--holdout", "2", "--top", "3", "--lengths", "512", "--device", "cpu", "--no-progress"]) == 0
+    hf_logging.enable_progress_bar()
+    try:
+        assert main(["calibrate", "--model", str(tiny_dir), "--n", "2", "--holdout", "2", "--top", "3", "--lengths", "512", "--device", "cpu", "--no-progress"]) == 0
+        assert not hf_logging.is_progress_bar_enabled()  # --no-progress hides transformers' weight-loading bar too
+    finally:
+        hf_logging.enable_progress_bar()
     text = capsys.readouterr().out
     assert "held-out fused MRR" in text and "vs random 3-head sets" in text
     # a weak threshold's advice is said once: in the logged warning, not again in the summary

@@ -133,6 +133,10 @@ def _setup_logging() -> None:
 
 
 def _engine(args, config=None, heads=None):
+    if not getattr(args, "progress", True):  # --no-progress: transformers' weight-loading bars too
+        from transformers.utils import logging as hf_logging  # heavy: transformers, only as a model loads
+
+        hf_logging.disable_progress_bar()
     kw = {}
     if getattr(args, "attn_implementation", None):
         kw["attn_implementation"] = args.attn_implementation
