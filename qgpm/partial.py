@@ -96,9 +96,9 @@ def load_pass1_model(source: ModelSource, heads: Any, config: QGPMConfig | None 
     """``(model, head set or None)``: ``source`` loaded with only the decoder layers pass 1 reads
     under ``config`` (``None``: the model's preset or the recipe, :meth:`QGPMConfig.for_model`)
     with its head set (``heads`` as :meth:`qgpm.QGPM.from_pretrained` takes them). Raises
-    ``ValueError`` for ``heads="calibrate"`` (calibration reads every layer) before any weight loads."""
+    :class:`LayersNotLoadedError` for ``heads="calibrate"`` (calibration reads every layer) before any weight loads."""
     if isinstance(heads, str) and heads == "calibrate":
-        raise ValueError("heads='calibrate' reads every layer, and this engine loads only pass 1's (pass1_layers_only): calibrate "
+        raise LayersNotLoadedError("heads='calibrate' reads every layer, and this engine loads only pass 1's (pass1_layers_only): calibrate "
                          "once with the whole model (`qgpm calibrate`, or pass1_layers_only=False) and load again; the stored set is found")
     if "config" in kwargs:
         raise ValueError("config= goes to from_pretrained of a whole model; with pass1_layers_only the layer count is set from the heads")

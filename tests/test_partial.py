@@ -81,7 +81,7 @@ def test_what_needs_the_missing_layers_is_refused_by_name_before_any_work(smollm
         QGPM.from_pretrained(pass1_layers_only=True)
     with pytest.raises(TypeError, match="pass1_layers_only"):
         QGPM.from_pretrained(generator=smollm.local, pass1_layers_only="yes")
-    with pytest.raises(ValueError, match="reads every layer"):
+    with pytest.raises(LayersNotLoadedError, match="reads every layer"):
         QGPM.from_pretrained(generator=smollm.local, heads="calibrate")
 
 
