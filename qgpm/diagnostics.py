@@ -30,7 +30,7 @@ class Diagnostics(MutableMapping):
     # the plan (qgpm, oracle)
     boundary_plane: float | None = None  # the frequency gate's first modulated rotary plane
     anchor_length: float | None = None  # the gate's wavelength in tokens
-    s_low: float | None = None  # the stride floor applied (1.0: vanilla positions kept)
+    s_low: float | None = None  # the low score of the plan (1.0: vanilla positions kept, by any rule)
     flat_relevance: bool | None = None  # the top z was below min_top_z (or every z tied): vanilla positions kept
     tied_relevance: bool | None = None  # no sentence ranked above another (every z the same, or one sentence): flat
     min_top_z: float | None = None  # the flat-relevance threshold this call applied ("calibrated" resolved); None: the rule was off

@@ -74,7 +74,7 @@ class Usage:
 
 @dataclass
 class Timings:
-    """Seconds spent in each phase; ``first_token_s`` = time to first token (edit + pass 1 + prefill)."""
+    """Seconds spent in each phase; ``first_token_s`` = time to first token (edit + pass 1 + plan + prefill)."""
 
     edit_s: float = 0.0
     pass1_s: float = 0.0
