@@ -121,3 +121,29 @@ def test_the_configuration_table_check_reads_a_wrong_cell():
     rows = _field_rows('| `relevance` | `"heads"` | `"heads"` | `"minilm"` | where z comes from |\n')
     assert [_cell_value(c) for c in rows["relevance"]] == ["heads", "heads", "minilm"]
     assert _cell_value("8.0 (–, one map)") == 8.0 and _cell_value("`None`") is None
+
+
+def _details_table_keys(text: str) -> set[str]:
+    """The keys named in the first column of docs/api.md's result.details table."""
+    start = text.index("| key | set for | meaning |")
+    keys = set()
+    for line in text[start:].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        keys.update(re.findall(r"`(\w+)`", line.split("|")[1]))
+    return keys
+
+
+def test_every_named_fact_of_a_call_is_in_the_details_table():
+    """docs/api.md's result.details table names every field of Diagnostics, so a user can look
+    up any key a result carries."""
+    from qgpm.diagnostics import FIELDS
+
+    documented = _details_table_keys((ROOT / "docs" / "api.md").read_text(encoding="utf-8"))
+    missing = [f for f in FIELDS if f not in documented]
+    assert not missing, f"Diagnostics fields missing from docs/api.md's result.details table: {missing}"
+
+
+def test_the_details_table_reader_sees_a_missing_key():
+    table = "| key | set for | meaning |\n|---|---|---|\n| `pass2` | `qgpm` | how |\n| `s_low`, `promoted` | x | y |\n\nafter"
+    assert _details_table_keys(table) == {"pass2", "s_low", "promoted"}
