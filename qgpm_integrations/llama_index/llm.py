@@ -403,14 +403,17 @@ class QGPMLLM(CustomLLM):
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         """:meth:`complete` with the model in worker threads (the call runs as a stream, the same
         answer): cancelling the awaiting task stops generation, as for :meth:`astream_complete`."""
-        call = self._prompt_call(prompt, formatted, kwargs)
+        return completion(await self._arun(self._prompt_call(prompt, formatted, kwargs)))
+
+    async def _arun(self, call: LLMCall) -> QGPMResult:
+        """Run ``call`` to the end in worker threads, as a stream (cancelling the awaiting task stops it)."""
         result: Optional[QGPMResult] = None
         async with aclosing(iterate_in_thread(await asyncio.to_thread(self._pieces, call))) as pieces:
             async for _piece, finished in pieces:
                 result = finished or result
         if result is None:  # the stream ended without its result: it was closed from outside
             raise RuntimeError("QGPMLLM.acomplete: the call's stream ended without a result")
-        return completion(result)
+        return result
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:

@@ -21,7 +21,15 @@ The method, decoding and prompt settings (``instruction``, ``system_prompt``,
 ``aquery`` and streaming responses (``response_gen`` / ``async_response_gen()``) all work;
 ``response.metadata["qgpm"]`` is a :class:`~qgpm_integrations.llama_index.QGPMTrace` holding
 the call's :class:`qgpm.QGPMResult` (a streaming response's once the stream has been read).
-With no nodes the response is LlamaIndex's ``"Empty Response"`` and the model is not run.
+With no nodes, or only nodes without text, the response is LlamaIndex's ``"Empty Response"``
+and the model is not run.
+
+The model call is an LLM event of the :class:`QGPMLLM`, as a completion through LlamaIndex's
+own synthesizers is: its callback manager sees ``CBEventType.LLM`` with the prompt and the
+completion (whose ``raw["usage"]`` a ``TokenCountingHandler`` counts), and the instrumentation
+dispatcher ``LLMCompletionStartEvent`` / ``LLMCompletionEndEvent``. The event's prompt is the
+text the engine renders from the nodes and the question (for ``topk`` / ``reorder``: before the
+baseline edits the context).
 """
 
 from __future__ import annotations
@@ -29,16 +37,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncGenerator, Generator, Iterator, Optional, Sequence
 
+from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseAsyncGen, CompletionResponseGen
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.indices.prompt_helper import ChatPromptHelper, PromptHelper
+from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.response_synthesizers import BaseSynthesizer
 from llama_index.core.types import RESPONSE_TEXT_TYPE
 
 from qgpm import QGPMResult
+from qgpm.prompt import PromptSpec, normalize_spec, render_prompt
 
 from ._prompt import PromptParts
+from ._responses import acompletions, completion, completions
 from .._common import iterate_in_thread
+from .call_args import decoding_args
 from .llm import QGPMLLM, LLMCall
 
 __all__ = ["QGPMSynthesizer"]
@@ -96,9 +109,13 @@ class QGPMSynthesizer(BaseSynthesizer):
     def _update_prompts(self, prompts: PromptDictType) -> None:
         """Nothing to update (see :meth:`_get_prompts`); QGPM's prompt is set on the LLM (``instruction``, ...)."""
 
-    def _call(self, query_str: str, text_chunks: Sequence[str], response_kwargs: dict[str, Any]) -> LLMCall:
-        parts = PromptParts(documents=tuple(c for c in text_chunks if c.strip()), question=query_str, source="nodes")
-        return self.llm._answer_call(parts, self.llm.system_prompt, response_kwargs)
+    def _call(self, query_str: str, text_chunks: Sequence[str], response_kwargs: dict[str, Any]) -> Optional[LLMCall]:
+        """The engine call for the chunks with text; ``None`` when none has any (the arguments still checked)."""
+        documents = tuple(c for c in text_chunks if c.strip())
+        if not documents:
+            decoding_args(self.llm, response_kwargs)  # an unknown or bad argument raises here too
+            return None
+        return self.llm._answer_call(PromptParts(documents=documents, question=query_str, source="nodes"), self.llm.system_prompt, response_kwargs)
 
     def get_response(self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any) -> RESPONSE_TEXT_TYPE:
         """The answer to ``query_str`` from ``text_chunks`` (a text generator when streaming).
@@ -107,33 +124,72 @@ class QGPMSynthesizer(BaseSynthesizer):
         ``top_p``, ``stop`` and ``seed`` for this call.
         """
         call = self._call(query_str, text_chunks, response_kwargs)
+        if call is None:
+            return self._empty_response_generator() if self._qgpm_streaming else self._empty_response
+        prompt = _event_prompt(self.llm, call)
         if self._qgpm_streaming:
-            return _texts(self.llm._pieces(call))
-        return self.llm._run(call).text
+            pieces = self.llm._pieces(call)
+            return _texts(_stream_nodes(self.llm, prompt, pieces), pieces)
+        return _complete_nodes(self.llm, prompt, call).text
 
     async def aget_response(self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any) -> RESPONSE_TEXT_TYPE:
         """:meth:`get_response` with the model in worker threads."""
         call = self._call(query_str, text_chunks, response_kwargs)
+        if call is None:
+            return self._empty_response_agenerator() if self._qgpm_streaming else self._empty_response
+        prompt = _event_prompt(self.llm, call)
         if self._qgpm_streaming:
-            pieces = await asyncio.to_thread(self.llm._pieces, call)
-            return _atexts(iterate_in_thread(pieces))
-        result = await asyncio.to_thread(self.llm._run, call)
-        return result.text
+            pieces = iterate_in_thread(await asyncio.to_thread(self.llm._pieces, call))
+            return _atexts(await _astream_nodes(self.llm, prompt, pieces), pieces)
+        return (await _acomplete_nodes(self.llm, prompt, call)).text
 
 
-def _texts(pieces: Iterator[tuple[str, Optional[QGPMResult]]]) -> Generator[str, None, None]:
+def _event_prompt(llm: QGPMLLM, call: LLMCall) -> str:
+    """The prompt the engine renders for ``call``, for the LLM event (the context as the nodes give it)."""
+    documents, question = call.args
+    kw = call.kwargs
+    spec = PromptSpec(context=list(documents), question=question, instruction=kw.get("instruction"), system=kw.get("system"),
+                      answer_prefix=kw.get("answer_prefix"))
+    return render_prompt(llm.engine.tokenizer, normalize_spec(spec)).text
+
+
+# The model call as an LLM completion event of ``llm`` (the decorator reads its first argument as
+# the LLM and its second as the prompt), as LlamaIndex's own synthesizers' calls are.
+@llm_completion_callback()
+def _complete_nodes(llm: QGPMLLM, prompt: str, call: LLMCall) -> CompletionResponse:
+    return completion(llm._run(call))
+
+
+@llm_completion_callback()
+def _stream_nodes(llm: QGPMLLM, prompt: str, pieces: Iterator[tuple[str, Optional[QGPMResult]]]) -> CompletionResponseGen:
+    return completions(pieces)
+
+
+@llm_completion_callback()
+async def _acomplete_nodes(llm: QGPMLLM, prompt: str, call: LLMCall) -> CompletionResponse:
+    return completion(await llm._arun(call))
+
+
+@llm_completion_callback()
+async def _astream_nodes(llm: QGPMLLM, prompt: str, pieces: AsyncGenerator[tuple[str, Optional[QGPMResult]], None]) -> CompletionResponseAsyncGen:
+    return acompletions(pieces)
+
+
+def _texts(responses: CompletionResponseGen, pieces: Iterator[tuple[str, Optional[QGPMResult]]]) -> Generator[str, None, None]:
     try:
-        for piece, _ in pieces:
-            if piece:
-                yield piece
+        for response in responses:
+            if response.delta:
+                yield response.delta
     finally:
+        responses.close()
         pieces.close()  # type: ignore[attr-defined]  # a stream left early stops generating
 
 
-async def _atexts(pieces: AsyncGenerator[tuple[str, Optional[QGPMResult]], None]) -> AsyncGenerator[str, None]:
+async def _atexts(responses: CompletionResponseAsyncGen, pieces: AsyncGenerator[tuple[str, Optional[QGPMResult]], None]) -> AsyncGenerator[str, None]:
     try:
-        async for piece, _ in pieces:
-            if piece:
-                yield piece
+        async for response in responses:
+            if response.delta:
+                yield response.delta
     finally:
+        await responses.aclose()
         await pieces.aclose()

@@ -159,3 +159,75 @@ def test_built_from_llm_settings_and_bad_arguments(stub_engine, word_tokenizer):
         QGPMSynthesizer(llm=QGPMLLM(engine=stub_engine), method="vanilla")
     with pytest.raises(TypeError, match="unexpected arguments"):
         QGPMSynthesizer(engine=stub_engine, response_mode="compact")
+
+
+def test_only_blank_nodes_is_llama_index_empty_response_without_a_model_call(llm, stub_engine):
+    blank = [NodeWithScore(node=TextNode(text=t), score=1.0) for t in ("", "  \n\n ")]
+    assert str(QGPMSynthesizer(llm=llm).synthesize(QUESTION, blank)) == "Empty Response"
+    assert "".join(QGPMSynthesizer(llm=llm, streaming=True).synthesize(QUESTION, blank).response_gen) == "Empty Response"
+
+    async def go():
+        plain = await QGPMSynthesizer(llm=llm).asynthesize(QUESTION, blank)
+        streamed = await QGPMSynthesizer(llm=llm, streaming=True).asynthesize(QUESTION, blank)
+        return str(plain), "".join([p async for p in streamed.async_response_gen()])
+
+    assert asyncio.run(go()) == ("Empty Response", "Empty Response")
+    assert stub_engine.calls == []
+    with pytest.raises(TypeError, match="num_beams"):  # the call's arguments are still checked
+        QGPMSynthesizer(llm=llm).synthesize(QUESTION, blank, num_beams=2)
+
+
+def _llm_events(run):
+    """``run(llm)``'s LLM events: (callback pairs of CBEventType.LLM, instrumentation event class names)."""
+    from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+
+    names = []
+
+    class _Names(BaseEventHandler):
+        def handle(self, event, **kwargs):
+            if type(event).__name__.startswith("LLMCompletion") and "InProgress" not in type(event).__name__:
+                names.append(type(event).__name__)
+
+    debug = LlamaDebugHandler()
+    handler = _Names()
+    root = get_dispatcher()
+    root.add_event_handler(handler)
+    try:
+        run(CallbackManager([debug]))
+    finally:
+        root.event_handlers.remove(handler)
+    return debug.get_event_pairs(CBEventType.LLM), names
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_the_model_call_is_an_llm_event_with_prompt_completion_and_usage(stub_engine, word_tokenizer, nodes, streaming, asynchronous):
+    from llama_index.core.callbacks import EventPayload
+
+    texts = []
+
+    def run(callback_manager):
+        llm = QGPMLLM(engine=stub_engine, max_new_tokens=9, callback_manager=callback_manager)
+        synthesizer = QGPMSynthesizer(llm=llm, streaming=streaming)
+        chunks = [NodeWithScore(node=n, score=1.0) for n in nodes]
+        if not asynchronous:
+            response = synthesizer.synthesize(QUESTION, chunks)
+            texts.append("".join(response.response_gen) if streaming else str(response))
+            return
+
+        async def go():
+            response = await synthesizer.asynthesize(QUESTION, chunks)
+            return "".join([p async for p in response.async_response_gen()]) if streaming else str(response)
+
+        texts.append(asyncio.run(go()))
+
+    pairs, names = _llm_events(run)
+    assert texts == [ANSWER]
+    (start, end), = pairs  # one LLM event for the one model call
+    prompt = start.payload[EventPayload.PROMPT]
+    assert QUESTION in prompt and all(t in prompt for t in _node_texts(nodes))
+    completion = end.payload[EventPayload.COMPLETION]
+    assert completion.text == ANSWER and completion.raw["usage"]["prompt_tokens"] == 11
+    assert names == ["LLMCompletionStartEvent", "LLMCompletionEndEvent"]
