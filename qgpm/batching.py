@@ -24,6 +24,8 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import aclosing
 from typing import Any, Callable, Sequence, TypeVar
 
+from .runtime import CallCancelled, cancelled_by
+
 __all__ = ["answer_many", "aanswer", "iterate_in_thread", "Cancellable", "ASYNC_WORKERS"]
 
 
@@ -32,9 +34,10 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
     the results in the requests' order. Every request is checked before any runs (a mapping with
     ``context`` and ``question``, and ``engine.check_request`` of its arguments: a bad request
     raises, naming its index, and nothing runs). When a call fails while running, the calls not
-    started yet are cancelled (no result is returned, so their work would be lost), the ones
-    already running finish, and the first failed request's exception is raised with the note
-    "in request i of answer_many()"."""
+    started yet are cancelled (no result is returned, so their work would be lost): those still
+    waiting in the pool or for their turn on the model (:func:`~qgpm.runtime.cancelled_by`) run
+    nothing; the ones already running finish, and the first failed request's exception is raised
+    with the note "in request i of answer_many()"."""
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, numbers.Integral) or max_concurrency < 1:
         raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
     if isinstance(requests, (str, bytes, Mapping)):
@@ -55,13 +58,30 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
         except (TypeError, ValueError) as exc:  # PromptError and ContextTooLongError are ValueErrors too
             exc.add_note(f"in request {i} of answer_many()")
             raise
+    stop = threading.Event()  # set by the first call that fails: the others still waiting give up
+
+    def call(request: Mapping[str, Any]) -> Any:
+        if stop.is_set():
+            raise CallCancelled("answer_many: another request failed before this one started")
+        try:
+            with cancelled_by(stop.is_set, on_failure=stop.set):  # queued behind the model's lock: gives up once one fails
+                return engine.answer(**request)
+        except CallCancelled:
+            raise
+        except BaseException:
+            stop.set()
+            raise
+
     with ThreadPoolExecutor(max_workers=min(max_concurrency, len(reqs)), thread_name_prefix="qgpm-call") as pool:
-        futures = [pool.submit(functools.partial(engine.answer, **r)) for r in reqs]
-        wait(futures, return_when=FIRST_EXCEPTION)
-        failed = [i for i, f in enumerate(futures) if f.done() and not f.cancelled() and f.exception() is not None]
-        if failed:
+        futures = [pool.submit(call, r) for r in reqs]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in done):
+            stop.set()
             for f in futures:
-                f.cancel()  # not started yet: never runs; running ones finish as the pool closes
+                f.cancel()  # not started yet: never runs
+            wait(futures)  # the running ones finish; the waiting ones give up (CallCancelled)
+            failed = [i for i, f in enumerate(futures)
+                      if not f.cancelled() and f.exception() is not None and not isinstance(f.exception(), CallCancelled)]
             exc = futures[failed[0]].exception()
             exc.add_note(f"in request {failed[0]} of answer_many()")
             raise exc

@@ -78,16 +78,19 @@ class CallCancelled(Exception):
     """A call was stopped (its stream closed) while it waited for its turn on the model."""
 
 
-_CANCELLED: contextvars.ContextVar[Callable[[], bool] | None] = contextvars.ContextVar("qgpm_cancelled", default=None)
+_CANCELLED: contextvars.ContextVar[tuple[Callable[[], bool], Callable[[], None] | None] | None] = contextvars.ContextVar(
+    "qgpm_cancelled", default=None)
 _POLL_S = 0.05
 
 
 @contextlib.contextmanager
-def cancelled_by(check: Callable[[], bool]) -> Iterator[None]:
+def cancelled_by(check: Callable[[], bool], *, on_failure: Callable[[], None] | None = None) -> Iterator[None]:
     """Within the block, a wait for the model's lock (:func:`model_turn`) gives up with
     :class:`CallCancelled` as soon as ``check()`` is true: a closed stream's call does not wait
-    for the calls ahead of it, nor then run its own pass 1 or prefill."""
-    token = _CANCELLED.set(check)
+    for the calls ahead of it, nor then run its own pass 1 or prefill. ``on_failure()`` runs when
+    work under the lock raises, before the lock is let go: the calls waiting behind it (whose
+    ``check`` it sets) then give up rather than take their turn."""
+    token = _CANCELLED.set((check, on_failure))
     try:
         yield
     finally:
@@ -101,7 +104,7 @@ def model_turn(model: torch.nn.Module) -> Iterator[None]:
     :class:`CallCancelled` instead of taking its turn (a thread that holds the lock already
     re-enters at once)."""
     lock = model_lock(model)
-    check = _CANCELLED.get()
+    check, on_failure = _CANCELLED.get() or (None, None)
     if check is None:
         lock.acquire()
     else:
@@ -113,6 +116,10 @@ def model_turn(model: torch.nn.Module) -> Iterator[None]:
             raise CallCancelled("the call was stopped while it waited for the model")
     try:
         yield
+    except BaseException:
+        if on_failure is not None:
+            on_failure()  # before the lock is let go (see cancelled_by)
+        raise
     finally:
         lock.release()
 

@@ -125,6 +125,37 @@ def test_a_failing_call_cancels_the_requests_not_started(engine, monkeypatch):
     assert engine.answer_many(reqs[2:6], max_concurrency=2) == ["q2", "q3", "q4", "q5"]
 
 
+def test_a_failing_call_stops_the_requests_waiting_for_the_local_model(engine):
+    """On a model in this process every submitted request is already running for the pool, waiting
+    for the model's lock: after one fails, none of those waiting starts to generate."""
+    import time
+
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    started, failed_at = {}, []
+
+    class Step(LogitsProcessor):
+        def __init__(self, i):
+            self.i = i
+
+        def __call__(self, input_ids, scores):
+            if self.i == 0:
+                failed_at.append(time.perf_counter())
+                raise RuntimeError("a processor that fails")
+            started.setdefault(self.i, time.perf_counter())
+            return scores
+
+    reqs = [dict(context=needle_context(3, n=20), question=NEEDLE_QUESTION, method="vanilla", max_new_tokens=30,
+                 logits_processor=LogitsProcessorList([Step(i)])) for i in range(6)]
+    with pytest.raises(RuntimeError, match="a processor that fails") as info:
+        engine.answer_many(reqs, max_concurrency=8)
+    assert "in request 0 of answer_many()" in info.value.__notes__
+    after = sorted(i for i, t in started.items() if t > failed_at[0])
+    assert not after, f"requests {after} started to generate after request 0 failed"
+    assert [r.text for r in engine.answer_many([dict(r, logits_processor=None) for r in reqs[1:3]])] == \
+        [engine.answer(**dict(reqs[1], logits_processor=None)).text] * 2  # the engine answers as before
+
+
 def test_cancelling_aanswer_stops_the_generation(engine):
     """A caller that gives up (a client disconnecting, asyncio.wait_for) stops the call: the
     model's forwards stop soon after, instead of running to max_new_tokens in a thread nobody
@@ -257,3 +288,31 @@ def test_a_cancelled_task_is_signalled_even_when_every_bridge_thread_is_busy(eng
         assert not done.is_alive()
     finally:
         lock.release()
+
+
+def test_a_failure_under_the_model_lock_is_reported_before_the_lock_is_let_go(engine):
+    """cancelled_by(on_failure=...) runs while the failing call still holds the model, so a call
+    waiting behind it cannot take its turn between the failure and the report."""
+    import threading
+
+    from qgpm.runtime import cancelled_by, model_lock, model_turn
+
+    seen = []
+
+    def try_lock():
+        lock = model_lock(engine.model)
+        seen.append(lock.acquire(timeout=0.2))
+        if seen[-1]:
+            lock.release()
+
+    def report():  # the lock is re-entrant: probe it from another thread
+        probe = threading.Thread(target=try_lock)
+        probe.start()
+        probe.join()
+
+    with pytest.raises(RuntimeError, match="boom"):
+        with cancelled_by(lambda: False, on_failure=report), model_turn(engine.model):
+            raise RuntimeError("boom")
+    assert seen == [False]  # another thread could not take the model while the failure was reported
+    with model_turn(engine.model):  # and the lock is free again
+        pass
