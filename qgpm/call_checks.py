@@ -26,11 +26,11 @@ from .generation import Generator
 from .editing import check_k
 from .hooks import reorder_mask_kind, sliding_window_of
 from .lexical import require_bm25
-from .limits import check_input_size
+from .limits import check_fits, check_input_size
 from .methods import METHOD_SPECS, Method, MethodSpec, Stage, method_spec
 from .partial import check_heads_fit
 from .plan import REORDER_LAYERED_ERROR, check_local_layers, reorder_needs_masks
-from .prompt import DEFAULT_TEMPLATE, check_prompt_inputs, check_prompt_settings, check_template
+from .prompt import DEFAULT_TEMPLATE, PromptSpec, check_prompt_inputs, check_prompt_settings, check_template, count_prompt_tokens, normalize_spec
 from .rerank import check_reranker_spec, get_reranker
 from .results import PreparedCall
 from .sources import parse_source
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from .preparing import ModelView
 
 __all__ = ["CallOptions", "CheckedSetting", "check_call", "check_config", "check_edit_args", "check_engine_args", "check_engine_config",
-           "check_evidence", "check_method_args", "check_options", "check_replan", "check_reuse_prefill"]
+           "check_evidence", "check_method_args", "check_options", "check_prompt_fits", "check_replan", "check_reuse_prefill"]
 
 
 @dataclass(frozen=True)
@@ -226,6 +226,20 @@ def check_call(eng: EngineView, spec: MethodSpec, context: Any, question: Any, o
         raise TypeError(f"config must be a qgpm.QGPMConfig, got {type(cfg).__name__}")
     eng.generator.check(spec, cfg)  # a generator that cannot run this method's pass 2 says so before any work
     return options, check_config(eng, cfg, spec), evidence
+
+
+def check_prompt_fits(eng: EngineView, spec: MethodSpec, context: Any, question: str, opts: CallOptions) -> None:
+    """The exact "prompt too long" rule (:func:`~qgpm.limits.check_fits`) on the prompt a call of
+    ``spec`` builds from arguments :func:`check_call` has passed, before any model work: the whole
+    prompt tokenized, template and chat markers included. A call runs the same rule once its
+    prompt is built; this is for checking ahead (``check_request``, ``answer_many``). Methods that
+    edit the context (Top-K, Reorder, LLMLingua-2) build their prompt only after the edit: for
+    them only :func:`check_call`'s bounds on the raw text apply."""
+    if spec.stage in (Stage.EDIT, Stage.COMPRESS) or not eng.max_length:
+        return
+    prompt = normalize_spec(PromptSpec(context=context, question=question, instruction=opts.instruction, system=opts.system,
+                                       answer_prefix=opts.answer_prefix, template=opts.template))
+    check_fits(eng.max_length, count_prompt_tokens(eng.tokenizer, prompt), opts.max_new_tokens)
 
 
 # ----------------------------------------------------------------------------- the engine's own settings

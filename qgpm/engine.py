@@ -33,7 +33,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .batching import aanswer, answer_many
-from .call_checks import CallOptions, CheckedSetting, check_call, check_config, check_engine_args, check_engine_config, check_replan, check_reuse_prefill
+from .call_checks import CallOptions, CheckedSetting, check_call, check_config, check_engine_args, check_engine_config, check_prompt_fits, check_replan, check_reuse_prefill
 from .config import QGPMConfig
 from .decoding import Decoding
 from .defaults import METHODS
@@ -401,9 +401,10 @@ class QGPM:
         return self.local.logprob(call, ans)
 
     def check_request(self, context: str | Sequence[str], question: str, **kwargs: Any) -> None:
-        """Check :meth:`answer`'s arguments as :meth:`answer` does, and run nothing: the same
-        exceptions, before any model work (:meth:`answer_many` checks every request so)."""
-        self._checked(context, question, kwargs)
+        """Check :meth:`answer`'s arguments and the prompt's size (:func:`~qgpm.call_checks.check_prompt_fits`) as :meth:`answer`
+        does, and run nothing: the same exceptions, before any model work (:meth:`answer_many` checks every request so)."""
+        opts, _, checked = self._checked(context, question, kwargs)
+        check_prompt_fits(self, checked[0], context, question, opts)
 
     # ------------------------------------------------------------------ stages
     def _checked(self, context: Any, question: Any, kwargs: Mapping[str, Any]) -> tuple[CallOptions, Decoding, tuple]:

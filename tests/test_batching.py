@@ -316,3 +316,40 @@ def test_a_failure_under_the_model_lock_is_reported_before_the_lock_is_let_go(en
     assert seen == [False]  # another thread could not take the model while the failure was reported
     with model_turn(engine.model):  # and the lock is free again
         pass
+
+
+@pytest.mark.parametrize("method", ["vanilla", "qgpm"])
+def test_check_request_refuses_a_prompt_that_only_its_template_pushes_past_the_window(tokenizer, method):
+    """A context whose own tokens fit the window but whose whole prompt (instruction, chat markers,
+    question) does not is refused by check_request, with answer's message, and by answer_many
+    before any call runs; one token less of budget than the window allows still passes."""
+    from qgpm import ContextTooLongError
+    from qgpm.prompt import PromptSpec, count_prompt_tokens, normalize_spec
+
+    engine = QGPM(tiny_model("llama", len(tokenizer), max_position_embeddings=512), tokenizer, heads=[(1, 0), (2, 1)])
+    filler = "The depot opens at six and closes at nine. "
+
+    def prompt_size(n):
+        return count_prompt_tokens(tokenizer, normalize_spec(PromptSpec(context=filler * n, question=NEEDLE_QUESTION)))
+
+    n = 1
+    while prompt_size(n) + 8 <= 512:
+        n += 1
+    context, prompt_tokens = filler * n, prompt_size(n)  # the first context whose whole prompt and budget pass 512
+    assert len(tokenizer(context, add_special_tokens=False)["input_ids"]) + 8 < 512  # its own tokens fit
+    with pytest.raises(ContextTooLongError) as checked:
+        engine.check_request(context, NEEDLE_QUESTION, method=method, max_new_tokens=8)
+    with pytest.raises(ContextTooLongError) as answered:
+        engine.answer(context, NEEDLE_QUESTION, method=method, max_new_tokens=8)
+    assert f"the prompt is {prompt_tokens} tokens" in str(checked.value) and f"the prompt is {prompt_tokens} tokens" in str(answered.value)
+    ran = []
+    engine.model.register_forward_hook(lambda *a: ran.append(1))
+    with pytest.raises(ContextTooLongError):
+        engine.answer_many([dict(context="Short.", question=NEEDLE_QUESTION, method=method, max_new_tokens=8),
+                            dict(context=context, question=NEEDLE_QUESTION, method=method, max_new_tokens=8)])
+    assert ran == []
+    shorter, budget = filler * (n - 1), 512 - prompt_size(n - 1)
+    engine.check_request(shorter, NEEDLE_QUESTION, method=method, max_new_tokens=budget)  # fits exactly
+    assert engine.prepare(shorter, NEEDLE_QUESTION, method=method, max_new_tokens=budget).num_tokens == 512 - budget  # as the call counts it
+    with pytest.raises(ContextTooLongError):
+        engine.check_request(shorter, NEEDLE_QUESTION, method=method, max_new_tokens=budget + 1)
