@@ -1,16 +1,32 @@
-"""LlamaIndex completion responses of finished and streamed QGPM calls: the text, and on the last
-response the call's usage and :class:`qgpm.QGPMResult` (``raw``) and its method and finish reason
-(``additional_kwargs``)."""
+"""One engine call of ``QGPMLLM`` (:class:`LLMCall`) and the LlamaIndex completion responses of
+finished and streamed calls: the text, and on the last response the call's usage and
+:class:`qgpm.QGPMResult` (``raw``) and its method and finish reason (``additional_kwargs``)."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncGenerator, Iterator, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Iterator, Optional
 
 from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseAsyncGen, CompletionResponseGen
 
 from qgpm import QGPMResult
 
-__all__ = ["completion", "completions", "acompletions"]
+if TYPE_CHECKING:
+    from ._prompt import PromptParts
+    from ._tracing import QGPMTrace
+
+__all__ = ["LLMCall", "completion", "completions", "acompletions"]
+
+
+@dataclass
+class LLMCall:
+    """One engine call: ``engine.answer`` (``parts`` found) or ``engine.chat`` (``parts is None``)."""
+
+    parts: Optional[PromptParts]
+    args: tuple
+    kwargs: dict[str, Any]
+    trace: Optional[QGPMTrace]  # the trace of the synthesis the call is part of
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 def result_fields(result: Optional[QGPMResult]) -> dict[str, Any]:

@@ -47,7 +47,6 @@ import asyncio
 import logging
 import threading
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any, Generator, Iterator, Optional, Sequence
 
 from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseAsyncGen, CompletionResponseGen, LLMMetadata
@@ -55,6 +54,7 @@ from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 from llama_index.core.base.llms.generic_utils import astream_completion_response_to_chat_response, completion_response_to_chat_response
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, ChatResponseAsyncGen
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.llms.custom import CustomLLM
 
 from qgpm import QGPM, QGPMResult
@@ -66,12 +66,13 @@ from qgpm.sources import parse_source
 from .._common import Cancellable, is_loaded_model, iterate_in_thread, shared_engine
 from . import _tracing
 from ._prompt import PromptParts, is_own_plain_prompt, read_prompt
-from ._responses import acompletions, completion, completions
+from ._responses import LLMCall, acompletions, completion, completions
 from ._tokens import plain_ids, qgpm_prompt_overhead, set_tokenizer
 from ._tracing import QGPMTrace
 from .call_args import check_context_window, check_init_args, check_no_query_wrapper, check_window, config_window, decoding_args
 
 logger = logging.getLogger("qgpm")
+dispatcher = get_dispatcher(__name__)
 
 __all__ = ["QGPMLLM", "DEFAULT_REFINE_INSTRUCTION"]
 
@@ -80,16 +81,6 @@ DEFAULT_REFINE_INSTRUCTION = (
     "the text, was: {existing_answer}\nKeep the earlier answer unless the text below gives a better one."
 )
 """Instruction of a refine step; ``{existing_answer}`` is replaced by the answer so far."""
-
-@dataclass
-class LLMCall:
-    """One engine call: ``engine.answer`` (``parts`` found) or ``engine.chat`` (``parts is None``)."""
-
-    parts: Optional[PromptParts]
-    args: tuple
-    kwargs: dict[str, Any]
-    trace: Optional[QGPMTrace]  # the trace of the synthesis the call is part of
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 class QGPMLLM(CustomLLM):
@@ -412,8 +403,29 @@ class QGPMLLM(CustomLLM):
             async for _piece, finished in pieces:
                 result = finished or result
         if result is None:  # the stream ended without its result: it was closed from outside
-            raise RuntimeError("QGPMLLM.acomplete: the call's stream ended without a result")
+            raise RuntimeError("QGPMLLM: the call's stream ended without a result")
         return result
+
+    # --------------------------------------------- QGPMSynthesizer's calls: spans and completion events of this LLM (``prompt``: shown)
+    @dispatcher.span
+    @llm_completion_callback()
+    def _complete_nodes(self, prompt: str, call: LLMCall) -> CompletionResponse:
+        return completion(self._run(call))
+
+    @dispatcher.span
+    @llm_completion_callback()
+    def _stream_nodes(self, prompt: str, pieces: Iterator[tuple[str, Optional[QGPMResult]]]) -> CompletionResponseGen:
+        return completions(pieces)
+
+    @dispatcher.span
+    @llm_completion_callback()
+    async def _acomplete_nodes(self, prompt: str, call: LLMCall) -> CompletionResponse:
+        return completion(await self._arun(call))
+
+    @dispatcher.span
+    @llm_completion_callback()
+    async def _astream_nodes(self, prompt: str, pieces: Any) -> CompletionResponseAsyncGen:
+        return acompletions(pieces)
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:

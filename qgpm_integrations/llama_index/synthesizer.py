@@ -21,15 +21,15 @@ The method, decoding and prompt settings (``instruction``, ``system_prompt``,
 ``aquery`` and streaming responses (``response_gen`` / ``async_response_gen()``) all work;
 ``response.metadata["qgpm"]`` is a :class:`~qgpm_integrations.llama_index.QGPMTrace` holding
 the call's :class:`qgpm.QGPMResult` (a streaming response's once the stream has been read).
-With no nodes, or only nodes without text, the response is LlamaIndex's ``"Empty Response"``
+With no nodes, or only nodes without visible text, the response is LlamaIndex's ``"Empty Response"``
 and the model is not run.
 
-The model call is an LLM event of the :class:`QGPMLLM`, as a completion through LlamaIndex's
-own synthesizers is: its callback manager sees ``CBEventType.LLM`` with the prompt and the
+The model call is a span and an LLM event of the :class:`QGPMLLM`, as a completion through
+LlamaIndex's own synthesizers is: its callback manager sees ``CBEventType.LLM`` with the prompt and the
 completion (whose ``raw["usage"]`` a ``TokenCountingHandler`` counts), and the instrumentation
 dispatcher ``LLMCompletionStartEvent`` / ``LLMCompletionEndEvent``. The event's prompt is the
-text the engine renders from the nodes and the question (for ``topk`` / ``reorder``: before the
-baseline edits the context).
+text the engine renders from the nodes and the question (for ``topk``, ``reorder`` and
+``llmlingua-2``: before the context is edited).
 """
 
 from __future__ import annotations
@@ -37,22 +37,21 @@ from __future__ import annotations
 import asyncio
 from typing import Any, AsyncGenerator, Generator, Iterator, Optional, Sequence
 
-from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseAsyncGen, CompletionResponseGen
+from llama_index.core.base.llms.types import CompletionResponseAsyncGen, CompletionResponseGen
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.indices.prompt_helper import ChatPromptHelper, PromptHelper
-from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.response_synthesizers import BaseSynthesizer
 from llama_index.core.types import RESPONSE_TEXT_TYPE
 
 from qgpm import QGPMResult
-from qgpm.prompt import PromptSpec, normalize_spec, render_prompt
+from qgpm.prompt import PromptSpec, has_visible_text, normalize_spec, render_prompt
 
 from ._prompt import PromptParts
-from ._responses import acompletions, completion, completions
+from ._responses import LLMCall
 from .._common import iterate_in_thread
 from .call_args import decoding_args
-from .llm import QGPMLLM, LLMCall
+from .llm import QGPMLLM
 
 __all__ = ["QGPMSynthesizer"]
 
@@ -110,8 +109,8 @@ class QGPMSynthesizer(BaseSynthesizer):
         """Nothing to update (see :meth:`_get_prompts`); QGPM's prompt is set on the LLM (``instruction``, ...)."""
 
     def _call(self, query_str: str, text_chunks: Sequence[str], response_kwargs: dict[str, Any]) -> Optional[LLMCall]:
-        """The engine call for the chunks with text; ``None`` when none has any (the arguments still checked)."""
-        documents = tuple(c for c in text_chunks if c.strip())
+        """The engine call for the chunks with visible text; ``None`` when none has any (the arguments still checked)."""
+        documents = tuple(c for c in text_chunks if has_visible_text(c))
         if not documents:
             decoding_args(self.llm, response_kwargs)  # an unknown or bad argument raises here too
             return None
@@ -129,8 +128,8 @@ class QGPMSynthesizer(BaseSynthesizer):
         prompt = _event_prompt(self.llm, call)
         if self._qgpm_streaming:
             pieces = self.llm._pieces(call)
-            return _texts(_stream_nodes(self.llm, prompt, pieces), pieces)
-        return _complete_nodes(self.llm, prompt, call).text
+            return _texts(self.llm._stream_nodes(prompt, pieces), pieces)
+        return self.llm._complete_nodes(prompt, call).text
 
     async def aget_response(self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any) -> RESPONSE_TEXT_TYPE:
         """:meth:`get_response` with the model in worker threads."""
@@ -140,8 +139,8 @@ class QGPMSynthesizer(BaseSynthesizer):
         prompt = _event_prompt(self.llm, call)
         if self._qgpm_streaming:
             pieces = iterate_in_thread(await asyncio.to_thread(self.llm._pieces, call))
-            return _atexts(await _astream_nodes(self.llm, prompt, pieces), pieces)
-        return (await _acomplete_nodes(self.llm, prompt, call)).text
+            return _atexts(await self.llm._astream_nodes(prompt, pieces), pieces)
+        return (await self.llm._acomplete_nodes(prompt, call)).text
 
 
 def _event_prompt(llm: QGPMLLM, call: LLMCall) -> str:
@@ -151,28 +150,6 @@ def _event_prompt(llm: QGPMLLM, call: LLMCall) -> str:
     spec = PromptSpec(context=list(documents), question=question, instruction=kw.get("instruction"), system=kw.get("system"),
                       answer_prefix=kw.get("answer_prefix"))
     return render_prompt(llm.engine.tokenizer, normalize_spec(spec)).text
-
-
-# The model call as an LLM completion event of ``llm`` (the decorator reads its first argument as
-# the LLM and its second as the prompt), as LlamaIndex's own synthesizers' calls are.
-@llm_completion_callback()
-def _complete_nodes(llm: QGPMLLM, prompt: str, call: LLMCall) -> CompletionResponse:
-    return completion(llm._run(call))
-
-
-@llm_completion_callback()
-def _stream_nodes(llm: QGPMLLM, prompt: str, pieces: Iterator[tuple[str, Optional[QGPMResult]]]) -> CompletionResponseGen:
-    return completions(pieces)
-
-
-@llm_completion_callback()
-async def _acomplete_nodes(llm: QGPMLLM, prompt: str, call: LLMCall) -> CompletionResponse:
-    return completion(await llm._arun(call))
-
-
-@llm_completion_callback()
-async def _astream_nodes(llm: QGPMLLM, prompt: str, pieces: AsyncGenerator[tuple[str, Optional[QGPMResult]], None]) -> CompletionResponseAsyncGen:
-    return acompletions(pieces)
 
 
 def _texts(responses: CompletionResponseGen, pieces: Iterator[tuple[str, Optional[QGPMResult]]]) -> Generator[str, None, None]:

@@ -162,7 +162,7 @@ def test_built_from_llm_settings_and_bad_arguments(stub_engine, word_tokenizer):
 
 
 def test_only_blank_nodes_is_llama_index_empty_response_without_a_model_call(llm, stub_engine):
-    blank = [NodeWithScore(node=TextNode(text=t), score=1.0) for t in ("", "  \n\n ")]
+    blank = [NodeWithScore(node=TextNode(text=t), score=1.0) for t in ("", "  \n\n ", "\u200b\ufeff")]
     assert str(QGPMSynthesizer(llm=llm).synthesize(QUESTION, blank)) == "Empty Response"
     assert "".join(QGPMSynthesizer(llm=llm, streaming=True).synthesize(QUESTION, blank).response_gen) == "Empty Response"
 
@@ -178,7 +178,8 @@ def test_only_blank_nodes_is_llama_index_empty_response_without_a_model_call(llm
 
 
 def _llm_events(run):
-    """``run(llm)``'s LLM events: (callback pairs of CBEventType.LLM, instrumentation event class names)."""
+    """``run(llm)``'s LLM events: (callback pairs of CBEventType.LLM, instrumentation event class names and
+    the class that opened their span)."""
     from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -188,7 +189,7 @@ def _llm_events(run):
     class _Names(BaseEventHandler):
         def handle(self, event, **kwargs):
             if type(event).__name__.startswith("LLMCompletion") and "InProgress" not in type(event).__name__:
-                names.append(type(event).__name__)
+                names.append((type(event).__name__, event.span_id.split(".")[0]))
 
     debug = LlamaDebugHandler()
     handler = _Names()
@@ -230,4 +231,4 @@ def test_the_model_call_is_an_llm_event_with_prompt_completion_and_usage(stub_en
     assert QUESTION in prompt and all(t in prompt for t in _node_texts(nodes))
     completion = end.payload[EventPayload.COMPLETION]
     assert completion.text == ANSWER and completion.raw["usage"]["prompt_tokens"] == 11
-    assert names == ["LLMCompletionStartEvent", "LLMCompletionEndEvent"]
+    assert names == [("LLMCompletionStartEvent", "QGPMLLM"), ("LLMCompletionEndEvent", "QGPMLLM")]  # in a span of the LLM
