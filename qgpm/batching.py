@@ -35,9 +35,10 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
     ``context`` and ``question``, and ``engine.check_request`` of its arguments: a bad request
     raises, naming its index, and nothing runs). When a call fails while running, the calls not
     started yet are cancelled (no result is returned, so their work would be lost): those still
-    waiting in the pool or for their turn on the model (:func:`~qgpm.runtime.cancelled_by`) run
-    nothing; the ones already running finish, and the first failed request's exception is raised
-    with the note "in request i of answer_many()"."""
+    waiting in the pool or for a turn on the model (:func:`~qgpm.runtime.cancelled_by`) run
+    nothing more on it; the ones holding the model finish, and the first failed request's
+    exception is raised with the note "in request i of answer_many()". An interrupt of the
+    calling thread (``KeyboardInterrupt``) cancels the same way."""
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, numbers.Integral) or max_concurrency < 1:
         raise ValueError(f"max_concurrency must be an int >= 1, got {max_concurrency!r}")
     if isinstance(requests, (str, bytes, Mapping)):
@@ -74,7 +75,13 @@ def answer_many(engine: Any, requests: Sequence[Mapping[str, Any]], *, max_concu
 
     with ThreadPoolExecutor(max_workers=min(max_concurrency, len(reqs)), thread_name_prefix="qgpm-call") as pool:
         futures = [pool.submit(call, r) for r in reqs]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:  # the caller's own interrupt (Ctrl-C): the calls waiting give up, as after a failure
+            stop.set()
+            for f in futures:
+                f.cancel()
+            raise
         if any(f.exception() is not None for f in done):
             stop.set()
             for f in futures:

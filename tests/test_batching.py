@@ -353,3 +353,34 @@ def test_check_request_refuses_a_prompt_that_only_its_template_pushes_past_the_w
     assert engine.prepare(shorter, NEEDLE_QUESTION, method=method, max_new_tokens=budget).num_tokens == 512 - budget  # as the call counts it
     with pytest.raises(ContextTooLongError):
         engine.check_request(shorter, NEEDLE_QUESTION, method=method, max_new_tokens=budget + 1)
+
+
+def test_an_interrupt_of_the_caller_stops_the_requests_waiting_for_the_model(engine, monkeypatch):
+    """Ctrl-C in the thread that called answer_many: the requests still waiting for the model give
+    up, instead of the pool running every one of them before the interrupt comes out."""
+    import threading
+    import time
+    from concurrent.futures import wait as real_wait
+
+    import qgpm.batching
+    from qgpm.runtime import model_turn
+
+    ran, lock = [], threading.Lock()
+
+    def answer(**kw):
+        with model_turn(engine.model):
+            with lock:
+                ran.append(kw["question"])
+            time.sleep(0.1)
+        return kw["question"]
+
+    def interrupted_wait(futures, **kw):
+        real_wait(futures, timeout=0.25)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "answer", answer)
+    monkeypatch.setattr(engine, "check_request", lambda **kw: None)
+    monkeypatch.setattr(qgpm.batching, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        engine.answer_many([dict(context="c", question=f"q{i}") for i in range(12)], max_concurrency=4)
+    assert len(ran) <= 5, ran  # those that held the model by the interrupt, not all 12
