@@ -74,8 +74,12 @@ def promoted_label(promoted: bool, moved_to: str | None, *, lead: str = "") -> s
     return lead + ("promoted to the start" if moved_to == "start" else "promoted")
 
 
-# Control characters as visible symbols: C0 as Unicode's control pictures (ESC -> "␛"), DEL as "␡", C1 as U+FFFD.
-_PICTURES = {c: 0x2400 + c for c in range(0x20)} | {0x7F: 0x2421} | {c: 0xFFFD for c in range(0x80, 0xA0)}
+# Control characters as visible symbols: C0 as Unicode's control pictures (ESC -> "␛"), DEL as "␡", C1 as U+FFFD;
+# so are the bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069), with which a document
+# could reorder the text shown after it on a page or a bidi-aware terminal (the marks U+200E / U+200F stay).
+_BIDI_CONTROLS = (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_PICTURES = ({c: 0x2400 + c for c in range(0x20)} | {0x7F: 0x2421} | {c: 0xFFFD for c in range(0x80, 0xA0)}
+             | {c: 0xFFFD for c in _BIDI_CONTROLS})
 _TERMINAL_KEEPS = "\n\t"
 _HTML_KEEPS = "\n\t\r\x0c"  # HTML's own whitespace: harmless on a page, and every CRLF line end would show a symbol
 
@@ -88,7 +92,8 @@ def _pictures_but(keep: str) -> dict[int, int]:
 def printable(text: str, keep: str = _TERMINAL_KEEPS) -> str:
     """``text`` with every control character but those in ``keep`` (line feed and tab) shown as
     a visible symbol, one character for one, so offsets still hold: context or answer text
-    printed to a terminal cannot move the cursor, recolour it or run an escape sequence."""
+    printed to a terminal cannot move the cursor, recolour it or run an escape sequence, nor
+    reorder what follows it with a bidirectional override."""
     return text.translate(_pictures_but(keep))
 
 

@@ -236,6 +236,19 @@ def test_control_characters_from_the_context_reach_no_terminal(engine, capsys):
     assert clip("\x1b" * 5, 3) == "␛␛…" and clip("two\r\nlines\x0c here", 40) == "two lines here"
 
 
+def test_a_bidirectional_override_in_the_context_reorders_nothing_shown(engine):
+    """A right-to-left override (or embedding / isolate) in a document is shown as a symbol in
+    explain() and on the page, so it cannot reorder the text after it; the marks stay."""
+    from qgpm.explain import printable
+
+    hostile = "The vault code is \u202e1377\u202c and the \u2067note\u2069 says so. "
+    res = engine.answer(hostile * 3 + CONTEXT, QUESTION, max_new_tokens=3, config=QGPMConfig.paper().with_(keep_length=0))
+    for shown in (res.explain(len(res.relevance)), res.to_html()):
+        assert not any(c in shown for c in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+        assert "\ufffd1377\ufffd" in shown
+    assert printable("שלום\u200f abc \u200e") == "שלום\u200f abc \u200e"
+
+
 def test_the_count_of_top_sentences_is_checked(engine):
     res = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))
     for bad in (-1, -3):
