@@ -21,6 +21,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import sys
 from importlib import resources
 from typing import Sequence
@@ -47,14 +48,15 @@ from .baselines import options_from_strings, resolve_options
 from .config import PRESETS, RECIPE, QGPMConfig
 from .config_files import check_config_args, load_config
 from .editing import check_k
-from .explain import best_chunks, clip, decision_note, no_ranking_note, printable, ranked_by, sentence_rows, term_note
+from .ask_output import print_answer, print_why
+from .explain import no_ranking_note, printable
 from .fingerprint import gguf_shape
 from .heads import find_head_set, has_head_set_for_shape, parse_heads
 from .loading import parse_dtype, resolve_device, resolve_source, source_fingerprint
 from .serving import VLLMServer
 from .defaults import DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
 from .methods import Stage, method_spec
-from .prompt import check_prompt_inputs
+from .prompt import DEFAULT_TEMPLATE, check_prompt_inputs, check_template
 from .rerank import check_reranker_spec
 from .sources import parse_source
 
@@ -139,54 +141,21 @@ def _check_heads_before_loading(args: argparse.Namespace, heads, config_file, ov
         )
 
 
-def _print_answer(method: str, result, *, width: int, expected: str | None = None) -> None:
-    """One method's answer with its timing, aligned with the others; with ``expected`` (a bundled
-    example), whether the answer holds it."""
-    t = result.timings
-    stage = "pass 1" if parse_source(result.details.relevance_source or "heads").heads else "ranking"
-    timing = f"{t.total_s:.1f} s, first token {t.first_token_s:.1f} s" + (f" ({stage} {t.pass1_s:.1f} s)" if t.pass1_s else "")
-    answer = printable(" ".join(result.text.split())) or "(empty answer)"
-    if expected is not None:
-        answer += "   <- has the expected answer" if expected.lower() in result.text.lower() else "   <- not the expected answer"
-    print(f"\n{method:<{width}}  {answer}\n{'':<{width}}  [{result.usage.prompt_tokens} prompt tokens, {result.usage.answer_tokens} answer tokens; {timing}]")
+def _prompt_args(args: argparse.Namespace) -> dict:
+    """The prompt flags given, as ``answer`` keywords (``\\n`` / ``\\t`` read as a line break / a tab), checked before loading."""
+    def text(value: str) -> str:
+        return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], value)
 
-
-def _print_why(method: str, result, top: int) -> None:
-    """What a method did to the context: the sentences QGPM/Oracle ranked best (rank, relevance,
-    score, what the plan did, depth in the context); for a method without a ranking, what it
-    did instead (the chunks Top-K/Reorder kept, the compression, a baseline's settings)."""
-    if result.relevance:
-        rows = sorted(sentence_rows(result), key=lambda r: r["rank"])[:top]
-        d = result.details
-        by = ranked_by(result)
-        said = d.relevance_source or method_spec(method).stage is Stage.EVIDENCE  # the heads, the default, go unsaid
-        ranked = f", {by}" if by and said else ""
-        print(f"\n{method} ranked (top {len(rows)} of {len(result.relevance)} sentences{ranked}; {d.promoted or 0} promoted):")
-        if result.config is not None:
-            print(f"  settings: {clip(result.config.provenance, 255, tail=130)}")  # its start names the preset, its end any overrides
-        print("  z: how far the sentence's relevance to the question stands above the context's average, in standard deviations")
-        print("  score: its weight in the position plan, 1 = a full position step; lower: compressed on the fast rotary planes "
-              "(remap stride) or left in place (reorder); text before the first relevant sentence also scores 1 and stays in place")
-        print("  plan: promoted = moved next to the question (reorder, move; 'promoted, start': to the context's start, placement ends) "
-              "or kept a full step (stride); term filter = top-ranked, left in place by the query-term filter")
-        print("  depth: where the sentence sits in the context, 0 % = its start")
-        print("  rank      z  score  plan             depth  sentence")
-        for r in rows:
-            z = "      " if r["z"] is None else f"{r['z']:+6.2f}"
-            did = ("promoted" + (", start" if r["moved_to"] == "start" else "")) if r["promoted"] else "term filter" if r["term_dropped"] else ""
-            print(f"  #{r['rank'] + 1:<3} {z}  {r['sharp']:5.2f}  {did:<15}  {100 * r['depth']:4.0f} %  {clip(r['text'], 110)}")
-        note = decision_note(d, method, top_z=rows[0]["z"] if rows else None)
-        if note:
-            print(f"  ({note})")
-        if d.term_dropped:
-            print(f"  ({term_note(d.term_dropped)})")
-        return
-    print(f"\n{method}: {no_ranking_note(result)}")
-    for line in best_chunks(result, top):
-        print(f"  {line}")
-    settings = result.details.settings
-    if method_spec(method).options and settings:
-        print(f"{method} settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    given = {k: text(v) for k in ("template", "instruction", "system", "answer_prefix") if (v := getattr(args, k)) is not None}
+    try:
+        check_template(given.get("template", DEFAULT_TEMPLATE))
+    except ValueError as exc:
+        raise UsageError(f"--template: {exc}") from None
+    if args.stop is not None:
+        if any(not s for s in args.stop):
+            raise UsageError("--stop is empty: give the text that ends an answer, e.g. --stop '\\n'")
+        given["stop"] = [text(s) for s in args.stop]
+    return given
 
 
 def _ask(args: argparse.Namespace) -> int:
@@ -270,7 +239,8 @@ def _ask(args: argparse.Namespace) -> int:
                 check(value)
         except ValueError as exc:
             raise UsageError(f"{flag}: {exc}") from None
-    config_file, overrides = split_config_args(args.config)
+    prompt = _prompt_args(args)
+    config_file, overrides = split_config_args(args.config, args.overrides)
     check_config_args(config_file, overrides)  # bad fields or values fail here, before the model loads
     if any(s.stage is Stage.HEADS for s in specs):
         _check_heads_before_loading(args, heads, config_file, overrides)  # a reranker relevance source needs no head set
@@ -304,7 +274,7 @@ def _ask(args: argparse.Namespace) -> int:
                 print(f"  {m}: {legend[m]}")
     calls = []
     for method, spec in zip(methods, specs):
-        kw = dict(method=method, max_new_tokens=args.max_new_tokens, config=config)
+        kw = dict(method=method, max_new_tokens=args.max_new_tokens, config=config, **prompt)
         if spec.reranker:
             kw["reranker"] = args.reranker or DEFAULT_RERANKER
         if spec.takes_k and args.k is not None:
@@ -322,10 +292,10 @@ def _ask(args: argparse.Namespace) -> int:
         if quiet:
             print(printable(result.text.strip() if len(methods) == 1 else f"{method}\t{' '.join(result.text.split())}"), flush=True)
         else:
-            _print_answer(method, result, width=max(len(m) for m in methods), expected=questions[args.example]["answer"] if bundled else None)
+            print_answer(method, result, width=max(len(m) for m in methods), expected=questions[args.example]["answer"] if bundled else None)
     if not quiet:
         for method, result in results:
-            _print_why(method, result, args.top)
+            print_why(method, result, args.top)
     shown = next((r for (_, r), sp in zip(results, specs) if sp.stage is Stage.HEADS), None) or next((r for _, r in results if r.relevance), results[-1][1])
     if args.html:
         with open(args.html, "w", encoding="utf-8") as f:
@@ -368,9 +338,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="auto", help=DTYPE_HELP)
     g.add_argument("--heads", default=None, help=HEADS_HELP)
     g.add_argument("--config", action="append", default=None, metavar="FILE|FIELD=VALUE", help=CONFIG_HELP)
+    g.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE", help="same as --config FIELD=VALUE (repeatable)")
     g.add_argument("--vllm-url", default=None, metavar="URL", help=VLLM_URL_HELP)
     g.add_argument("--vllm-model", default=None, metavar="NAME", help=VLLM_MODEL_HELP)
     g.add_argument("--vllm-timeout", type=float, default=None, metavar="S", help=VLLM_TIMEOUT_HELP)
+    pr = ask.add_argument_group("prompt", "QGPM's prompt around the context and the question; in these texts \\n and \\t stand for a "
+                                "line break and a tab. A base model without a chat template needs a labelled question, an answer cue and "
+                                "a stop string: --template '{instruction}\\n\\n{context}\\n\\nQuestion: {question}' --answer-prefix "
+                                "'Answer:' --stop '\\n'")
+    pr.add_argument("--template", default=None, help="the user message, with {instruction}, {context} and {question} (default: "
+                    "instruction, context and question, a blank line apart)")
+    pr.add_argument("--instruction", default=None, help="the instruction before the context (default: QGPM's)")
+    pr.add_argument("--system", default=None, help="a system message (default: none, the chat template's own)")
+    pr.add_argument("--answer-prefix", default=None, help="text that starts the answer, e.g. 'Answer:'")
+    pr.add_argument("--stop", action="append", default=None, metavar="TEXT", help="end the answer at this text, e.g. '\\n' (repeatable)")
     ask.add_argument("--reranker", default=None, help=RERANKER_HELP)
     ask.add_argument("--k", type=int, default=None, help=f"chunks kept by topk (default {DEFAULT_K})")
     ask.add_argument("--max-new-tokens", type=int, default=48, help="answer budget in tokens (default 48)")

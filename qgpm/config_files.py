@@ -77,7 +77,9 @@ def _config_file(spec: str | Path, fields: set[str]) -> QGPMConfig:
     said = d.pop("provenance", None)
     if said is not None and not isinstance(said, str):
         raise ValueError(f"config file {str(spec)!r}: provenance must be text (where the settings come from), got {type(said).__name__} {said!r}")
-    return QGPMConfig(**d, provenance=f"config file {Path(spec).name}" + (f" ({said})" if said else ""))
+    missing = len(fields - set(d) - {"provenance"})  # a file that lists some fields: the rest are QGPMConfig()'s, not a preset's
+    rest = f"; the {missing} fields it does not set: QGPMConfig() defaults" if missing else ""
+    return QGPMConfig(**d, provenance=f"config file {Path(spec).name}" + (f" ({said})" if said else "") + rest)
 
 
 def load_config(spec: str | Path | None, overrides: Sequence[str] = (), *, base: QGPMConfig | None = None) -> QGPMConfig | None:

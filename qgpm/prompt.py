@@ -50,7 +50,8 @@ DEFAULT_INSTRUCTION = "Answer the question using the text below."
 PLAIN_TEXT_ADVICE = (
     "qgpm: this model's tokenizer has no chat template, so the prompt is plain text with no end of turn, and a base model may "
     "repeat the prompt or write on past its answer; give it a labelled question, an answer cue and a stop string, e.g. "
-    "template='{instruction}\\n\\n{context}\\n\\nQuestion: {question}', answer_prefix='Answer:', stop=['\\n']")
+    "template='{instruction}\\n\\n{context}\\n\\nQuestion: {question}', answer_prefix='Answer:', stop=['\\n'] (qgpm ask: "
+    "--template '{instruction}\\n\\n{context}\\n\\nQuestion: {question}' --answer-prefix 'Answer:' --stop '\\n')")
 """Said once (logger ``qgpm``) when such a prompt is rendered with the default template and no ``answer_prefix``."""
 _FIELDS = ("instruction", "context", "question")
 

@@ -204,6 +204,9 @@ def test_version_and_python_dash_m(capsys):
         (["eval", "--set", "k_sharp=abc", "--out", "x"], ["qgpm eval: error: TypeError:", "k_sharp"]),
         (["ask", "--bogus"], ["qgpm ask: error: unrecognized arguments: --bogus", "(see qgpm ask --help)"]),
         (["calibrate", "--holdout", "-1"], ["--holdout must be >= 0, got -1"]),
+        (["ask", "--template", "{question}", "Q?"], ["--template: template must contain {context}"]),
+        (["ask", "--stop", "", "Q?"], ["--stop is empty"]),
+        (["ask", "--set", "k_sharp=abc", "Q?"], ["qgpm ask: error: TypeError:", "k_sharp"]),
     ],
 )
 def test_bad_input_is_one_line_exit_2_before_loading(argv, fragments, capsys, no_load):
@@ -304,6 +307,27 @@ def test_ask_settings_reach_the_engine(tiny_dir, tmp_path, answers, capsys):
     assert "oracle ranked (top 3 of 3 sentences" in out
 
 
+def test_ask_prompt_flags_and_set_reach_the_engine(tiny_dir, tmp_path, answers, capsys):
+    """A base model's prompt from the command line: the template, instruction, system message,
+    answer cue and stop strings reach every call, with \\n and \\t read as a line break and a tab;
+    --set overrides a config field as --config FIELD=VALUE does."""
+    rc = main(_tiny_ask(tiny_dir, tmp_path, "--template", r"{instruction}\n\n{context}\n\nQuestion: {question}", "--instruction",
+                        r"Read.\tThen answer.", "--system", "Be brief.", "--answer-prefix", "Answer:", "--stop", r"\n", "--stop", "END",
+                        "--set", "keep_length=0", "--config", "k_sharp=2", "--methods", "vanilla,qgpm"))
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    settings = next(line for line in out.out.splitlines() if line.startswith("  settings: "))
+    assert settings == "  settings: " + " ".join(answers[1]["config"].provenance.split())  # the whole provenance, though long
+    assert len(settings) > 255 and settings.endswith("then overridden: keep_length=0, k_sharp=2")
+    assert [c["method"] for c in answers] == ["vanilla", "qgpm"]
+    for call in answers:
+        assert call["template"] == "{instruction}\n\n{context}\n\nQuestion: {question}" and call["instruction"] == "Read.\tThen answer."
+        assert (call["system"], call["answer_prefix"], call["stop"]) == ("Be brief.", "Answer:", ["\n", "END"])
+        assert call["config"].keep_length == 0
+    assert "\n" not in answers[1]["engine"].answer("The red door opens at noon.", "When?", max_new_tokens=3, **{
+        k: answers[1][k] for k in ("template", "answer_prefix", "stop")}).text  # the stop string cuts the answer
+
+
 def _tiny_ask(tiny_dir, tmp_path, *extra):
     ctx = tmp_path / "notes.txt"
     ctx.write_text("The bakery opens at seven. The red door opens at noon. The museum is closed on Mondays.")
@@ -322,6 +346,7 @@ def test_ask_compares_vanilla_and_qgpm_by_default_and_shows_the_promoted_sentenc
     assert len(timing) == 2 and "(ranking " in timing[1] and "(ranking " not in timing[0] and "(pass 1 " not in timing[1]
     i = next(k for k, l in enumerate(out) if l.startswith("qgpm ranked (top 2 of 3 sentences"))
     assert out[i + 1].startswith("  settings: the measured recipe")  # the settings that planned the call (the recipe's provenance)
+    assert out[i + 1] == "  settings: " + " ".join(answers[1]["engine"].config.provenance.split())  # all of it, not cut
     i += 1
     assert [l.split(":")[0].strip() for l in out[i + 1:i + 5]] == ["z", "score", "plan", "depth"]  # each column said in words
     assert out[i + 5].split() == ["rank", "z", "score", "plan", "depth", "sentence"]
@@ -405,3 +430,12 @@ def test_bad_input_of_the_shared_flags_is_one_line(capsys, tmp_path, monkeypatch
     _one_line_error(capsys, main(["ask", "--config", str(bad)]), str(bad), "not valid JSON")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     _one_line_error(capsys, main(["ask", "--device", "cuda"]), "no CUDA device", "--device cpu")
+
+
+def test_the_expected_answer_marker_matches_whole_words_only():
+    from qgpm.ask_output import holds_answer
+
+    assert holds_answer("The timetable starts on 3 November.", "3 November")
+    assert holds_answer("NORDLYS, the ferry", "Nordlys")
+    assert not holds_answer("It starts on 13 November.", "3 November")
+    assert not holds_answer("4120 juvenile cod", "412")

@@ -655,6 +655,8 @@ def test_grid_and_config_parsing(tmp_path):
     p.write_text(json.dumps(QGPMConfig(s_low=0.2).to_dict()))
     assert load_config(p, ["tau=2"]) == QGPMConfig(s_low=0.2, tau=2.0)
     assert load_config(p, ["tau=2"]).provenance == "config file c.json (initial defaults (untuned)); then overridden: tau=2"  # the file is named
+    p.write_text(json.dumps({"keep_length": 0}))  # a file that sets one field: the others are QGPMConfig()'s, and the settings say so
+    assert load_config(p).provenance.startswith("config file c.json; the ") and "fields it does not set: QGPMConfig() defaults" in load_config(p).provenance
     p.write_text(json.dumps({"s_low": 0.2, "provenance": 5}))
     with pytest.raises(ValueError, match="provenance must be text"):
         load_config(p)

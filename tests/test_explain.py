@@ -217,7 +217,7 @@ def test_methods_without_a_ranking_say_what_they_did(engine):
 def test_control_characters_from_the_context_reach_no_terminal(engine, capsys):
     """An escape sequence in a document (or an answer) is shown as its symbols in explain(),
     the page and qgpm ask's lines, one character for one, so offsets and clipping still hold."""
-    from qgpm import cli
+    from qgpm import ask_output
     from qgpm.explain import clip, printable
 
     hostile = "The vault code is 7731 \x1b[31mRED\x1b[0m\r and more. "
@@ -227,9 +227,9 @@ def test_control_characters_from_the_context_reach_no_terminal(engine, capsys):
     assert "\x1b" not in text and "\r" not in text and "␛[31mRED␛[0m" in text
     page = res.to_html()
     assert "\x1b" not in page and "␛[31mRED␛[0m\r" in page  # a carriage return is the page's whitespace, not a symbol
-    cli._print_why("qgpm", res, top=len(res.relevance))
+    ask_output.print_why("qgpm", res, top=len(res.relevance))
     res.text = "answer \x1b]0;title\x07 end"
-    cli._print_answer("qgpm", res, width=4)
+    ask_output.print_answer("qgpm", res, width=4)
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "␛[31mRED" in out and "␛]0;title␇ end" in out
     assert printable("tab\tand\nline ÿ é") == "tab\tand\nline ÿ é" and printable("\x85\x7f\r") == "\ufffd␡␍"
@@ -266,7 +266,7 @@ def test_the_count_of_top_sentences_is_checked(engine):
 
 
 def test_the_oracle_says_its_ranking_is_the_evidence_and_the_rest_is_context_order(engine, capsys):
-    from qgpm import cli
+    from qgpm import ask_output
 
     gold = "The tide gauge was calibrated by Ottilie Brandvold."
     res = engine.answer(CONTEXT, QUESTION, method="oracle", evidence=[gold], max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))
@@ -275,10 +275,10 @@ def test_the_oracle_says_its_ranking_is_the_evidence_and_the_rest_is_context_ord
     said = ("ranked by the given evidence: the sentences holding it first, the others in context order; only the evidence text "
             "moves, the rest of its sentence keeps its place")
     assert said in res.explain(3).splitlines()[0] and html.escape(said) in res.to_html()
-    cli._print_why("oracle", res, top=3)
+    ask_output.print_why("oracle", res, top=3)
     heads = engine.answer(CONTEXT, QUESTION, max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))
     assert "ranked by the model's heads" in heads.explain(3)
-    cli._print_why("qgpm", heads, top=3)
+    ask_output.print_why("qgpm", heads, top=3)
     out = capsys.readouterr().out.splitlines()
     oracle_head, qgpm_head = [line for line in out if " ranked (top " in line]
     assert said in oracle_head and "ranked by" not in qgpm_head  # qgpm ask leaves the default source, the heads, unsaid
