@@ -305,16 +305,18 @@ def warn_vanilla_kept(eng: ModelView, planned: PlanOutcome, config: QGPMConfig) 
     elif planned.flat:
         rule, message = "flat", (
             f"qgpm: the relevance is flat (top sentence z below min_top_z={config.min_top_z}), so this call keeps vanilla "
-            "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None) to always modulate.")
+            "positions; result.details['flat_relevance'] is True. Lower min_top_z (or set it to None; qgpm ask: --set "
+            "min_top_z=none) to always modulate.")
     elif planned.decisive:
         rule, message = "decisive", (
             f"qgpm: one sentence already stands out (top z exceeds the next by at least decisive_margin={config.decisive_margin}), "
             "so this call keeps vanilla positions; result.details['decisive_relevance'] is True. Set decisive_margin=None in "
-            "QGPMConfig to modulate such calls too.")
+            "QGPMConfig (qgpm ask: --set decisive_margin=none) to modulate such calls too.")
     elif planned.kept_reason == "keep_length":
         rule, message = "keep_length", (
             f"qgpm: the context is no longer than keep_length={config.keep_length:g} tokens, so this call keeps vanilla positions "
-            "(result.details['s_low'] is 1.0). Set keep_length=0 in QGPMConfig to modulate short contexts too.")
+            "(result.details['kept_reason'] is 'keep_length'). Set keep_length=0 in QGPMConfig (qgpm ask: --set keep_length=0) "
+            "to modulate short contexts too.")
     else:
         return
     _note_once(eng, message, key=f"vanilla kept: {rule}",
