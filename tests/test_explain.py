@@ -331,3 +331,13 @@ def test_a_changed_config_says_what_changed_in_its_provenance():
     assert changed.provenance == f"{base.provenance}; then overridden: remap='reorder', split_layer=0"
     assert base.with_(k_sharp=base.k_sharp).provenance == base.provenance  # nothing changed, nothing said
     assert base.with_(remap="reorder", provenance="mine").provenance == "mine"
+
+
+def test_explain_gives_each_sentence_its_depth_so_repeated_sentences_read_apart(engine):
+    repeated = "The depot opens at six. " * 4 + CONTEXT
+    res = engine.answer(repeated, QUESTION, max_new_tokens=2, config=QGPMConfig.paper().with_(keep_length=0))
+    lines = res.explain(len(res.relevance)).splitlines()[1:1 + len(res.relevance)]
+    for s, line in zip(res.top_sentences(len(res.relevance)), lines):
+        assert f" depth={100 * s.start / len(res.context):.0f}%" in line
+    depths = [line.split(" depth=")[1].split("%")[0] for line in lines if "The depot opens at six." in line]
+    assert len(depths) == 4 and len(set(depths)) == 4  # the four copies, each at its own place
