@@ -243,7 +243,7 @@ _LEGEND = ("<p class=\"legend meta\"><span style=\"background:" + _shade(1.0) + 
            "or to the context's start where the table says so; under remap stride, kept a full step)</span><span class=\"dropped\">top-ranked, left in place by the term filter</span></p>")
 
 
-def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why this answer") -> str:
+def render_html(result: Explained, *, top: int = 10, title: str | None = None) -> str:
     """A self-contained HTML page (inline CSS, no script, no network) for ``result``.
 
     The context is shown with each sentence shaded by its relevance (z for qgpm; the
@@ -301,6 +301,7 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         meta.append(esc(term_note(d.term_dropped)))
     if d.prefill_reused:
         meta.append(f"{d.prefill_reused} prompt tokens' prefill taken from pass 1 (reuse_prefill)")
+    title = f"{result.method}: why this answer" if title is None else title  # the method that answered, not always qgpm
     chunk_list = "".join(f"<li>{esc(line)}</li>" for line in best_chunks(result, top))
     no_rank = "" if rows else f'<p class="meta">{esc(no_ranking_note(result))}.</p>' + (f"<ul>{chunk_list}</ul>" if chunk_list else "")
     return (
@@ -310,7 +311,7 @@ def render_html(result: Explained, *, top: int = 10, title: str = "QGPM: why thi
         f"<h1>{esc(title)}</h1><p class=\"meta\">{' · '.join(meta)}</p>"
         f"<h2>Question</h2><div class=\"box\">{esc(result.question or '')}</div>"
         f"<h2>Answer</h2><div class=\"box answer\">{esc(result.text)}</div>"
-        f"<h2>Top sentences</h2>{no_rank}"
+        f"<h2>{'Top sentences' if rows else 'What it did to the context'}</h2>{no_rank}"
         + (f"<table><tr><th>rank</th><th>z</th><th>broad</th><th>sharp</th><th>plan</th><th>depth</th><th>sentence</th></tr>{table}</table>" if rows else "")
         + "<h2>Context</h2>" + (_LEGEND if rows else "")
         + f"<div class=\"box ctx\">{''.join(parts)}</div></body></html>\n"

@@ -51,6 +51,9 @@ def test_html_for_a_method_without_ranking(engine):
     page = res.to_html()
     assert "no relevance ranking, standard positions" in page and "<table>" not in page
     assert "most relevant" not in page and "most relevant" in engine.answer(CONTEXT, QUESTION, max_new_tokens=2).to_html()  # no legend to unshaded text
+    ranked = engine.answer(CONTEXT, QUESTION, max_new_tokens=2).to_html()
+    assert "<title>vanilla: why this answer</title>" in page and "<h2>What it did to the context</h2>" in page  # the method that answered
+    assert "<title>qgpm: why this answer</title>" in ranked and "<h2>Top sentences</h2>" in ranked and "Top sentences" not in page
 
 
 def test_relevance_plot_marks_evidence_and_question(engine, tmp_path):
