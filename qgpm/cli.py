@@ -56,7 +56,7 @@ from .loading import parse_dtype, resolve_device, resolve_source, source_fingerp
 from .serving import VLLMServer
 from .defaults import DEFAULT_K, DEFAULT_MODEL, DEFAULT_MODEL_NAME, DEFAULT_RERANKER, METHODS
 from .methods import Stage, method_spec
-from .prompt import DEFAULT_TEMPLATE, check_prompt_inputs, check_template
+from .prompt import check_prompt_inputs, check_template
 from .rerank import check_reranker_spec
 from .sources import parse_source
 
@@ -148,7 +148,8 @@ def _prompt_args(args: argparse.Namespace) -> dict:
 
     given = {k: text(v) for k in ("template", "instruction", "system", "answer_prefix") if (v := getattr(args, k)) is not None}
     try:
-        check_template(given.get("template", DEFAULT_TEMPLATE))
+        if "template" in given:
+            check_template(given["template"])
     except ValueError as exc:
         raise UsageError(f"--template: {exc}") from None
     if args.stop is not None:

@@ -211,6 +211,11 @@ def no_ranking_note(result: Explained) -> str:
     return "no relevance ranking, standard positions"
 
 
+def sentence_depth(sentence: Any, context: str | None) -> float:
+    """Where ``sentence`` (a :class:`~qgpm.results.SentenceRelevance`) sits in ``context``, 0..1 (0 = its start)."""
+    return sentence.start / max(len(context or ""), 1)
+
+
 def sentence_rows(result: Explained) -> list[dict[str, Any]]:
     """One dict per context sentence: text, char span, depth in the context (0..1), rank,
     z, broad/sharp scores, whether the plan promoted it (and where it moved it), whether the
@@ -218,7 +223,6 @@ def sentence_rows(result: Explained) -> list[dict[str, Any]]:
     sentences holding evidence, which it promotes, and 0 for the rest)."""
     rel = sorted(result.relevance, key=lambda s: s.start)
     n = len(rel)
-    total = max(len(result.context or ""), 1)
     zs = [s.z for s in rel if s.z is not None and s.z == s.z and abs(s.z) != float("inf")]
     lo, hi = (min(zs), max(zs)) if zs else (0.0, 0.0)
     out = []
@@ -230,7 +234,7 @@ def sentence_rows(result: Explained) -> list[dict[str, Any]]:
         else:  # a single sentence, or every z alike
             level = 1.0 - s.rank / max(n - 1, 1)
         out.append({
-            "index": s.index, "text": s.text, "start": s.start, "end": s.end, "depth": s.start / total,
+            "index": s.index, "text": s.text, "start": s.start, "end": s.end, "depth": sentence_depth(s, result.context),
             "rank": s.rank, "z": s.z, "broad": s.broad, "sharp": s.sharp, "promoted": s.promoted, "term_dropped": s.term_dropped,
             "moved_to": s.moved_to, "level": max(0.0, min(1.0, level)),
         })

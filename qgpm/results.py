@@ -17,7 +17,7 @@ import torch
 
 from .config import QGPMConfig
 from .diagnostics import Diagnostics
-from .explain import best_chunks, check_count, clip, decision_note, no_ranking_note, plot_relevance, promoted_label, ranked_by, render_html, term_note
+from .explain import best_chunks, check_count, clip, decision_note, no_ranking_note, plot_relevance, promoted_label, ranked_by, render_html, sentence_depth, term_note
 from .prompt import Prompt
 
 __all__ = ["SentenceRelevance", "Usage", "Timings", "QGPMResult", "PreparedCall", "StreamState", "AnswerStream"]
@@ -143,11 +143,10 @@ class QGPMResult:
         ranked = f", {by}" if by else ""
         top = self.top_sentences(k)
         lines = [f"method={self.method}: top {len(top)} of {len(self.relevance)} sentences{ranked}"]
-        total = max(len(self.context or ""), 1)
         for s in top:
             z = "" if s.z is None else f" z={s.z:+.2f}"
             did = promoted_label(s.promoted, s.moved_to, lead=" ") if s.promoted else " (term filter: left in place)" if s.term_dropped else ""
-            depth = f" depth={100 * s.start / total:.0f}%"  # where it sits in the context: tells repeated sentences apart
+            depth = f" depth={100 * sentence_depth(s, self.context):.0f}%"  # tells repeated sentences apart
             lines.append(f"  #{s.rank + 1}{z} broad={s.broad:.2f} sharp={s.sharp:.2f}{depth}{did}  {clip(s.text, 120)}")
         best = min(self.relevance, key=lambda s: s.rank)
         notes = [decision_note(self.details, self.method, top_z=best.z), term_note(self.details.term_dropped) if self.details.term_dropped else None]
